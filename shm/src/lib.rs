@@ -1,0 +1,12 @@
+//! Safe wrapper over the Linux primitives Sluice's co-located memory path uses:
+//! memfd shared memory, its mapping, and passing file descriptors over Unix
+//! sockets (SCM_RIGHTS).
+//!
+//! All of Sluice's non-FFI `unsafe` lives in this crate. Every block carries a
+//! `// SAFETY:` comment naming the invariant it relies on.
+
+mod fdpass;
+mod region;
+
+pub use fdpass::{recv_with_fds, send_with_fds, MAX_FDS_PER_MESSAGE};
+pub use region::{create_memfd, MappedRegion, ShmError};

@@ -1,0 +1,211 @@
+//! A shared-memory region: a memfd mapped read-write and shared, so that the
+//! shim, the agent and the client all see the same pages.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::num::NonZeroUsize;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
+
+/// Errors from creating or mapping shared memory.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ShmError {
+    #[error("region length must be greater than zero")]
+    EmptyRegion,
+    #[error("region length {0} does not fit this machine's address space")]
+    TooLarge(u64),
+    #[error("the memory file holds {actual} bytes, fewer than the {wanted} requested")]
+    FileTooSmall { wanted: u64, actual: u64 },
+    #[error("access of {len} bytes at offset {offset} is outside the {region_len}-byte region")]
+    OutOfBounds { offset: u64, len: u64, region_len: u64 },
+    #[error("{op} failed: {source}")]
+    Os { op: &'static str, source: std::io::Error },
+}
+
+fn os(op: &'static str) -> impl FnOnce(nix::errno::Errno) -> ShmError {
+    move |e| ShmError::Os { op, source: std::io::Error::from(e) }
+}
+
+/// Creates an anonymous memory file of `len` bytes (zero-filled), close-on-exec.
+pub fn create_memfd(name: &str, len: u64) -> Result<OwnedFd, ShmError> {
+    if len == 0 {
+        return Err(ShmError::EmptyRegion);
+    }
+    let cname = CString::new(name.replace('\0', "_")).unwrap_or_default();
+    let fd = memfd_create(&cname, MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING)
+        .map_err(os("memfd_create"))?;
+    let file = File::from(fd);
+    file.set_len(len).map_err(|source| ShmError::Os { op: "ftruncate", source })?;
+    Ok(OwnedFd::from(file))
+}
+
+/// A shared, read-write mapping of the first `len` bytes of a memory file.
+///
+/// Accesses go through [`MappedRegion::write_at`] / [`MappedRegion::read_at`],
+/// which check bounds and copy with raw pointers: the pages are shared with
+/// other processes, so no Rust reference to them is ever handed out mutably.
+pub struct MappedRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+    fd: OwnedFd,
+}
+
+// SAFETY: the mapping is plain memory owned by this value (unmapped in Drop);
+// all access copies through raw pointers with bounds checks, and concurrent
+// writers to disjoint or even overlapping windows only race on byte values,
+// never on Rust-visible invariants. No thread-affine state is held.
+unsafe impl Send for MappedRegion {}
+// SAFETY: see `Send`; `&self` methods only copy bytes in or out.
+unsafe impl Sync for MappedRegion {}
+
+impl std::fmt::Debug for MappedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedRegion").field("len", &self.len).finish_non_exhaustive()
+    }
+}
+
+impl MappedRegion {
+    /// Maps `len` bytes of `fd`. Fails if the file is shorter than `len`: a
+    /// mapping past the end of a file faults (SIGBUS) on access, so this is
+    /// checked before mapping.
+    pub fn map(fd: OwnedFd, len: u64) -> Result<Self, ShmError> {
+        if len == 0 {
+            return Err(ShmError::EmptyRegion);
+        }
+        let file = File::from(fd);
+        let actual = file.metadata().map_err(|source| ShmError::Os { op: "fstat", source })?.len();
+        if actual < len {
+            return Err(ShmError::FileTooSmall { wanted: len, actual });
+        }
+        let ulen = usize::try_from(len).map_err(|_| ShmError::TooLarge(len))?;
+        let nz = NonZeroUsize::new(ulen).ok_or(ShmError::EmptyRegion)?;
+        // SAFETY: we map a fresh range chosen by the kernel (addr = None), so no
+        // existing Rust memory is affected; the file is at least `len` bytes
+        // (checked above), so every byte of the mapping is backed.
+        let ptr = unsafe {
+            mmap(None, nz, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, file.as_fd(), 0)
+        }
+        .map_err(os("mmap"))?;
+        Ok(Self { ptr: ptr.cast(), len: ulen, fd: OwnedFd::from(file) })
+    }
+
+    /// Creates a new memfd of `len` bytes and maps it.
+    pub fn create(name: &str, len: u64) -> Result<Self, ShmError> {
+        Self::map(create_memfd(name, len)?, len)
+    }
+
+    /// Length of the mapping in bytes.
+    pub fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    /// Always false: empty regions are refused at creation.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memory file behind the mapping (to pass to another process).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Checks that `[offset, offset+len)` lies inside the region and returns the
+    /// start as usize.
+    pub fn check(&self, offset: u64, len: u64) -> Result<usize, ShmError> {
+        let oob = || ShmError::OutOfBounds { offset, len, region_len: self.len as u64 };
+        let end = offset.checked_add(len).ok_or_else(oob)?;
+        if end > self.len as u64 {
+            return Err(oob());
+        }
+        usize::try_from(offset).map_err(|_| oob())
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), ShmError> {
+        let start = self.check(offset, data.len() as u64)?;
+        // SAFETY: `check` proved start + data.len() <= self.len, so the
+        // destination lies inside our live mapping; `data` is a separate Rust
+        // slice, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(start), data.len()) };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes from the region at `offset` into `out`.
+    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), ShmError> {
+        let start = self.check(offset, out.len() as u64)?;
+        // SAFETY: bounds checked as in `write_at`; `out` is an exclusive Rust
+        // slice distinct from the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(start), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Fills `[offset, offset+len)` with `byte`.
+    pub fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), ShmError> {
+        let start = self.check(offset, len)?;
+        // SAFETY: bounds checked; writing bytes into our own mapping.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr().add(start), byte, len as usize) };
+        Ok(())
+    }
+
+    /// A read-only view of the whole region, for zero-copy consumers (hashing,
+    /// parsing) on the side that owns the region. The bytes may change only
+    /// while a request that the owner issued against this region is in flight;
+    /// callers must not hold the view across such a request.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr/len describe our live mapping for as long as `self`
+        // lives; the lifetime of the slice is tied to `&self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MappedRegion {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned and nothing else
+        // unmaps them; no reference into the mapping outlives `self`.
+        if let Err(e) = unsafe { munmap(self.ptr.cast(), self.len) } {
+            // Nothing useful can be done; the address range leaks.
+            eprintln!("sluice-shm: munmap failed: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_mappings_share_pages() {
+        let a = MappedRegion::create("t", 4096).unwrap();
+        let dup = a.fd().try_clone_to_owned().unwrap();
+        let b = MappedRegion::map(dup, 4096).unwrap();
+        a.write_at(100, b"hello").unwrap();
+        let mut out = [0u8; 5];
+        b.read_at(100, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        assert_eq!(&b.as_slice()[100..105], b"hello");
+    }
+
+    #[test]
+    fn bounds_are_checked() {
+        let r = MappedRegion::create("t", 10).unwrap();
+        assert!(r.write_at(8, b"abc").is_err());
+        assert!(r.write_at(u64::MAX, b"a").is_err());
+        assert!(r.read_at(10, &mut [0u8; 1]).is_err());
+        assert!(r.write_at(7, b"abc").is_ok());
+        assert!(r.fill(0, 11, 0).is_err());
+    }
+
+    #[test]
+    fn short_file_is_refused() {
+        let fd = create_memfd("t", 10).unwrap();
+        match MappedRegion::map(fd, 11) {
+            Err(ShmError::FileTooSmall { wanted: 11, actual: 10 }) => {}
+            other => panic!("unexpected: {other:?}"),
+        }
+        assert!(matches!(MappedRegion::create("t", 0), Err(ShmError::EmptyRegion)));
+    }
+}
