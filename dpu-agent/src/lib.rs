@@ -1,1 +1,18 @@
+//! The Sluice agent: runs on the BlueField-3 (or co-located on the host),
+//! terminates the shim's gRPC control channel, resolves tenant namespaces to
+//! S3 endpoints, signs S3 requests (credentials never leave the agent), and
+//! moves object bytes straight into or out of host memory regions.
 
+#![forbid(unsafe_code)]
+
+pub mod agent;
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod hostmem;
+pub mod ids;
+pub mod metrics;
+pub mod s3;
+pub mod server;
+
+pub use error::{detail_from_status, AgentError};

@@ -1,1 +1,65 @@
-fn main(){}
+//! `sluice-agent`: the Sluice DPU agent daemon.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use sluice_agent::config::AgentConfig;
+
+/// Sluice agent: tenants, namespaces, SigV4 S3 client and the data plane into
+/// host memory. Runs on the BlueField-3 Arm cores, or co-located on the host.
+///
+/// Configuration: a TOML file (see deploy/agent.example.toml). Logs go to
+/// stderr; set RUST_LOG (e.g. RUST_LOG=sluice_agent=debug) to tune them.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Path of the TOML configuration file.
+    #[arg(short, long, env = "SLUICE_AGENT_CONFIG")]
+    config: PathBuf,
+    /// Log as JSON lines (with request ids as fields).
+    #[arg(long)]
+    log_json: bool,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing(args.log_json);
+    let cfg = AgentConfig::from_file(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
+    if args.check {
+        tracing::info!("configuration is valid");
+        return Ok(());
+    }
+    sluice_agent::server::run(cfg, shutdown_signal()).await.context("agent failed")?;
+    Ok(())
+}
+
+fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

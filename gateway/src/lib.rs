@@ -1,1 +1,224 @@
+//! The Sluice storage-side gateway: an S3 server (built on `s3s`) in front of
+//! a local directory, with SigV4 verification always on.
+//!
+//! It is Sluice's embedded default store and the peer that the agent's data
+//! paths are tested against. Later the RDMA token data path and an upstream
+//! S3 proxy backend plug in here.
 
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use s3s::auth::SimpleAuth;
+use s3s::service::S3ServiceBuilder;
+use serde::Deserialize;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+/// Errors raised while configuring or starting the gateway.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GatewayError {
+    #[error("reading config {path}: {source}")]
+    ReadConfig { path: PathBuf, source: std::io::Error },
+    #[error("parsing config {path}: {source}")]
+    ParseConfig { path: PathBuf, source: toml::de::Error },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+    #[error("preparing data directory {path}: {source}")]
+    DataDir { path: PathBuf, source: std::io::Error },
+    #[error("opening the file store: {0}")]
+    Store(String),
+    #[error("binding {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("writing the bound address to {path}: {source}")]
+    AddrFile { path: PathBuf, source: std::io::Error },
+}
+
+/// One access key the gateway accepts.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credential {
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential").field("access_key", &self.access_key).field("secret_key", &"<redacted>").finish()
+    }
+}
+
+/// Gateway configuration (TOML; see `deploy/gateway.example.toml`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address to serve S3 on. Port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// Directory holding one sub-directory per bucket.
+    pub data_dir: PathBuf,
+    /// Buckets created at start-up if missing.
+    #[serde(default)]
+    pub buckets: Vec<String>,
+    /// Accepted access keys. At least one: SigV4 verification is always on.
+    pub credentials: Vec<Credential>,
+    /// If set, the bound address (`host:port`) is written here once listening.
+    #[serde(default)]
+    pub addr_file: Option<PathBuf>,
+}
+
+impl GatewayConfig {
+    /// Reads and validates a TOML config file.
+    pub fn from_file(path: &Path) -> Result<Self, GatewayError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| GatewayError::ReadConfig { path: path.to_owned(), source })?;
+        let cfg: Self =
+            toml::from_str(&text).map_err(|source| GatewayError::ParseConfig { path: path.to_owned(), source })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks what serde cannot.
+    pub fn validate(&self) -> Result<(), GatewayError> {
+        if self.credentials.is_empty() {
+            return Err(GatewayError::Invalid(
+                "at least one [[credentials]] entry is required (SigV4 verification is always on)".into(),
+            ));
+        }
+        for c in &self.credentials {
+            if c.access_key.is_empty() || c.secret_key.is_empty() {
+                return Err(GatewayError::Invalid("credentials need a non-empty access_key and secret_key".into()));
+            }
+        }
+        for b in &self.buckets {
+            if !valid_bucket_name(b) {
+                return Err(GatewayError::Invalid(format!("invalid bucket name {b:?}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// S3 bucket naming rules (the subset that matters for a directory store).
+fn valid_bucket_name(name: &str) -> bool {
+    (3..=63).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric()
+}
+
+/// A bound, ready-to-serve gateway.
+pub struct Gateway {
+    listener: TcpListener,
+    service: s3s::service::S3Service,
+}
+
+impl Gateway {
+    /// Prepares the store and binds the listener (so the address is known
+    /// before serving starts).
+    pub async fn bind(cfg: &GatewayConfig) -> Result<Self, GatewayError> {
+        cfg.validate()?;
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
+        for b in &cfg.buckets {
+            let dir = cfg.data_dir.join(b);
+            std::fs::create_dir_all(&dir).map_err(|source| GatewayError::DataDir { path: dir, source })?;
+        }
+        let fs = s3s_fs::FileSystem::new(&cfg.data_dir).map_err(|e| GatewayError::Store(format!("{e:?}")))?;
+        let mut auth = SimpleAuth::new();
+        for c in &cfg.credentials {
+            auth.register(c.access_key.clone(), c.secret_key.clone().into());
+        }
+        let mut builder = S3ServiceBuilder::new(fs);
+        builder.set_auth(auth);
+        let service = builder.build();
+
+        let listener =
+            TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
+        let local = listener.local_addr().map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
+        if let Some(path) = &cfg.addr_file {
+            write_atomically(path, &local.to_string())
+                .map_err(|source| GatewayError::AddrFile { path: path.clone(), source })?;
+        }
+        info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, "gateway listening");
+        Ok(Self { listener, service })
+    }
+
+    /// The address the gateway is listening on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves, then drains connections (up to 10 s).
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
+        let http = ConnBuilder::new(TokioExecutor::new());
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let socket = tokio::select! {
+                res = self.listener.accept() => match res {
+                    Ok((socket, _)) => socket,
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        continue;
+                    }
+                },
+                () = shutdown.as_mut() => break,
+            };
+            let _ = socket.set_nodelay(true);
+            let conn = http.serve_connection(TokioIo::new(socket), self.service.clone());
+            let conn = graceful.watch(conn.into_owned());
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+        info!("gateway shutting down");
+        tokio::select! {
+            () = graceful.shutdown() => {}
+            () = tokio::time::sleep(std::time::Duration::from_secs(10)) => warn!("connections still open after 10 s; closing"),
+        }
+    }
+}
+
+/// Writes `contents` to `path` via a temporary file and rename, so a reader
+/// polling for the file never sees it half-written.
+pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents)?;
+    std::fs::rename(&tmp, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_requires_credentials() {
+        let cfg: GatewayConfig = toml::from_str(
+            r#"listen = "127.0.0.1:0"
+data_dir = "/tmp/x"
+credentials = []"#,
+        )
+        .unwrap();
+        assert!(cfg.validate().is_err());
+    }
+
+    #[test]
+    fn bucket_names() {
+        assert!(valid_bucket_name("data"));
+        assert!(valid_bucket_name("my-bucket.1"));
+        assert!(!valid_bucket_name("ab"));
+        assert!(!valid_bucket_name("Data"));
+        assert!(!valid_bucket_name("-data"));
+        assert!(!valid_bucket_name("../etc"));
+    }
+
+    #[test]
+    fn credential_debug_redacts_secret() {
+        let c = Credential { access_key: "AK".into(), secret_key: "SECRET".into() };
+        assert!(!format!("{c:?}").contains("SECRET"));
+    }
+}

@@ -1,0 +1,356 @@
+//! The agent's domain service: tenants, sessions, regions and the object
+//! operations. gRPC handlers (see `grpc.rs`) are thin adapters over this.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tracing::{info, Instrument};
+
+use crate::config::{AgentConfig, Limits};
+use crate::error::AgentError;
+use crate::hostmem::{HostMemory, HostRegion, RegionExport};
+use crate::ids::random_id;
+use crate::metrics::Metrics;
+use crate::s3::{ListPage, ObjectMeta, ObjectStore};
+
+/// The only data path this build moves bytes on; RDMA paths come with the
+/// data-plane crate.
+pub const DATA_PATH_HTTP: &str = "http";
+
+struct Tenant {
+    namespaces: HashMap<String, Arc<ObjectStore>>,
+}
+
+/// Per-session counters reported by Stats.
+#[derive(Default)]
+pub struct SessionStats {
+    pub requests: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub errors: AtomicU64,
+    pub fallbacks: AtomicU64,
+}
+
+struct Session {
+    tenant: String,
+    regions: Mutex<HashMap<String, Arc<dyn HostRegion>>>,
+    stats: SessionStats,
+}
+
+impl Session {
+    fn registered_bytes(regions: &HashMap<String, Arc<dyn HostRegion>>) -> u64 {
+        regions.values().map(|r| r.len()).sum()
+    }
+}
+
+/// Result of a GET or PUT, for the caller.
+#[derive(Debug, Clone)]
+pub struct TransferReport {
+    pub bytes: u64,
+    pub data_path: &'static str,
+    pub fallback_reason: String,
+    pub elapsed: Duration,
+    pub parts: u32,
+    pub etag: String,
+    /// GET only: size of the whole object.
+    pub object_size: u64,
+}
+
+/// A snapshot of a session's counters.
+#[derive(Debug, Clone, Default)]
+pub struct StatsSnapshot {
+    pub requests: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub errors: u64,
+    pub fallbacks: u64,
+    pub regions: u32,
+    pub registered_bytes: u64,
+}
+
+/// The agent.
+pub struct Agent {
+    tenants: HashMap<String, Tenant>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    memory: Arc<dyn HostMemory>,
+    metrics: Arc<Metrics>,
+    limits: Limits,
+}
+
+impl Agent {
+    /// Builds the agent from its config: one S3 client per namespace, sharing
+    /// one connection pool. Secrets are read here and kept only in memory.
+    pub fn new(cfg: &AgentConfig, memory: Arc<dyn HostMemory>, metrics: Arc<Metrics>) -> Result<Self, AgentError> {
+        let http = crate::s3::http_client(&cfg.s3)?;
+        let mut tenants = HashMap::new();
+        for t in &cfg.tenants {
+            let mut namespaces = HashMap::new();
+            for ns in &t.namespaces {
+                let cred = cfg
+                    .credentials
+                    .get(&ns.credentials)
+                    .ok_or_else(|| AgentError::BadRequest(format!("credentials {:?} missing", ns.credentials)))?;
+                let secret = cred.load_secret().map_err(|e| AgentError::BadRequest(e.to_string()))?;
+                let store = ObjectStore::new(
+                    http.clone(),
+                    ns,
+                    cred.access_key.clone(),
+                    secret,
+                    cfg.s3.clone(),
+                    metrics.s3_retries.clone(),
+                );
+                namespaces.insert(ns.name.clone(), Arc::new(store));
+            }
+            tenants.insert(t.name.clone(), Tenant { namespaces });
+        }
+        Ok(Self { tenants, sessions: Mutex::new(HashMap::new()), memory, metrics, limits: cfg.limits.clone() })
+    }
+
+    fn session(&self, id: &str) -> Result<Arc<Session>, AgentError> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned().ok_or(AgentError::UnknownSession)
+    }
+
+    fn store(&self, session: &Session, namespace: &str) -> Result<Arc<ObjectStore>, AgentError> {
+        self.tenants
+            .get(&session.tenant)
+            .and_then(|t| t.namespaces.get(namespace))
+            .cloned()
+            .ok_or_else(|| AgentError::UnknownNamespace(namespace.to_owned()))
+    }
+
+    fn region(&self, session: &Session, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
+        session
+            .regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(region_id)
+            .cloned()
+            .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))
+    }
+
+    pub fn open_session(&self, tenant: &str, shim_id: &str) -> Result<(String, Vec<String>), AgentError> {
+        let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
+        let id = random_id();
+        let session = Session { tenant: tenant.to_owned(), regions: Mutex::new(HashMap::new()), stats: Default::default() };
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), Arc::new(session));
+        self.metrics.sessions.inc();
+        info!(tenant, shim_id, "session opened");
+        let mut names: Vec<String> = t.namespaces.keys().cloned().collect();
+        names.sort();
+        Ok((id, names))
+    }
+
+    /// Closes a session and releases every region it holds.
+    pub fn close_session(&self, id: &str) -> Result<(), AgentError> {
+        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(id).ok_or(AgentError::UnknownSession)?;
+        let regions = std::mem::take(&mut *s.regions.lock().unwrap_or_else(|p| p.into_inner()));
+        self.metrics.regions.with_label_values(&[&s.tenant]).sub(regions.len() as i64);
+        self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(Session::registered_bytes(&regions) as i64);
+        self.metrics.sessions.dec();
+        info!(tenant = %s.tenant, released = regions.len(), "session closed");
+        Ok(())
+    }
+
+    pub fn register_region(&self, session_id: &str, export: RegionExport, length: u64) -> Result<String, AgentError> {
+        let s = self.session(session_id)?;
+        if length == 0 {
+            return Err(AgentError::BadRequest("region length must be > 0".into()));
+        }
+        let mut regions = s.regions.lock().unwrap_or_else(|p| p.into_inner());
+        if regions.len() >= self.limits.max_regions_per_session {
+            return Err(AgentError::ResourceExhausted(format!("{} regions per session", self.limits.max_regions_per_session)));
+        }
+        if Session::registered_bytes(&regions) + length > self.limits.max_registered_bytes_per_session {
+            return Err(AgentError::ResourceExhausted(format!(
+                "{} registered bytes per session",
+                self.limits.max_registered_bytes_per_session
+            )));
+        }
+        let region = self.memory.import(export, length)?;
+        let id = random_id();
+        regions.insert(id.clone(), region);
+        self.metrics.regions.with_label_values(&[&s.tenant]).inc();
+        self.metrics.registered_bytes.with_label_values(&[&s.tenant]).add(length as i64);
+        Ok(id)
+    }
+
+    pub fn release_region(&self, session_id: &str, region_id: &str) -> Result<(), AgentError> {
+        let s = self.session(session_id)?;
+        let r = s
+            .regions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(region_id)
+            .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))?;
+        self.metrics.regions.with_label_values(&[&s.tenant]).dec();
+        self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(r.len() as i64);
+        Ok(())
+    }
+
+    /// Runs `f` as one request: span with the request id, metrics, stats.
+    async fn run<T, F>(
+        &self,
+        s: &Session,
+        request_id: &str,
+        namespace: &str,
+        op: &'static str,
+        bytes_of: impl Fn(&T) -> u64,
+        f: F,
+    ) -> Result<T, AgentError>
+    where
+        F: std::future::Future<Output = Result<T, AgentError>>,
+    {
+        let span = tracing::info_span!("request", request_id, tenant = %s.tenant, namespace, op);
+        let start = Instant::now();
+        let result = f.instrument(span.clone()).await;
+        let elapsed = start.elapsed();
+        s.stats.requests.fetch_add(1, Ordering::Relaxed);
+        let _g = span.enter();
+        match &result {
+            Ok(v) => {
+                let n = bytes_of(v);
+                match op {
+                    "get" => s.stats.bytes_read.fetch_add(n, Ordering::Relaxed),
+                    "put" => s.stats.bytes_written.fetch_add(n, Ordering::Relaxed),
+                    _ => 0,
+                };
+                self.metrics.observe(&s.tenant, namespace, op, DATA_PATH_HTTP, elapsed, Ok(n));
+                tracing::debug!(bytes = n, elapsed_us = elapsed.as_micros() as u64, "request done");
+            }
+            Err(e) => {
+                s.stats.errors.fetch_add(1, Ordering::Relaxed);
+                self.metrics.observe(&s.tenant, namespace, op, DATA_PATH_HTTP, elapsed, Err(e.kind()));
+                tracing::info!(error = %e, "request failed");
+            }
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn get(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        namespace: &str,
+        key: &str,
+        range: Option<(u64, Option<u64>)>,
+        region_id: &str,
+        offset: u64,
+    ) -> Result<TransferReport, AgentError> {
+        let s = self.session(session_id)?;
+        let work = async {
+            let store = self.store(&s, namespace)?;
+            let region = self.region(&s, region_id)?;
+            check_key(key)?;
+            let (start, len) = range.unwrap_or((0, None));
+            let t0 = Instant::now();
+            let out = store.get_into(key, start, len, &region, offset, request_id).await?;
+            Ok(TransferReport {
+                bytes: out.bytes,
+                data_path: DATA_PATH_HTTP,
+                fallback_reason: String::new(),
+                elapsed: t0.elapsed(),
+                parts: out.parts,
+                etag: out.etag,
+                object_size: out.object_size,
+            })
+        };
+        self.run(&s, request_id, namespace, "get", |r: &TransferReport| r.bytes, work).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub async fn put(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        namespace: &str,
+        key: &str,
+        region_id: &str,
+        offset: u64,
+        length: u64,
+        content_type: &str,
+    ) -> Result<TransferReport, AgentError> {
+        let s = self.session(session_id)?;
+        let work = async {
+            let store = self.store(&s, namespace)?;
+            let region = self.region(&s, region_id)?;
+            check_key(key)?;
+            region.check(offset, length)?;
+            let t0 = Instant::now();
+            let out = store.put_from(key, &region, offset, length, content_type, request_id).await?;
+            Ok(TransferReport {
+                bytes: length,
+                data_path: DATA_PATH_HTTP,
+                fallback_reason: String::new(),
+                elapsed: t0.elapsed(),
+                parts: out.parts,
+                etag: out.etag,
+                object_size: length,
+            })
+        };
+        self.run(&s, request_id, namespace, "put", |r: &TransferReport| r.bytes, work).await
+    }
+
+    pub async fn head(&self, session_id: &str, request_id: &str, namespace: &str, key: &str) -> Result<ObjectMeta, AgentError> {
+        let s = self.session(session_id)?;
+        let work = async {
+            let store = self.store(&s, namespace)?;
+            check_key(key)?;
+            Ok(store.head(key, request_id).await?)
+        };
+        self.run(&s, request_id, namespace, "head", |_| 0, work).await
+    }
+
+    pub async fn list(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        namespace: &str,
+        prefix: &str,
+        continuation_token: &str,
+        max_keys: u32,
+        delimiter: &str,
+    ) -> Result<ListPage, AgentError> {
+        let s = self.session(session_id)?;
+        let work = async {
+            let store = self.store(&s, namespace)?;
+            Ok(store.list_page(prefix, continuation_token, max_keys, delimiter, request_id).await?)
+        };
+        self.run(&s, request_id, namespace, "list", |_| 0, work).await
+    }
+
+    pub async fn delete(&self, session_id: &str, request_id: &str, namespace: &str, key: &str) -> Result<(), AgentError> {
+        let s = self.session(session_id)?;
+        let work = async {
+            let store = self.store(&s, namespace)?;
+            check_key(key)?;
+            Ok(store.delete(key, request_id).await?)
+        };
+        self.run(&s, request_id, namespace, "delete", |_| 0, work).await
+    }
+
+    pub fn stats(&self, session_id: &str) -> Result<StatsSnapshot, AgentError> {
+        let s = self.session(session_id)?;
+        let regions = s.regions.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &s.stats;
+        Ok(StatsSnapshot {
+            requests: st.requests.load(Ordering::Relaxed),
+            bytes_read: st.bytes_read.load(Ordering::Relaxed),
+            bytes_written: st.bytes_written.load(Ordering::Relaxed),
+            errors: st.errors.load(Ordering::Relaxed),
+            fallbacks: st.fallbacks.load(Ordering::Relaxed),
+            regions: regions.len() as u32,
+            registered_bytes: Session::registered_bytes(&regions),
+        })
+    }
+}
+
+/// S3 keys are 1..=1024 bytes of UTF-8.
+fn check_key(key: &str) -> Result<(), AgentError> {
+    if key.is_empty() || key.len() > 1024 {
+        return Err(AgentError::BadRequest(format!("object keys must be 1 to 1024 bytes (got {})", key.len())));
+    }
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! Agent configuration (TOML). See `deploy/agent.example.toml` for a
+//! commented example. Credentials live only here (or in files this names);
+//! nothing in it is ever sent to the host.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Errors reading or validating the config.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing {path}: {source}")]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// gRPC control plane on TCP (the DPU's address). Port 0 picks one.
+    #[serde(default)]
+    pub grpc_listen: Option<SocketAddr>,
+    /// gRPC control plane on a Unix socket (co-located mode).
+    #[serde(default)]
+    pub grpc_socket: Option<PathBuf>,
+    /// Unix socket where a co-located shim hands over region memfds.
+    pub memory_socket: PathBuf,
+    /// Prometheus metrics (`GET /metrics`). Port 0 picks one.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
+    /// If set, a small TOML file with the bound addresses is written here.
+    #[serde(default)]
+    pub addr_file: Option<PathBuf>,
+    #[serde(default)]
+    pub s3: S3Tuning,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Named S3 credentials, referenced by namespaces.
+    #[serde(default)]
+    pub credentials: BTreeMap<String, CredentialConfig>,
+    pub tenants: Vec<TenantConfig>,
+}
+
+/// Per-tenant resource limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Most regions a session may hold.
+    pub max_regions_per_session: usize,
+    /// Most bytes of memory a session may register.
+    pub max_registered_bytes_per_session: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_regions_per_session: 4096, max_registered_bytes_per_session: 64 << 30 }
+    }
+}
+
+/// How the agent talks to S3.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct S3Tuning {
+    /// GETs larger than this are split into ranged GETs of this size.
+    pub get_part_size: u64,
+    /// PUTs larger than this use multipart upload.
+    pub multipart_threshold: u64,
+    /// Part size for multipart upload (S3 minimum: 5 MiB except the last).
+    pub put_part_size: u64,
+    /// Ranged GETs / parts in flight per request.
+    pub max_concurrency: usize,
+    /// Attempts per S3 request (1 = no retry). Only 5xx, throttling and
+    /// connection errors are retried; 4xx never are.
+    pub max_attempts: u32,
+    /// First retry delay; doubles each attempt (with jitter).
+    pub retry_base_ms: u64,
+    /// Connect timeout.
+    pub connect_timeout_ms: u64,
+    /// Longest silence on a connection before the request fails.
+    pub read_timeout_ms: u64,
+}
+
+impl Default for S3Tuning {
+    fn default() -> Self {
+        Self {
+            get_part_size: 8 << 20,
+            multipart_threshold: 16 << 20,
+            put_part_size: 8 << 20,
+            max_concurrency: 8,
+            max_attempts: 4,
+            retry_base_ms: 50,
+            connect_timeout_ms: 3000,
+            read_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// An S3 access key; the secret comes inline or from a file (preferred).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    pub access_key: String,
+    #[serde(default)]
+    pub secret_key: Option<String>,
+    #[serde(default)]
+    pub secret_key_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for CredentialConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialConfig")
+            .field("access_key", &self.access_key)
+            .field("secret_key", &self.secret_key.as_ref().map(|_| "<redacted>"))
+            .field("secret_key_file", &self.secret_key_file)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    pub namespaces: Vec<NamespaceConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// The name the tenant uses (`name/key`).
+    pub name: String,
+    /// One or more S3 endpoints (`http://host:port`) serving the same data.
+    pub endpoints: Vec<String>,
+    pub bucket: String,
+    /// Prepended to every key; lets tenants share a bucket without overlap.
+    #[serde(default)]
+    pub prefix: String,
+    #[serde(default = "default_region")]
+    pub region: String,
+    /// Name of an entry in `[credentials]`.
+    pub credentials: String,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+impl AgentConfig {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let mut cfg: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        // Relative secret files are relative to the config file.
+        let base = path.parent().unwrap_or(Path::new("."));
+        for c in cfg.credentials.values_mut() {
+            if let Some(f) = &mut c.secret_key_file {
+                if f.is_relative() {
+                    *f = base.join(&*f);
+                }
+            }
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks cross-references and values serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.grpc_listen.is_none() && self.grpc_socket.is_none() {
+            return bad("set grpc_listen, grpc_socket, or both".into());
+        }
+        if self.tenants.is_empty() {
+            return bad("no [[tenants]] configured".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in &self.tenants {
+            if t.name.is_empty() || !seen.insert(&t.name) {
+                return bad(format!("tenant names must be unique and non-empty ({:?})", t.name));
+            }
+            let mut ns_seen = std::collections::HashSet::new();
+            for ns in &t.namespaces {
+                if ns.name.is_empty() || ns.name.contains('/') || !ns_seen.insert(&ns.name) {
+                    return bad(format!("tenant {:?}: namespace names must be unique, non-empty, without '/' ({:?})", t.name, ns.name));
+                }
+                if ns.endpoints.is_empty() {
+                    return bad(format!("namespace {:?}: at least one endpoint", ns.name));
+                }
+                for e in &ns.endpoints {
+                    if !(e.starts_with("http://") || e.starts_with("https://")) {
+                        return bad(format!("namespace {:?}: endpoint {e:?} must start with http:// or https://", ns.name));
+                    }
+                }
+                if ns.bucket.is_empty() {
+                    return bad(format!("namespace {:?}: bucket is empty", ns.name));
+                }
+                if !self.credentials.contains_key(&ns.credentials) {
+                    return bad(format!("namespace {:?}: credentials {:?} not found in [credentials]", ns.name, ns.credentials));
+                }
+            }
+        }
+        for (name, c) in &self.credentials {
+            if c.secret_key.is_some() == c.secret_key_file.is_some() {
+                return bad(format!("credentials {name:?}: set exactly one of secret_key and secret_key_file"));
+            }
+        }
+        let s = &self.s3;
+        if s.get_part_size == 0 || s.put_part_size < 5 << 20 || s.max_concurrency == 0 || s.max_attempts == 0 {
+            return bad("s3: get_part_size > 0, put_part_size >= 5 MiB, max_concurrency >= 1, max_attempts >= 1".into());
+        }
+        if s.multipart_threshold < s.put_part_size {
+            return bad("s3: multipart_threshold must be >= put_part_size".into());
+        }
+        Ok(())
+    }
+}
+
+impl CredentialConfig {
+    /// The secret, read from its file if configured that way.
+    pub fn load_secret(&self) -> Result<String, ConfigError> {
+        match (&self.secret_key, &self.secret_key_file) {
+            (Some(s), _) => Ok(s.clone()),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(|s| s.trim().to_owned())
+                .map_err(|source| ConfigError::Read { path: path.clone(), source }),
+            (None, None) => Err(ConfigError::Invalid("credential without a secret".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../deploy/agent.example.toml");
+
+    #[test]
+    fn example_config_parses() {
+        let cfg: AgentConfig = toml::from_str(EXAMPLE).unwrap();
+        cfg.validate().unwrap();
+        assert!(!cfg.tenants.is_empty());
+    }
+
+    #[test]
+    fn missing_credentials_reference_is_rejected() {
+        let mut cfg: AgentConfig = toml::from_str(EXAMPLE).unwrap();
+        cfg.tenants[0].namespaces[0].credentials = "nope".into();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn debug_redacts_secret() {
+        let c = CredentialConfig { access_key: "AK".into(), secret_key: Some("S3CR3T".into()), secret_key_file: None };
+        assert!(!format!("{c:?}").contains("S3CR3T"));
+    }
+}

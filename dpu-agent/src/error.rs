@@ -1,0 +1,97 @@
+//! The agent's error type and its one conversion to a gRPC status.
+
+use sluice_proto::common::{ErrorCode, ErrorDetail};
+use sluice_proto::Message;
+
+use crate::hostmem::MemError;
+use crate::s3::S3Error;
+
+/// Everything an agent operation can fail with. Each variant maps to one
+/// [`ErrorCode`] so the shim and clients get a typed error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    #[error("unknown tenant {0:?}")]
+    UnknownTenant(String),
+    #[error("session not found or closed; open a session first")]
+    UnknownSession,
+    #[error("namespace {0:?} is not configured for this tenant")]
+    UnknownNamespace(String),
+    #[error("region {0:?} is not registered in this session (never issued, or released)")]
+    UnknownRegion(String),
+    #[error("the data needs {needed} bytes at offset {offset}, but the region holds {region_len}")]
+    RegionTooSmall { needed: u64, offset: u64, region_len: u64 },
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("limit reached: {0}")]
+    ResourceExhausted(String),
+    #[error(transparent)]
+    Memory(#[from] MemError),
+    #[error(transparent)]
+    S3(#[from] S3Error),
+}
+
+impl AgentError {
+    /// The typed code clients see.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::UnknownTenant(_) => ErrorCode::UnknownTenant,
+            Self::UnknownSession => ErrorCode::Unauthenticated,
+            Self::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+            Self::UnknownRegion(_) => ErrorCode::UnknownRegion,
+            Self::RegionTooSmall { .. } => ErrorCode::RegionTooSmall,
+            Self::BadRequest(_) => ErrorCode::BadRequest,
+            Self::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
+            Self::Memory(e) => e.code(),
+            Self::S3(e) => e.code(),
+        }
+    }
+
+    /// A short stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        self.code().as_str_name()
+    }
+}
+
+impl From<AgentError> for tonic::Status {
+    fn from(e: AgentError) -> Self {
+        let code = e.code();
+        let grpc = match code {
+            ErrorCode::UnknownTenant | ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
+            ErrorCode::AccessDenied => tonic::Code::PermissionDenied,
+            ErrorCode::UnknownNamespace | ErrorCode::NoSuchKey | ErrorCode::NoSuchBucket | ErrorCode::UnknownRegion => {
+                tonic::Code::NotFound
+            }
+            ErrorCode::BadRequest
+            | ErrorCode::RegionTooSmall
+            | ErrorCode::OutOfBounds
+            | ErrorCode::InvalidRange
+            | ErrorCode::Protocol => tonic::Code::InvalidArgument,
+            ErrorCode::StoreUnavailable => tonic::Code::Unavailable,
+            ErrorCode::PreconditionFailed => tonic::Code::FailedPrecondition,
+            ErrorCode::ResourceExhausted => tonic::Code::ResourceExhausted,
+            ErrorCode::TransferFailed => tonic::Code::Aborted,
+            _ => tonic::Code::Internal,
+        };
+        let msg = e.to_string();
+        let detail = ErrorDetail::new(code, msg.clone()).encode_to_vec();
+        tonic::Status::with_details(grpc, msg, detail.into())
+    }
+}
+
+/// Decodes the typed detail from a status made by the conversion above (the
+/// shim uses this); statuses from elsewhere map by gRPC code.
+pub fn detail_from_status(status: &tonic::Status) -> ErrorDetail {
+    if let Ok(d) = ErrorDetail::decode(status.details()) {
+        if d.code != 0 {
+            return d;
+        }
+    }
+    let code = match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => ErrorCode::StoreUnavailable,
+        tonic::Code::Unauthenticated => ErrorCode::Unauthenticated,
+        tonic::Code::InvalidArgument => ErrorCode::BadRequest,
+        _ => ErrorCode::Internal,
+    };
+    ErrorDetail::new(code, format!("agent: {}", status.message()))
+}

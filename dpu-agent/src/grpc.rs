@@ -1,0 +1,144 @@
+//! gRPC adapters: protobuf in, domain call, protobuf out. Errors convert to
+//! `tonic::Status` in one place (`From<AgentError>`).
+
+use std::sync::Arc;
+
+use sluice_proto::agent as pb;
+use sluice_proto::agent::agent_server::Agent as AgentRpc;
+use sluice_proto::common::{DataPath, ObjectInfo, TransferReport};
+use tonic::{Request, Response, Status};
+
+use crate::agent::{self, Agent};
+use crate::error::AgentError;
+use crate::hostmem::RegionExport;
+use crate::s3::ObjectMeta;
+
+/// The tonic service over the domain agent.
+pub struct GrpcService {
+    agent: Arc<Agent>,
+}
+
+impl GrpcService {
+    pub fn new(agent: Arc<Agent>) -> Self {
+        Self { agent }
+    }
+}
+
+fn report(request_id: &str, r: &agent::TransferReport) -> TransferReport {
+    TransferReport {
+        request_id: request_id.to_owned(),
+        bytes: r.bytes,
+        data_path: match r.data_path {
+            agent::DATA_PATH_HTTP => DataPath::Http as i32,
+            _ => DataPath::Unspecified as i32,
+        },
+        fallback_reason: r.fallback_reason.clone(),
+        elapsed_us: r.elapsed.as_micros() as u64,
+        parts: r.parts,
+    }
+}
+
+fn info(m: ObjectMeta) -> ObjectInfo {
+    ObjectInfo {
+        key: m.key,
+        size: m.size,
+        etag: m.etag,
+        last_modified_unix_ms: m.last_modified_unix_ms,
+        content_type: m.content_type,
+    }
+}
+
+#[tonic::async_trait]
+impl AgentRpc for GrpcService {
+    async fn open_session(&self, req: Request<pb::OpenSessionRequest>) -> Result<Response<pb::OpenSessionReply>, Status> {
+        let r = req.into_inner();
+        let (session_id, namespaces) = self.agent.open_session(&r.tenant, &r.shim_id)?;
+        Ok(Response::new(pb::OpenSessionReply { session_id, namespaces }))
+    }
+
+    async fn close_session(&self, req: Request<pb::CloseSessionRequest>) -> Result<Response<pb::CloseSessionReply>, Status> {
+        self.agent.close_session(&req.into_inner().session_id)?;
+        Ok(Response::new(pb::CloseSessionReply {}))
+    }
+
+    async fn register_region(
+        &self,
+        req: Request<pb::RegisterRegionRequest>,
+    ) -> Result<Response<pb::RegisterRegionReply>, Status> {
+        let r = req.into_inner();
+        let export = match r.export {
+            Some(pb::register_region_request::Export::ColocatedTicket(ticket)) => RegionExport::Colocated { ticket },
+            Some(pb::register_region_request::Export::DocaExport(blob)) => RegionExport::Doca { blob },
+            None => return Err(AgentError::BadRequest("RegisterRegion needs an export (ticket or DOCA blob)".into()).into()),
+        };
+        let region_id = self.agent.register_region(&r.session_id, export, r.length)?;
+        Ok(Response::new(pb::RegisterRegionReply { region_id, length: r.length }))
+    }
+
+    async fn release_region(
+        &self,
+        req: Request<pb::ReleaseRegionRequest>,
+    ) -> Result<Response<pb::ReleaseRegionReply>, Status> {
+        let r = req.into_inner();
+        self.agent.release_region(&r.session_id, &r.region_id)?;
+        Ok(Response::new(pb::ReleaseRegionReply {}))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetReply>, Status> {
+        let r = req.into_inner();
+        let range = r.range.map(|g| (g.start, g.length));
+        let out = self.agent.get(&r.session_id, &r.request_id, &r.namespace, &r.key, range, &r.region_id, r.offset).await?;
+        Ok(Response::new(pb::GetReply {
+            report: Some(report(&r.request_id, &out)),
+            object_size: out.object_size,
+            etag: out.etag,
+        }))
+    }
+
+    async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
+        let r = req.into_inner();
+        let out = self
+            .agent
+            .put(&r.session_id, &r.request_id, &r.namespace, &r.key, &r.region_id, r.offset, r.length, &r.content_type)
+            .await?;
+        Ok(Response::new(pb::PutReply { report: Some(report(&r.request_id, &out)), etag: out.etag }))
+    }
+
+    async fn head(&self, req: Request<pb::HeadRequest>) -> Result<Response<pb::HeadReply>, Status> {
+        let r = req.into_inner();
+        let m = self.agent.head(&r.session_id, &r.request_id, &r.namespace, &r.key).await?;
+        Ok(Response::new(pb::HeadReply { object: Some(info(m)) }))
+    }
+
+    async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
+        let r = req.into_inner();
+        let page = self
+            .agent
+            .list(&r.session_id, &r.request_id, &r.namespace, &r.prefix, &r.continuation_token, r.max_keys, &r.delimiter)
+            .await?;
+        Ok(Response::new(pb::ListReply {
+            objects: page.objects.into_iter().map(info).collect(),
+            common_prefixes: page.common_prefixes,
+            next_continuation_token: page.next_continuation_token,
+        }))
+    }
+
+    async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteReply>, Status> {
+        let r = req.into_inner();
+        self.agent.delete(&r.session_id, &r.request_id, &r.namespace, &r.key).await?;
+        Ok(Response::new(pb::DeleteReply {}))
+    }
+
+    async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
+        let s = self.agent.stats(&req.into_inner().session_id)?;
+        Ok(Response::new(pb::StatsReply {
+            requests: s.requests,
+            bytes_read: s.bytes_read,
+            bytes_written: s.bytes_written,
+            errors: s.errors,
+            fallbacks: s.fallbacks,
+            regions: s.regions,
+            registered_bytes: s.registered_bytes,
+        }))
+    }
+}

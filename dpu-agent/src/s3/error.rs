@@ -1,0 +1,166 @@
+//! S3 errors: parsed from the store's XML error bodies and HTTP statuses.
+
+use serde::Deserialize;
+use sluice_proto::common::ErrorCode;
+
+/// A failed S3 operation.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum S3Error {
+    #[error("no such key {0:?}")]
+    NoSuchKey(String),
+    #[error("no such bucket: {0}")]
+    NoSuchBucket(String),
+    #[error("the store denied access ({code}): {message}")]
+    AccessDenied { code: String, message: String },
+    #[error("range not satisfiable: {0}")]
+    InvalidRange(String),
+    #[error("the object changed while it was being read ({0})")]
+    PreconditionFailed(String),
+    #[error("the store rejected the request: HTTP {status} {code}: {message}")]
+    Rejected { status: u16, code: String, message: String },
+    #[error("the store failed: HTTP {status} {code}: {message}{}", attempts_note(*.attempts))]
+    Server { status: u16, code: String, message: String, attempts: u32 },
+    #[error("cannot reach the store: {message}{}", attempts_note(*.attempts))]
+    Connection { message: String, attempts: u32 },
+    #[error("transfer broke: {message}{}", attempts_note(*.attempts))]
+    TransferFailed { message: String, attempts: u32 },
+    #[error("the data needs {needed} bytes at offset {offset}, but the region holds {region_len}")]
+    DoesNotFit { needed: u64, offset: u64, region_len: u64 },
+    #[error("writing into host memory: {0}")]
+    Destination(String),
+    #[error("unexpected response from the store: {0}")]
+    Protocol(String),
+}
+
+fn attempts_note(n: u32) -> String {
+    if n > 1 {
+        format!(" (after {n} attempts)")
+    } else {
+        String::new()
+    }
+}
+
+impl S3Error {
+    /// 5xx, throttling and connection/transfer breaks are retried; 4xx never.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Server { .. } | Self::Connection { .. } | Self::TransferFailed { .. })
+    }
+
+    /// Records how many attempts were made before giving up.
+    pub fn after_attempts(self, n: u32) -> Self {
+        match self {
+            Self::Server { status, code, message, .. } => Self::Server { status, code, message, attempts: n },
+            Self::Connection { message, .. } => Self::Connection { message, attempts: n },
+            Self::TransferFailed { message, .. } => Self::TransferFailed { message, attempts: n },
+            other => other,
+        }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::NoSuchKey(_) => ErrorCode::NoSuchKey,
+            Self::NoSuchBucket(_) => ErrorCode::NoSuchBucket,
+            Self::AccessDenied { .. } => ErrorCode::AccessDenied,
+            Self::InvalidRange(_) => ErrorCode::InvalidRange,
+            Self::PreconditionFailed(_) => ErrorCode::PreconditionFailed,
+            Self::Rejected { .. } => ErrorCode::BadRequest,
+            Self::Server { .. } | Self::Connection { .. } => ErrorCode::StoreUnavailable,
+            Self::TransferFailed { .. } => ErrorCode::TransferFailed,
+            Self::DoesNotFit { .. } => ErrorCode::RegionTooSmall,
+            Self::Destination(_) | Self::Protocol(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// Maps a transport-level reqwest error.
+    pub fn from_reqwest(e: reqwest::Error) -> Self {
+        // Walk the source chain: hyper hides the useful part (e.g. "connection refused").
+        let mut msg = e.to_string();
+        let mut src = std::error::Error::source(&e);
+        while let Some(s) = src {
+            msg.push_str(": ");
+            msg.push_str(&s.to_string());
+            src = s.source();
+        }
+        if e.is_body() || e.is_decode() {
+            Self::TransferFailed { message: msg, attempts: 1 }
+        } else {
+            Self::Connection { message: msg, attempts: 1 }
+        }
+    }
+
+    /// Builds the error for a non-success response.
+    pub fn from_response(status: u16, body: &str, key: Option<&str>) -> Self {
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "PascalCase", default)]
+        struct XmlError {
+            code: String,
+            message: String,
+        }
+        let parsed: XmlError = quick_xml::de::from_str(body).unwrap_or_default();
+        let (code, message) = (parsed.code, parsed.message);
+        let key = key.unwrap_or_default().to_owned();
+        match (status, code.as_str()) {
+            (404, "NoSuchBucket") => Self::NoSuchBucket(message),
+            (404, _) => Self::NoSuchKey(key),
+            (403, _) => Self::AccessDenied {
+                code: if code.is_empty() { "AccessDenied".into() } else { code },
+                message: if message.is_empty() { "HTTP 403".into() } else { message },
+            },
+            (416, _) => Self::InvalidRange(if message.is_empty() { "HTTP 416".into() } else { message }),
+            (412, _) => Self::PreconditionFailed(key),
+            (429, _) | (500..=599, _) => Self::Server { status, code, message, attempts: 1 },
+            // S3 throttles with 503 SlowDown, but some stores use 400 + SlowDown.
+            (_, "SlowDown" | "RequestTimeout" | "InternalError") => Self::Server { status, code, message, attempts: 1 },
+            _ => Self::Rejected { status, code, message },
+        }
+    }
+}
+
+/// Passes a success response through; turns anything else into an [`S3Error`].
+pub(super) async fn check(resp: reqwest::Response, key: Option<&str>) -> Result<reqwest::Response, S3Error> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    // Error bodies are small; cap what we read so a broken server cannot make us buffer much.
+    let body = read_capped(resp, 64 << 10).await;
+    Err(S3Error::from_response(status.as_u16(), &body, key))
+}
+
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> String {
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        out.extend_from_slice(&chunk[..chunk.len().min(cap - out.len())]);
+        if out.len() >= cap {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_s3_error_bodies() {
+        let body = "<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code><Message>gone</Message></Error>";
+        assert!(matches!(S3Error::from_response(404, body, Some("k")), S3Error::NoSuchKey(k) if k == "k"));
+        let body = "<Error><Code>SignatureDoesNotMatch</Code><Message>bad sig</Message></Error>";
+        let e = S3Error::from_response(403, body, None);
+        assert_eq!(e.code(), ErrorCode::AccessDenied);
+        assert!(!e.is_retryable());
+        let e = S3Error::from_response(503, "<Error><Code>SlowDown</Code></Error>", None);
+        assert!(e.is_retryable());
+        assert!(!S3Error::from_response(400, "<Error><Code>InvalidArgument</Code></Error>", None).is_retryable());
+        assert!(S3Error::from_response(400, "<Error><Code>SlowDown</Code></Error>", None).is_retryable());
+        assert_eq!(S3Error::from_response(404, "<Error><Code>NoSuchBucket</Code></Error>", None).code(), ErrorCode::NoSuchBucket);
+    }
+
+    #[test]
+    fn attempts_are_reported() {
+        let e = S3Error::Connection { message: "refused".into(), attempts: 1 }.after_attempts(4);
+        assert!(e.to_string().contains("after 4 attempts"), "{e}");
+    }
+}

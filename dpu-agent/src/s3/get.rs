@@ -1,0 +1,216 @@
+//! GetObject into host memory: the first ranged GET learns the object size,
+//! the rest of a large object is fetched as concurrent ranged GETs spread
+//! across the namespace's endpoints, each streaming its body straight into its
+//! own slice of the destination region (no whole-object buffer).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::request::Spec;
+use super::{error, ObjectStore, S3Error};
+use crate::hostmem::HostRegion;
+
+/// What a GET moved.
+#[derive(Debug, Clone)]
+pub struct GetOutcome {
+    /// Bytes written into the region.
+    pub bytes: u64,
+    /// Size of the whole object.
+    pub object_size: u64,
+    pub etag: String,
+    /// S3 requests that carried data.
+    pub parts: u32,
+}
+
+type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<(), S3Error>> + Send + 'a>>;
+
+/// Parses `Content-Range: bytes a-b/total`.
+fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
+    let rest = v.strip_prefix("bytes ")?;
+    let (span, total) = rest.split_once('/')?;
+    let (a, b) = span.split_once('-')?;
+    Some((a.parse().ok()?, b.parse().ok()?, total.parse().ok()?))
+}
+
+impl ObjectStore {
+    /// Reads `key` (or `length` bytes from `start`; `None` = to the end) into
+    /// `region` at `offset`. Nothing is written unless the whole requested
+    /// span fits in the region.
+    pub async fn get_into(
+        &self,
+        key: &str,
+        start: u64,
+        length: Option<u64>,
+        region: &Arc<dyn HostRegion>,
+        offset: u64,
+        request_id: &str,
+    ) -> Result<GetOutcome, S3Error> {
+        if length == Some(0) {
+            return Err(S3Error::InvalidRange("a range must cover at least one byte".into()));
+        }
+        let full = self.full_key(key);
+        let part = self.tuning.get_part_size;
+        let first_len = length.unwrap_or(u64::MAX).min(part);
+        let first_end = start.saturating_add(first_len - 1);
+        let base = self.next_base();
+
+        // First request: learns the size and the ETag, and carries the first part.
+        let first = self
+            .retrying(|attempt| {
+                let full = &full;
+                async move {
+                    let spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
+                        .key(full)
+                        .header("range", format!("bytes={start}-{first_end}"));
+                    error::check(self.send(spec, request_id).await?, Some(full)).await
+                }
+            })
+            .await;
+        let resp = match first {
+            Ok(r) => r,
+            // A 0-byte object has no satisfiable range: confirm with HEAD.
+            Err(S3Error::InvalidRange(_)) if start == 0 => {
+                let meta = self.head(key, request_id).await?;
+                if meta.size != 0 {
+                    return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
+                }
+                if offset > region.len() {
+                    return Err(S3Error::DoesNotFit { needed: 0, offset, region_len: region.len() });
+                }
+                return Ok(GetOutcome { bytes: 0, object_size: 0, etag: meta.etag, parts: 1 });
+            }
+            Err(e) => return Err(e),
+        };
+
+        let headers = resp.headers();
+        let etag = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        let content_length: Option<u64> =
+            headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+        let (body_start, object_size) = if resp.status() == http::StatusCode::PARTIAL_CONTENT {
+            let cr = headers.get("content-range").and_then(|v| v.to_str().ok()).unwrap_or_default();
+            let (a, _b, total) =
+                parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
+            if a != start {
+                return Err(S3Error::Protocol(format!("asked for bytes from {start}, got from {a}")));
+            }
+            (a, total)
+        } else {
+            // The store ignored Range and sent the whole object.
+            if start != 0 {
+                return Err(S3Error::Protocol("the store ignored the Range header".into()));
+            }
+            let len = content_length.ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
+            (0, len)
+        };
+        let end = match length {
+            Some(l) => start.saturating_add(l).min(object_size),
+            None => object_size,
+        };
+        let needed = end - start;
+        if region.check(offset, needed).is_err() {
+            return Err(S3Error::DoesNotFit { needed, offset, region_len: region.len() });
+        }
+        let first_cover = (first_end + 1).min(end);
+        let (full, etag) = (&full, &etag);
+
+        // The first body streams while the other parts run.
+        let first_fut: PartFuture<'_> = Box::pin(async move {
+            match stream_body(resp, region, offset, first_cover - body_start).await {
+                Ok(()) => Ok(()),
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(error = %e, "first part broke; re-fetching it");
+                    self.fetch_range(full, start, first_cover, etag, region, offset, base, request_id).await
+                }
+                Err(e) => Err(e),
+            }
+        });
+        let mut futs = vec![first_fut];
+        let mut pos = first_cover;
+        let mut i = 1usize;
+        while pos < end {
+            let stop = pos.saturating_add(part).min(end);
+            let dst = offset + (pos - start);
+            let from = pos;
+            futs.push(Box::pin(async move {
+                self.fetch_range(full, from, stop, etag, region, dst, base + i, request_id).await
+            }));
+            pos = stop;
+            i += 1;
+        }
+        let parts = futs.len() as u32;
+        futures::stream::iter(futs).buffer_unordered(self.tuning.max_concurrency).try_collect::<Vec<()>>().await?;
+        Ok(GetOutcome { bytes: needed, object_size, etag: etag.clone(), parts })
+    }
+
+    /// Fetches `[from, to)` into `region` at `dst`, with retries. `If-Match`
+    /// guards against the object changing between parts.
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_range(
+        &self,
+        full: &str,
+        from: u64,
+        to: u64,
+        etag: &str,
+        region: &Arc<dyn HostRegion>,
+        dst: u64,
+        base: usize,
+        request_id: &str,
+    ) -> Result<(), S3Error> {
+        self.retrying(|attempt| async move {
+            let mut spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
+                .key(full)
+                .header("range", format!("bytes={from}-{}", to - 1));
+            if !etag.is_empty() {
+                spec = spec.header("if-match", etag.to_owned());
+            }
+            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+            if resp.status() != http::StatusCode::PARTIAL_CONTENT {
+                return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status())));
+            }
+            stream_body(resp, region, dst, to - from).await
+        })
+        .await
+    }
+}
+
+/// Streams exactly `expected` bytes of `resp`'s body into `region` at `dst`.
+/// Extra bytes beyond `expected` (a store that ignored Range) are not read.
+async fn stream_body(
+    mut resp: reqwest::Response,
+    region: &Arc<dyn HostRegion>,
+    dst: u64,
+    expected: u64,
+) -> Result<(), S3Error> {
+    let mut got = 0u64;
+    while got < expected {
+        let chunk = match resp.chunk().await {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                return Err(S3Error::TransferFailed {
+                    message: format!("body ended after {got} of {expected} bytes"),
+                    attempts: 1,
+                })
+            }
+            Err(e) => return Err(S3Error::from_reqwest(e)),
+        };
+        let take = (chunk.len() as u64).min(expected - got) as usize;
+        region.write_at(dst + got, &chunk[..take]).map_err(|e| S3Error::Destination(e.to_string()))?;
+        got += take as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_range() {
+        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0, 9, 100)));
+        assert_eq!(parse_content_range("bytes */100"), None);
+        assert_eq!(parse_content_range("items 0-9/100"), None);
+    }
+}

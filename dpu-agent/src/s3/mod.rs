@@ -1,0 +1,203 @@
+//! The agent's S3 client: SigV4-signed requests over HTTP(S) to one namespace's
+//! endpoints, with retries, ranged/concurrent GETs into host memory, single and
+//! multipart PUTs from host memory, HEAD, ListObjectsV2 and DELETE.
+
+mod error;
+mod get;
+mod put;
+mod request;
+mod xml;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+pub use error::S3Error;
+pub use get::GetOutcome;
+pub use put::PutOutcome;
+pub use xml::{ListPage, ObjectMeta};
+
+use crate::config::{NamespaceConfig, S3Tuning};
+
+/// One namespace's view of an S3 store: endpoints, bucket, key prefix,
+/// region and credentials.
+pub struct ObjectStore {
+    http: reqwest::Client,
+    endpoints: Vec<String>,
+    bucket: String,
+    prefix: String,
+    region: String,
+    credentials: aws_credential_types::Credentials,
+    tuning: S3Tuning,
+    next_endpoint: AtomicUsize,
+    retries: prometheus::IntCounter,
+}
+
+impl std::fmt::Debug for ObjectStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStore")
+            .field("endpoints", &self.endpoints)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds the HTTP client shared by all namespaces (one connection pool).
+pub fn http_client(tuning: &S3Tuning) -> Result<reqwest::Client, S3Error> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(tuning.connect_timeout_ms))
+        .read_timeout(Duration::from_millis(tuning.read_timeout_ms))
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(64)
+        .build()
+        .map_err(|e| S3Error::Protocol(format!("building HTTP client: {e}")))
+}
+
+impl ObjectStore {
+    pub fn new(
+        http: reqwest::Client,
+        ns: &NamespaceConfig,
+        access_key: String,
+        secret_key: String,
+        tuning: S3Tuning,
+        retries: prometheus::IntCounter,
+    ) -> Self {
+        Self {
+            http,
+            endpoints: ns.endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect(),
+            bucket: ns.bucket.clone(),
+            prefix: ns.prefix.clone(),
+            region: ns.region.clone(),
+            credentials: aws_credential_types::Credentials::new(access_key, secret_key, None, None, "sluice-agent"),
+            tuning,
+            next_endpoint: AtomicUsize::new(0),
+            retries,
+        }
+    }
+
+    /// The key as stored: the namespace prefix plus the tenant's key.
+    fn full_key(&self, key: &str) -> String {
+        format!("{}{}", self.prefix, key)
+    }
+
+    /// Picks the endpoint for the `attempt`-th try of a request that started
+    /// at `base` (round robin across endpoints; retries move on).
+    fn endpoint(&self, base: usize, attempt: u32) -> &str {
+        &self.endpoints[(base + attempt as usize) % self.endpoints.len()]
+    }
+
+    /// A fresh round-robin starting point.
+    fn next_base(&self) -> usize {
+        self.next_endpoint.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Backoff before attempt `attempt` (1-based retries): base * 2^(n-1), with
+    /// up to 50% jitter so that concurrent parts do not retry in lockstep.
+    async fn backoff(&self, attempt: u32) {
+        self.retries.inc();
+        let base = self.tuning.retry_base_ms.saturating_mul(1 << (attempt - 1).min(10));
+        let mut b = [0u8; 2];
+        let jitter = match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b) {
+            Ok(()) => u64::from(u16::from_le_bytes(b)) % (base / 2 + 1),
+            Err(_) => 0,
+        };
+        tokio::time::sleep(Duration::from_millis(base + jitter)).await;
+    }
+
+    /// Runs `f` up to `max_attempts` times while it fails with a retryable
+    /// error. `f` gets the attempt number (0-based).
+    async fn retrying<T, F, Fut>(&self, mut f: F) -> Result<T, S3Error>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: std::future::Future<Output = Result<T, S3Error>>,
+    {
+        let mut attempt = 0;
+        loop {
+            match f(attempt).await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.is_retryable() && attempt + 1 < self.tuning.max_attempts => {
+                    attempt += 1;
+                    tracing::warn!(error = %e, attempt, "S3 request failed; retrying");
+                    self.backoff(attempt).await;
+                }
+                Err(e) => return Err(e.after_attempts(attempt + 1)),
+            }
+        }
+    }
+
+    /// HeadObject.
+    pub async fn head(&self, key: &str, request_id: &str) -> Result<ObjectMeta, S3Error> {
+        let full = &self.full_key(key);
+        let base = self.next_base();
+        self.retrying(|attempt| async move {
+            let resp = self
+                .send(request::Spec::new(http::Method::HEAD, self.endpoint(base, attempt)).key(full), request_id)
+                .await?;
+            let resp = error::check(resp, Some(full)).await?;
+            xml::meta_from_headers(key, resp.headers())
+        })
+        .await
+    }
+
+    /// DeleteObject (S3 semantics: deleting a missing key succeeds).
+    pub async fn delete(&self, key: &str, request_id: &str) -> Result<(), S3Error> {
+        let full = &self.full_key(key);
+        let base = self.next_base();
+        self.retrying(|attempt| async move {
+            let resp = self
+                .send(request::Spec::new(http::Method::DELETE, self.endpoint(base, attempt)).key(full), request_id)
+                .await?;
+            error::check(resp, Some(full)).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// One page of ListObjectsV2 under the namespace prefix + `prefix`; keys come
+    /// back without the namespace prefix.
+    pub async fn list_page(
+        &self,
+        prefix: &str,
+        continuation_token: &str,
+        max_keys: u32,
+        delimiter: &str,
+        request_id: &str,
+    ) -> Result<ListPage, S3Error> {
+        let full_prefix = self.full_key(prefix);
+        let base = self.next_base();
+        let mut page = self
+            .retrying(|attempt| {
+                let full_prefix = full_prefix.clone();
+                async move {
+                    let mut spec = request::Spec::new(http::Method::GET, self.endpoint(base, attempt))
+                        .query("list-type", "2")
+                        .query("prefix", &full_prefix);
+                    if !continuation_token.is_empty() {
+                        spec = spec.query("continuation-token", continuation_token);
+                    }
+                    if max_keys > 0 {
+                        spec = spec.query("max-keys", &max_keys.to_string());
+                    }
+                    if !delimiter.is_empty() {
+                        spec = spec.query("delimiter", delimiter);
+                    }
+                    let resp = error::check(self.send(spec, request_id).await?, None).await?;
+                    let body = resp.text().await.map_err(S3Error::from_reqwest)?;
+                    xml::parse_list(&body)
+                }
+            })
+            .await?;
+        // Strip the namespace prefix: tenants never see how they are laid out.
+        for o in &mut page.objects {
+            if let Some(k) = o.key.strip_prefix(&self.prefix) {
+                o.key = k.to_owned();
+            }
+        }
+        for p in &mut page.common_prefixes {
+            if let Some(k) = p.strip_prefix(&self.prefix) {
+                *p = k.to_owned();
+            }
+        }
+        Ok(page)
+    }
+}

@@ -1,0 +1,173 @@
+//! PutObject from host memory: one streamed PUT up to the multipart threshold,
+//! above it a multipart upload whose parts go up concurrently. Bodies are read
+//! from the region in chunks as the socket takes them (no whole-object copy).
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::{StreamExt, TryStreamExt};
+
+use super::request::{Payload, Spec};
+use super::{error, xml, ObjectStore, S3Error};
+use crate::hostmem::HostRegion;
+
+/// Bytes read from the region per body chunk.
+const BODY_CHUNK: u64 = 1 << 20;
+
+/// What a PUT stored.
+#[derive(Debug, Clone)]
+pub struct PutOutcome {
+    pub etag: String,
+    /// S3 requests that carried data (1, or the number of parts).
+    pub parts: u32,
+}
+
+/// A streamed body over `[offset, offset+len)` of the region.
+fn region_body(region: Arc<dyn HostRegion>, offset: u64, len: u64) -> Payload {
+    let end = offset + len;
+    let stream = futures::stream::unfold(offset, move |pos| {
+        let region = region.clone();
+        async move {
+            if pos >= end {
+                return None;
+            }
+            let n = (end - pos).min(BODY_CHUNK) as usize;
+            let mut buf = BytesMut::zeroed(n);
+            let item = region
+                .read_at(pos, &mut buf)
+                .map(|()| Bytes::from(buf))
+                .map_err(|e| std::io::Error::other(e.to_string()));
+            Some((item, pos + n as u64))
+        }
+    });
+    Payload::Stream { body: reqwest::Body::wrap_stream(stream), len }
+}
+
+impl ObjectStore {
+    /// Stores `[offset, offset+len)` of `region` as `key`. The caller has
+    /// checked the window against the region.
+    pub async fn put_from(
+        &self,
+        key: &str,
+        region: &Arc<dyn HostRegion>,
+        offset: u64,
+        len: u64,
+        content_type: &str,
+        request_id: &str,
+    ) -> Result<PutOutcome, S3Error> {
+        let full = self.full_key(key);
+        if len > self.tuning.multipart_threshold {
+            return self.put_multipart(&full, region, offset, len, content_type, request_id).await;
+        }
+        let base = self.next_base();
+        let etag = self
+            .retrying(|attempt| {
+                let full = &full;
+                async move {
+                    let mut spec = Spec::new(http::Method::PUT, self.endpoint(base, attempt))
+                        .key(full)
+                        .payload(region_body(region.clone(), offset, len));
+                    if !content_type.is_empty() {
+                        spec = spec.header("content-type", content_type.to_owned());
+                    }
+                    let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+                    Ok(etag_of(&resp))
+                }
+            })
+            .await?;
+        Ok(PutOutcome { etag, parts: 1 })
+    }
+
+    async fn put_multipart(
+        &self,
+        full: &str,
+        region: &Arc<dyn HostRegion>,
+        offset: u64,
+        len: u64,
+        content_type: &str,
+        request_id: &str,
+    ) -> Result<PutOutcome, S3Error> {
+        let base = self.next_base();
+        let upload_id = self
+            .retrying(|attempt| async move {
+                let mut spec = Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
+                if !content_type.is_empty() {
+                    spec = spec.header("content-type", content_type.to_owned());
+                }
+                let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+                xml::parse_upload_id(&resp.text().await.map_err(S3Error::from_reqwest)?)
+            })
+            .await?;
+
+        let part = self.tuning.put_part_size;
+        let count = len.div_ceil(part);
+        let upload = upload_id.as_str();
+        let uploads = (0..count).map(|i| async move {
+            let from = i * part;
+            let n = part.min(len - from);
+            let number = (i + 1).to_string();
+            let etag = self
+                .retrying(|attempt| {
+                    let number = number.clone();
+                    async move {
+                        let spec = Spec::new(http::Method::PUT, self.endpoint(base + i as usize, attempt))
+                            .key(full)
+                            .query("partNumber", &number)
+                            .query("uploadId", upload)
+                            .payload(region_body(region.clone(), offset + from, n));
+                        let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+                        Ok(etag_of(&resp))
+                    }
+                })
+                .await?;
+            Ok::<_, S3Error>((i, etag))
+        });
+        let result: Result<Vec<(u64, String)>, S3Error> =
+            futures::stream::iter(uploads).buffer_unordered(self.tuning.max_concurrency).try_collect().await;
+        let mut etags = match result {
+            Ok(v) => v,
+            Err(e) => {
+                self.abort_multipart(full, upload, base, request_id).await;
+                return Err(e);
+            }
+        };
+        etags.sort_by_key(|(i, _)| *i);
+        let etags: Vec<String> = etags.into_iter().map(|(_, e)| e).collect();
+        let body = Bytes::from(xml::complete_body(&etags));
+        let done = self
+            .retrying(|attempt| {
+                let body = body.clone();
+                async move {
+                    let spec = Spec::new(http::Method::POST, self.endpoint(base, attempt))
+                        .key(full)
+                        .query("uploadId", upload)
+                        .header("content-type", "application/xml".into())
+                        .payload(Payload::Bytes(body));
+                    let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+                    xml::parse_complete(&resp.text().await.map_err(S3Error::from_reqwest)?)
+                }
+            })
+            .await;
+        match done {
+            Ok(etag) => Ok(PutOutcome { etag, parts: count as u32 }),
+            Err(e) => {
+                self.abort_multipart(full, upload, base, request_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Best effort: a failed upload should not leave parts behind.
+    async fn abort_multipart(&self, full: &str, upload: &str, base: usize, request_id: &str) {
+        let spec = Spec::new(http::Method::DELETE, self.endpoint(base, 0)).key(full).query("uploadId", upload);
+        match self.send(spec, request_id).await {
+            Ok(r) if r.status().is_success() => {}
+            Ok(r) => tracing::warn!(status = %r.status(), upload, "aborting multipart upload failed"),
+            Err(e) => tracing::warn!(error = %e, upload, "aborting multipart upload failed"),
+        }
+    }
+}
+
+fn etag_of(resp: &reqwest::Response) -> String {
+    resp.headers().get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+}

@@ -1,0 +1,133 @@
+//! Wires the agent together: memory socket, gRPC on TCP and/or a Unix
+//! socket, metrics; writes the bound addresses; runs until shutdown.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sluice_proto::agent::agent_server::AgentServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tracing::info;
+
+use crate::agent::Agent;
+use crate::config::AgentConfig;
+use crate::grpc::GrpcService;
+use crate::hostmem::colocated::ColocatedMemory;
+use crate::metrics::Metrics;
+
+/// Errors starting the agent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    #[error("binding {what} at {at}: {source}")]
+    Bind { what: &'static str, at: String, source: std::io::Error },
+    #[error("writing {path}: {source}")]
+    AddrFile { path: PathBuf, source: std::io::Error },
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error(transparent)]
+    Agent(#[from] crate::error::AgentError),
+    #[error("gRPC server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+}
+
+/// Where the agent ended up listening.
+#[derive(Debug, Clone)]
+pub struct BoundAddrs {
+    pub grpc: Option<SocketAddr>,
+    pub metrics: Option<SocketAddr>,
+}
+
+fn bind_unix(what: &'static str, path: &Path) -> Result<UnixListener, ServeError> {
+    let err = |source| ServeError::Bind { what, at: path.display().to_string(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    // A stale socket from a previous run would make bind fail.
+    if path.exists() {
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    UnixListener::bind(path).map_err(err)
+}
+
+/// Runs the agent until `shutdown` resolves.
+pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+    let metrics = Arc::new(Metrics::new()?);
+    let memory = ColocatedMemory::new();
+    let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone())?);
+
+    let mem_listener = bind_unix("memory socket", &cfg.memory_socket)?;
+    tokio::spawn(memory.serve(mem_listener));
+
+    let mut bound = BoundAddrs { grpc: None, metrics: None };
+    if let Some(addr) = cfg.metrics_listen {
+        let l = crate::metrics::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { what: "metrics", at: addr.to_string(), source })?;
+        bound.metrics = l.local_addr().ok();
+        tokio::spawn(crate::metrics::serve(metrics.clone(), l));
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut servers = tokio::task::JoinSet::new();
+    if let Some(addr) = cfg.grpc_listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { what: "gRPC", at: addr.to_string(), source })?;
+        bound.grpc = l.local_addr().ok();
+        let svc = AgentServer::new(GrpcService::new(agent.clone()));
+        let mut rx = stop_rx.clone();
+        servers.spawn(
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }),
+        );
+    }
+    if let Some(path) = &cfg.grpc_socket {
+        let l = bind_unix("gRPC socket", path)?;
+        let svc = AgentServer::new(GrpcService::new(agent.clone()));
+        let mut rx = stop_rx.clone();
+        servers.spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(
+            UnixListenerStream::new(l),
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        ));
+    }
+
+    if let Some(path) = &cfg.addr_file {
+        let text = format!(
+            "grpc = \"{}\"\nmetrics = \"{}\"\n",
+            bound.grpc.map(|a| a.to_string()).unwrap_or_default(),
+            bound.metrics.map(|a| a.to_string()).unwrap_or_default()
+        );
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .map_err(|source| ServeError::AddrFile { path: path.clone(), source })?;
+    }
+    info!(grpc = ?bound.grpc, grpc_socket = ?cfg.grpc_socket, metrics = ?bound.metrics,
+          memory_socket = %cfg.memory_socket.display(), "agent ready");
+
+    tokio::select! {
+        () = shutdown => {}
+        Some(res) = servers.join_next() => {
+            // A server ending on its own is an error worth surfacing.
+            if let Ok(Err(e)) = res {
+                return Err(e.into());
+            }
+        }
+    }
+    info!("agent shutting down");
+    let _ = stop_tx.send(true);
+    while servers.join_next().await.is_some() {}
+    let _ = std::fs::remove_file(&cfg.memory_socket);
+    if let Some(p) = &cfg.grpc_socket {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
