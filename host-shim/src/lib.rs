@@ -1,1 +1,15 @@
+//! The Sluice host shim: a local Unix-socket API for data loaders on the GPU
+//! node. It identifies callers (SO_PEERCRED), creates or accepts shared-memory
+//! regions and hands them to the agent, and forwards requests. It never holds
+//! S3 credentials and never touches object bytes.
 
+#![forbid(unsafe_code)]
+
+pub mod agent_link;
+pub mod config;
+pub mod connection;
+pub mod error;
+pub mod path;
+pub mod server;
+
+pub use error::ShimError;

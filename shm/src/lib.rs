@@ -6,7 +6,9 @@
 //! `// SAFETY:` comment naming the invariant it relies on.
 
 mod fdpass;
+mod frames;
 mod region;
 
+pub use frames::{FrameError, FrameReader};
 pub use fdpass::{recv_with_fds, send_with_fds, MAX_FDS_PER_MESSAGE};
 pub use region::{create_memfd, MappedRegion, ShmError};

@@ -1,1 +1,409 @@
+//! Rust client for the Sluice host shim's local socket API.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), sluice_client::ClientError> {
+//! let client = sluice_client::Client::connect("/run/sluice/shim.sock").await?;
+//! let region = client.register(64 << 20).await?;
+//! let got = client.get("data/train/shard-0001", &region, 0, None).await?;
+//! let bytes = &region.as_slice()[..got.bytes as usize];
+//! # let _ = bytes; Ok(()) }
+//! ```
+//!
+//! Requests may be issued concurrently from many tasks on one client; they are
+//! pipelined on the one connection.
+
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use sluice_proto::common::{ByteRange, DataPath, ErrorCode, ObjectInfo, TransferReport};
+use sluice_proto::shim::{self as pb, request::Op, response::Result as Res};
+use sluice_proto::{encode_frame, Message, MAX_FRAME_LEN, SHIM_PROTOCOL_VERSION};
+use sluice_shm::{FrameReader, MappedRegion};
+use tokio::net::UnixStream;
+use tokio::sync::{oneshot, Mutex};
+
+pub use sluice_proto::common::ErrorCode as Code;
+pub use sluice_proto::common::ObjectInfo as Object;
+
+/// Errors from the client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The shim (or the agent behind it) refused or failed the request.
+    #[error("{message} [{code:?}, request {request_id}]")]
+    Shim { code: ErrorCode, message: String, request_id: String },
+    #[error("connecting to the shim at {path}: {source}")]
+    Connect { path: String, source: std::io::Error },
+    #[error("shim connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the shim closed the connection")]
+    Disconnected,
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("shared memory: {0}")]
+    Memory(#[from] sluice_shm::ShmError),
+}
+
+impl ClientError {
+    /// The typed code, for errors the shim reported.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Shim { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// A registered shared-memory region, mapped in this process.
+#[derive(Debug)]
+pub struct Region {
+    id: String,
+    map: MappedRegion,
+}
+
+impl Region {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    pub fn len(&self) -> u64 {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+    /// The region's bytes. Do not hold this across a request that writes
+    /// into the region.
+    pub fn as_slice(&self) -> &[u8] {
+        self.map.as_slice()
+    }
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        Ok(self.map.write_at(offset, data)?)
+    }
+    pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
+        Ok(self.map.read_at(offset, out)?)
+    }
+}
+
+/// How a transfer went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transfer {
+    pub request_id: String,
+    pub bytes: u64,
+    /// "http", "rdma", "rdma-staged".
+    pub data_path: &'static str,
+    /// Empty unless the request fell back from its configured data path.
+    pub fallback_reason: String,
+    pub elapsed_us: u64,
+    pub parts: u32,
+    pub etag: String,
+    /// GET: size of the whole object; PUT: bytes stored.
+    pub object_size: u64,
+}
+
+fn transfer(r: Option<TransferReport>, etag: String, object_size: u64) -> Transfer {
+    let r = r.unwrap_or_default();
+    Transfer {
+        request_id: r.request_id,
+        bytes: r.bytes,
+        data_path: match DataPath::try_from(r.data_path) {
+            Ok(DataPath::Http) => "http",
+            Ok(DataPath::Rdma) => "rdma",
+            Ok(DataPath::RdmaStaged) => "rdma-staged",
+            _ => "unknown",
+        },
+        fallback_reason: r.fallback_reason,
+        elapsed_us: r.elapsed_us,
+        parts: r.parts,
+        etag,
+        object_size,
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<ObjectInfo>,
+    pub common_prefixes: Vec<String>,
+    pub next_continuation_token: String,
+}
+
+/// Session counters.
+pub type Stats = pb::StatsResult;
+
+struct Reply {
+    resp: pb::Response,
+    fd: Option<OwnedFd>,
+}
+
+type Pending = std::sync::Mutex<HashMap<u64, oneshot::Sender<Reply>>>;
+
+/// A connection to the shim.
+pub struct Client {
+    stream: Arc<UnixStream>,
+    write: Mutex<()>,
+    pending: Arc<Pending>,
+    next_id: AtomicU64,
+    tenant: String,
+    namespaces: Vec<String>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl Client {
+    /// Connects and performs the versioned handshake.
+    pub async fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let path = path.as_ref();
+        let stream = UnixStream::connect(path)
+            .await
+            .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
+        let stream = Arc::new(stream);
+        let pending: Arc<Pending> = Arc::default();
+        let reader = tokio::spawn(read_loop(stream.clone(), pending.clone()));
+        let mut client = Self {
+            stream,
+            write: Mutex::new(()),
+            pending,
+            next_id: AtomicU64::new(1),
+            tenant: String::new(),
+            namespaces: Vec::new(),
+            reader,
+        };
+        let hello = Op::Hello(pb::Hello { version: SHIM_PROTOCOL_VERSION, client: format!("sluice-client/{}", env!("CARGO_PKG_VERSION")) });
+        match client.call(hello, None, "").await?.resp.result {
+            Some(Res::Hello(ok)) => {
+                client.tenant = ok.tenant;
+                client.namespaces = ok.namespaces;
+                Ok(client)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The tenant the shim mapped this process to.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// Namespaces the tenant may use.
+    pub fn namespaces(&self) -> &[String] {
+        &self.namespaces
+    }
+
+    async fn call(&self, op: Op, fd: Option<std::os::fd::BorrowedFd<'_>>, request_id: &str) -> Result<Reply, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
+        let frame = encode_frame(&pb::Request { id, request_id: request_id.to_owned(), op: Some(op) });
+        let sent = {
+            let _w = self.write.lock().await;
+            let fds: Vec<_> = fd.into_iter().collect();
+            sluice_shm::send_with_fds(&self.stream, &frame, &fds).await
+        };
+        if let Err(e) = sent {
+            self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            return Err(e.into());
+        }
+        let reply = rx.await.map_err(|_| ClientError::Disconnected)?;
+        if let Some(Res::Error(e)) = &reply.resp.result {
+            return Err(ClientError::Shim {
+                code: ErrorCode::try_from(e.code).unwrap_or(ErrorCode::Internal),
+                message: e.message.clone(),
+                request_id: reply.resp.request_id.clone(),
+            });
+        }
+        Ok(reply)
+    }
+
+    /// Registers a new shared-memory region of `len` bytes, created by the shim.
+    pub async fn register(&self, len: u64) -> Result<Region, ClientError> {
+        let reply = self.call(Op::Register(pb::Register { length: len, fd_attached: false }), None, "").await?;
+        match (reply.resp.result, reply.fd) {
+            (Some(Res::Registered(r)), Some(fd)) if r.fd_attached => {
+                Ok(Region { id: r.region_id, map: MappedRegion::map(fd, r.length)? })
+            }
+            (Some(Res::Registered(_)), None) => Err(ClientError::Protocol("Registered without a descriptor".into())),
+            (other, _) => Err(unexpected(other)),
+        }
+    }
+
+    /// Registers memory this process already has: `map`'s memfd.
+    pub async fn register_mapped(&self, map: MappedRegion) -> Result<Region, ClientError> {
+        let op = Op::Register(pb::Register { length: map.len(), fd_attached: true });
+        let reply = self.call(op, Some(map.fd()), "").await?;
+        match reply.resp.result {
+            Some(Res::Registered(r)) => Ok(Region { id: r.region_id, map }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Releases a region (the shim and agent drop their mappings).
+    pub async fn release(&self, region: Region) -> Result<(), ClientError> {
+        self.release_id(&region.id).await
+    }
+
+    /// Releases by id (also how a caller would try someone else's id).
+    pub async fn release_id(&self, region_id: &str) -> Result<(), ClientError> {
+        self.call(Op::Release(pb::Release { region_id: region_id.to_owned() }), None, "").await.map(|_| ())
+    }
+
+    /// Reads `path` ("ns/key"), or `range` of it (`(start, Some(len))`, or
+    /// `(start, None)` to the end), into `region` at `offset`.
+    pub async fn get(
+        &self,
+        path: &str,
+        region: &Region,
+        offset: u64,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<Transfer, ClientError> {
+        self.get_by_id(path, region.id(), offset, range).await
+    }
+
+    /// As [`Client::get`], naming the region by id.
+    pub async fn get_by_id(
+        &self,
+        path: &str,
+        region_id: &str,
+        offset: u64,
+        range: Option<(u64, Option<u64>)>,
+    ) -> Result<Transfer, ClientError> {
+        let op = Op::Get(pb::Get {
+            path: path.to_owned(),
+            range: range.map(|(start, length)| ByteRange { start, length }),
+            region_id: region_id.to_owned(),
+            offset,
+        });
+        match self.call(op, None, "").await?.resp.result {
+            Some(Res::Get(g)) => Ok(transfer(g.report, g.etag, g.object_size)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stores `len` bytes of `region` from `offset` as `path`.
+    pub async fn put(&self, path: &str, region: &Region, offset: u64, len: u64) -> Result<Transfer, ClientError> {
+        self.put_by_id(path, region.id(), offset, len, "").await
+    }
+
+    /// As [`Client::put`], naming the region by id, with a content type.
+    pub async fn put_by_id(
+        &self,
+        path: &str,
+        region_id: &str,
+        offset: u64,
+        len: u64,
+        content_type: &str,
+    ) -> Result<Transfer, ClientError> {
+        let op = Op::Put(pb::Put {
+            path: path.to_owned(),
+            region_id: region_id.to_owned(),
+            offset,
+            length: len,
+            content_type: content_type.to_owned(),
+        });
+        match self.call(op, None, "").await?.resp.result {
+            Some(Res::Put(p)) => Ok(transfer(p.report, p.etag, len)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    pub async fn head(&self, path: &str) -> Result<ObjectInfo, ClientError> {
+        match self.call(Op::Head(pb::Head { path: path.to_owned() }), None, "").await?.resp.result {
+            Some(Res::Head(o)) => Ok(o),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// One page of objects under `path` ("ns" or "ns/prefix").
+    pub async fn list_page(
+        &self,
+        path: &str,
+        continuation_token: &str,
+        max_keys: u32,
+        delimiter: &str,
+    ) -> Result<ListPage, ClientError> {
+        let op = Op::List(pb::List {
+            path: path.to_owned(),
+            continuation_token: continuation_token.to_owned(),
+            max_keys,
+            delimiter: delimiter.to_owned(),
+        });
+        match self.call(op, None, "").await?.resp.result {
+            Some(Res::List(l)) => Ok(ListPage {
+                objects: l.objects,
+                common_prefixes: l.common_prefixes,
+                next_continuation_token: l.next_continuation_token,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every object under `path`, following continuation tokens.
+    pub async fn list_all(&self, path: &str) -> Result<Vec<ObjectInfo>, ClientError> {
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = self.list_page(path, &token, 0, "").await?;
+            out.extend(page.objects);
+            if page.next_continuation_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_continuation_token;
+        }
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<(), ClientError> {
+        self.call(Op::Delete(pb::Delete { path: path.to_owned() }), None, "").await.map(|_| ())
+    }
+
+    pub async fn stats(&self) -> Result<Stats, ClientError> {
+        match self.call(Op::Stats(pb::Stats {}), None, "").await?.resp.result {
+            Some(Res::Stats(s)) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sends raw bytes on the connection (for protocol tests).
+    #[doc(hidden)]
+    pub async fn send_raw(&self, bytes: &[u8]) -> Result<(), ClientError> {
+        let _w = self.write.lock().await;
+        Ok(sluice_shm::send_with_fds(&self.stream, bytes, &[]).await?)
+    }
+}
+
+fn unexpected(r: Option<Res>) -> ClientError {
+    ClientError::Protocol(format!("unexpected response {r:?}"))
+}
+
+/// Routes responses to waiting calls; when the connection ends, every
+/// waiting call sees `Disconnected`.
+async fn read_loop(stream: Arc<UnixStream>, pending: Arc<Pending>) {
+    let mut reader = FrameReader::new(stream, MAX_FRAME_LEN);
+    while let Ok(Some(frame)) = reader.next_frame().await {
+        let Ok(resp) = pb::Response::decode(frame.as_slice()) else { break };
+        let fd = match &resp.result {
+            Some(Res::Registered(r)) if r.fd_attached => reader.take_fd(),
+            _ => None,
+        };
+        if resp.id == 0 {
+            // A connection-level error not tied to a request (e.g. an
+            // undecodable frame we sent); nothing waits for it.
+            tracing::warn!(?resp, "shim reported a connection-level error");
+            continue;
+        }
+        let tx = pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&resp.id);
+        if let Some(tx) = tx {
+            let _ = tx.send(Reply { resp, fd });
+        }
+    }
+    pending.lock().unwrap_or_else(|p| p.into_inner()).clear();
+}
 

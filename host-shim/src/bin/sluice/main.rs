@@ -1,0 +1,124 @@
+//! `sluice`: command-line client for the host shim, and the local-stack
+//! launcher used by the quickstart.
+
+mod demo;
+mod ops;
+mod stack;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use sluice_client::Client;
+
+/// Sluice: S3 objects straight into registered memory, through the host shim.
+///
+/// Paths are "namespace/key" (e.g. data/train/shard-0001). The shim socket is
+/// taken from --socket, then $SLUICE_SOCKET, then ./.sluice/run/shim.sock if a
+/// local stack is up, then /run/sluice/shim.sock.
+#[derive(Parser, Debug)]
+#[command(version, propagate_version = true)]
+struct Cli {
+    /// Shim socket to connect to.
+    #[arg(long, global = true, env = "SLUICE_SOCKET")]
+    socket: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Download an object (or a byte range of it) to a file or stdout.
+    Get {
+        /// namespace/key
+        path: String,
+        /// Destination file ("-" for stdout). Default: the key's last component.
+        dest: Option<PathBuf>,
+        /// Byte range: START-END (inclusive) or START-.
+        #[arg(long)]
+        range: Option<String>,
+    },
+    /// Upload a file as an object (multipart above the agent's threshold).
+    Put {
+        /// Source file.
+        src: PathBuf,
+        /// namespace/key
+        path: String,
+        /// Content-Type to store.
+        #[arg(long, default_value = "")]
+        content_type: String,
+    },
+    /// List objects under namespace[/prefix].
+    Ls {
+        /// namespace or namespace/prefix
+        path: String,
+        /// Group keys by this delimiter (e.g. "/") instead of listing recursively.
+        #[arg(short, long, default_value = "")]
+        delimiter: String,
+    },
+    /// Delete an object.
+    Rm {
+        /// namespace/key
+        path: String,
+    },
+    /// Show an object's size, ETag and modification time.
+    Stat {
+        /// namespace/key
+        path: String,
+    },
+    /// Show this connection's tenant, namespaces and the session counters.
+    Whoami,
+    /// Start a local stack (gateway + embedded store, agent, shim) in --dir.
+    Up(stack::UpArgs),
+    /// Stop the local stack started by `sluice up`.
+    Down {
+        /// State directory used by `sluice up`.
+        #[arg(long, default_value = ".sluice")]
+        dir: PathBuf,
+    },
+    /// Upload a generated dataset, load it back into registered memory,
+    /// verify every checksum and print a throughput table.
+    Demo(demo::DemoArgs),
+}
+
+fn socket_path(cli: &Cli) -> PathBuf {
+    if let Some(s) = &cli.socket {
+        return s.clone();
+    }
+    let local = PathBuf::from(".sluice/run/shim.sock");
+    if local.exists() {
+        return local;
+    }
+    PathBuf::from("/run/sluice/shim.sock")
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+
+    match &cli.cmd {
+        Cmd::Up(args) => return stack::up(args, cli.json).await,
+        Cmd::Down { dir } => return stack::down(dir),
+        _ => {}
+    }
+    let socket = socket_path(&cli);
+    let client = Client::connect(&socket).await.with_context(|| {
+        format!("is the shim running? (start a local stack with `sluice up`, or pass --socket)\nsocket: {}", socket.display())
+    })?;
+    match cli.cmd {
+        Cmd::Get { path, dest, range } => ops::get(&client, &path, dest, range.as_deref(), cli.json).await,
+        Cmd::Put { src, path, content_type } => ops::put(&client, &src, &path, &content_type, cli.json).await,
+        Cmd::Ls { path, delimiter } => ops::ls(&client, &path, &delimiter, cli.json).await,
+        Cmd::Rm { path } => ops::rm(&client, &path, cli.json).await,
+        Cmd::Stat { path } => ops::stat(&client, &path, cli.json).await,
+        Cmd::Whoami => ops::whoami(&client, cli.json).await,
+        Cmd::Demo(args) => demo::run(&client, &args, cli.json).await,
+        Cmd::Up(_) | Cmd::Down { .. } => Ok(()),
+    }
+}

@@ -1,0 +1,236 @@
+//! `sluice up` / `sluice down`: a local stack (gateway with an embedded store,
+//! agent, shim) in one state directory, for the quickstart and development.
+//!
+//! Layout of the directory: `data/` (the store), `run/` (sockets, bound
+//! addresses), `logs/`, the three generated config files, `credentials`
+//! (kept across restarts so the data stays readable) and `pids`.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// State directory: configs, data, sockets, logs.
+    #[arg(long, default_value = ".sluice")]
+    pub dir: PathBuf,
+    /// Directory holding sluice-gateway, sluice-agent and sluice-shim
+    /// (default: the directory of this executable).
+    #[arg(long)]
+    pub bin_dir: Option<PathBuf>,
+    /// S3 address of the gateway (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub gateway_listen: SocketAddr,
+    /// Prometheus address of the agent (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub metrics_listen: SocketAddr,
+    /// Name of the bucket and of the tenant's namespace.
+    #[arg(long, default_value = "data")]
+    pub namespace: String,
+    /// Seconds to wait for each process to come up.
+    #[arg(long, default_value_t = 30)]
+    pub timeout: u64,
+}
+
+const PROCS: [&str; 3] = ["sluice-gateway", "sluice-agent", "sluice-shim"];
+
+fn alive(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+}
+
+fn read_pids(dir: &Path) -> Vec<(String, i32)> {
+    std::fs::read_to_string(dir.join("pids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (name, pid) = l.split_once(' ')?;
+            Some((name.to_owned(), pid.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    hex::encode(b)
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Starts `bin` detached (own process group, so it outlives this command and
+/// ignores the terminal's Ctrl-C), logging to `logs/<name>.log`.
+fn spawn(dir: &Path, bin: &Path, args: &[&str]) -> anyhow::Result<std::process::Child> {
+    let name = bin.file_name().and_then(|n| n.to_str()).unwrap_or("proc");
+    let log = std::fs::File::create(dir.join("logs").join(format!("{name}.log")))?;
+    Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {} (build it with `cargo build --release`?)", bin.display()))
+}
+
+/// Waits until `ready()` or the process dies or time runs out.
+fn wait_for(child: &mut std::process::Child, dir: &Path, name: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("{name} exited ({status}) while starting; its log says:\n{}", tail(&dir.join("logs").join(format!("{name}.log"))));
+        }
+        if t0.elapsed() > timeout {
+            bail!("{name} did not come up within {timeout:?}; its log says:\n{}", tail(&dir.join("logs").join(format!("{name}.log"))));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub async fn up(args: &UpArgs, json_out: bool) -> anyhow::Result<()> {
+    if read_pids(&args.dir).iter().any(|(_, p)| alive(*p)) {
+        bail!("a stack is already running in {} (stop it with `sluice down --dir {}`)", args.dir.display(), args.dir.display());
+    }
+    for sub in ["data", "run", "logs"] {
+        std::fs::create_dir_all(args.dir.join(sub)).with_context(|| format!("creating {}", args.dir.display()))?;
+    }
+    std::fs::set_permissions(&args.dir, std::fs::Permissions::from_mode(0o700))?;
+    let dir = args.dir.canonicalize()?;
+    let run = dir.join("run");
+    let shim_sock = run.join("shim.sock");
+    if shim_sock.as_os_str().len() > 100 {
+        bail!("{} is too long for a Unix socket path; use a shorter --dir", shim_sock.display());
+    }
+    let bin_dir = match &args.bin_dir {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?.parent().context("executable has no directory")?.to_owned(),
+    };
+    for p in PROCS {
+        if !bin_dir.join(p).exists() {
+            bail!("{} not found in {} (build with `cargo build --release`, or pass --bin-dir)", p, bin_dir.display());
+        }
+    }
+    let timeout = Duration::from_secs(args.timeout);
+
+    // Credentials persist so that data written earlier stays readable.
+    let cred_path = dir.join("credentials");
+    let (ak, sk) = match std::fs::read_to_string(&cred_path).ok().and_then(|t| {
+        let (a, s) = t.trim().split_once(':')?;
+        Some((a.to_owned(), s.to_owned()))
+    }) {
+        Some(c) => c,
+        None => {
+            let c = (format!("sluice-{}", random_hex(4)), random_hex(20));
+            write_private(&cred_path, &format!("{}:{}\n", c.0, c.1))?;
+            c
+        }
+    };
+    let ns = &args.namespace;
+    let mut pids = Vec::new();
+
+    // 1. Gateway with the embedded directory store.
+    let gw_addr_file = run.join("gateway.addr");
+    let _ = std::fs::remove_file(&gw_addr_file);
+    let gw_cfg = dir.join("gateway.toml");
+    write_private(&gw_cfg, &format!(
+        "# Generated by `sluice up`.\nlisten = \"{}\"\ndata_dir = \"{}\"\nbuckets = [\"{ns}\"]\naddr_file = \"{}\"\n\n[[credentials]]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n",
+        args.gateway_listen, dir.join("data").display(), gw_addr_file.display()))?;
+    let mut gw = spawn(&dir, &bin_dir.join("sluice-gateway"), &["--config", &gw_cfg.to_string_lossy()])?;
+    pids.push(("sluice-gateway", gw.id()));
+    let res = wait_for(&mut gw, &dir, "sluice-gateway", timeout, || gw_addr_file.exists());
+    let started = |pids: &[(&str, u32)]| pids.iter().map(|(n, p)| format!("{n} {p}\n")).collect::<String>();
+    std::fs::write(dir.join("pids"), started(&pids))?;
+    res?;
+    let gw_addr = std::fs::read_to_string(&gw_addr_file)?.trim().to_owned();
+
+    // 2. Agent, co-located: gRPC and memory hand-over on Unix sockets.
+    let agent_addr_file = run.join("agent.addr");
+    let _ = std::fs::remove_file(&agent_addr_file);
+    let agent_cfg = dir.join("agent.toml");
+    write_private(&agent_cfg, &format!(
+        "# Generated by `sluice up`.\ngrpc_socket = \"{run}/agent.sock\"\nmemory_socket = \"{run}/agent-memory.sock\"\nmetrics_listen = \"{}\"\naddr_file = \"{}\"\n\n[credentials.local]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n\n[[tenants]]\nname = \"default\"\n\n[[tenants.namespaces]]\nname = \"{ns}\"\nendpoints = [\"http://{gw_addr}\"]\nbucket = \"{ns}\"\ncredentials = \"local\"\n",
+        args.metrics_listen, agent_addr_file.display(), run = run.display()))?;
+    let mut agent = spawn(&dir, &bin_dir.join("sluice-agent"), &["--config", &agent_cfg.to_string_lossy()])?;
+    pids.push(("sluice-agent", agent.id()));
+    std::fs::write(dir.join("pids"), started(&pids))?;
+    wait_for(&mut agent, &dir, "sluice-agent", timeout, || agent_addr_file.exists())?;
+    let metrics = std::fs::read_to_string(&agent_addr_file)?
+        .lines()
+        .find_map(|l| l.strip_prefix("metrics = ").map(|v| v.trim_matches('"').to_owned()))
+        .unwrap_or_default();
+
+    // 3. Shim: this user is tenant "default".
+    let shim_cfg = dir.join("shim.toml");
+    let uid = nix::unistd::getuid().as_raw();
+    write_private(&shim_cfg, &format!(
+        "# Generated by `sluice up`.\nsocket = \"{}\"\nsocket_mode = 0o600\n\n[agent]\ngrpc = \"unix:{run}/agent.sock\"\nmemory_socket = \"{run}/agent-memory.sock\"\n\n[[callers]]\nuid = {uid}\ntenant = \"default\"\n",
+        shim_sock.display(), run = run.display()))?;
+    let _ = std::fs::remove_file(&shim_sock);
+    let mut shim = spawn(&dir, &bin_dir.join("sluice-shim"), &["--config", &shim_cfg.to_string_lossy()])?;
+    pids.push(("sluice-shim", shim.id()));
+    std::fs::write(dir.join("pids"), started(&pids))?;
+    wait_for(&mut shim, &dir, "sluice-shim", timeout, || shim_sock.exists())?;
+    // End to end: the handshake reaches the agent.
+    let client = sluice_client::Client::connect(&shim_sock).await.context("connecting to the new shim")?;
+
+    if json_out {
+        println!("{}", json!({"dir": dir, "socket": shim_sock, "gateway": format!("http://{gw_addr}"), "metrics": format!("http://{metrics}/metrics"),
+            "tenant": client.tenant(), "namespaces": client.namespaces()}));
+    } else {
+        println!("Sluice is up in {}", dir.display());
+        println!("  gateway (S3)  http://{gw_addr}  bucket {ns}, store {}/data", dir.display());
+        println!("  agent         metrics http://{metrics}/metrics");
+        println!("  shim          {}", shim_sock.display());
+        println!("  tenant        {} (namespaces: {})", client.tenant(), client.namespaces().join(", "));
+        println!("Try: sluice put ./file {ns}/file && sluice ls {ns}    Stop: sluice down --dir {}", args.dir.display());
+    }
+    Ok(())
+}
+
+pub fn down(dir: &Path) -> anyhow::Result<()> {
+    let pids = read_pids(dir);
+    if pids.is_empty() {
+        eprintln!("no stack recorded in {}", dir.display());
+        return Ok(());
+    }
+    // Stop in reverse start order: shim, agent, gateway.
+    for (name, pid) in pids.iter().rev() {
+        if !alive(*pid) {
+            continue;
+        }
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
+        let t0 = Instant::now();
+        while alive(*pid) && t0.elapsed() < Duration::from_secs(10) {
+            // Our own children (when up and down run in one process tree) need reaping.
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(*pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if alive(*pid) {
+            eprintln!("{name} ({pid}) ignored SIGTERM; killing it");
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+    }
+    std::fs::remove_file(dir.join("pids"))?;
+    eprintln!("stopped the stack in {}", dir.display());
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Shim configuration (TOML). See `deploy/shim.example.toml`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing {path}: {source}")]
+    Parse { path: PathBuf, source: toml::de::Error },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShimConfig {
+    /// The local API socket data loaders connect to.
+    pub socket: PathBuf,
+    /// Permission bits of `socket` (octal in TOML: 0o660). Who may connect is
+    /// still decided per caller by `[[callers]]`.
+    #[serde(default = "default_mode")]
+    pub socket_mode: u32,
+    pub agent: AgentLink,
+    #[serde(default)]
+    pub limits: ShimLimits,
+    /// Which local users act as which tenant. First match wins.
+    pub callers: Vec<CallerRule>,
+}
+
+fn default_mode() -> u32 {
+    0o666
+}
+
+/// How to reach the agent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentLink {
+    /// `unix:/path/to/agent.sock` or `http://host:port`.
+    pub grpc: String,
+    /// The agent's memory socket (co-located mode): region memfds go here.
+    pub memory_socket: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShimLimits {
+    /// Largest single region a client may register.
+    pub max_region_bytes: u64,
+    /// Requests a single connection may have in flight.
+    pub max_in_flight_per_connection: usize,
+}
+
+impl Default for ShimLimits {
+    fn default() -> Self {
+        Self { max_region_bytes: 16 << 30, max_in_flight_per_connection: 256 }
+    }
+}
+
+/// Maps a caller (SO_PEERCRED) to a tenant. `uid` and/or `gid`; a rule with
+/// neither matches everyone (use with care).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerRule {
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub gid: Option<u32>,
+    pub tenant: String,
+}
+
+impl ShimConfig {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let cfg: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.agent.grpc.starts_with("unix:") || self.agent.grpc.starts_with("http://") || self.agent.grpc.starts_with("https://")) {
+            return Err(ConfigError::Invalid(format!("agent.grpc {:?}: use unix:/path or http://host:port", self.agent.grpc)));
+        }
+        if self.callers.iter().any(|c| c.tenant.is_empty()) {
+            return Err(ConfigError::Invalid("every [[callers]] rule needs a tenant".into()));
+        }
+        if self.socket_mode > 0o777 {
+            return Err(ConfigError::Invalid(format!("socket_mode {:o} is not a permission mode", self.socket_mode)));
+        }
+        Ok(())
+    }
+
+    /// The tenant for a caller, if any rule matches.
+    pub fn tenant_for(&self, uid: u32, gid: u32) -> Option<&str> {
+        self.callers
+            .iter()
+            .find(|r| r.uid.is_none_or(|u| u == uid) && r.gid.is_none_or(|g| g == gid))
+            .map(|r| r.tenant.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_parses_and_maps_callers() {
+        let cfg: ShimConfig = toml::from_str(include_str!("../../deploy/shim.example.toml")).unwrap();
+        cfg.validate().unwrap();
+        let rules = ShimConfig {
+            callers: vec![
+                CallerRule { uid: Some(1000), gid: None, tenant: "alice".into() },
+                CallerRule { uid: None, gid: Some(50), tenant: "team".into() },
+            ],
+            ..cfg
+        };
+        assert_eq!(rules.tenant_for(1000, 1), Some("alice"));
+        assert_eq!(rules.tenant_for(7, 50), Some("team"));
+        assert_eq!(rules.tenant_for(7, 7), None);
+    }
+}

@@ -1,0 +1,61 @@
+//! The shim's listener: binds the local API socket and serves clients.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use tracing::{info, warn};
+
+use crate::agent_link::AgentLink;
+use crate::config::ShimConfig;
+use crate::error::ShimError;
+
+/// State every connection shares.
+pub struct Shared {
+    pub config: ShimConfig,
+    pub agent: AgentLink,
+    pub shim_id: String,
+}
+
+/// Binds the socket (replacing a stale one) with the configured mode.
+pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, ShimError> {
+    let path = &cfg.socket;
+    let io = |e: std::io::Error| ShimError::BadRequest(format!("socket {}: {e}", path.display()));
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    if path.exists() {
+        std::fs::remove_file(path).map_err(io)?;
+    }
+    let l = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(cfg.socket_mode)).map_err(io)?;
+    Ok(l)
+}
+
+/// Serves clients until `shutdown` resolves.
+pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), ShimError> {
+    let listener = bind(&cfg)?;
+    let agent = AgentLink::new(&cfg.agent)?;
+    let shim_id = format!("shim-{}", std::process::id());
+    let socket = cfg.socket.clone();
+    let shared = Arc::new(Shared { config: cfg, agent, shim_id });
+    info!(socket = %socket.display(), agent = %shared.config.agent.grpc, "shim ready");
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            res = listener.accept() => match res {
+                Ok((stream, _)) => {
+                    tokio::spawn(crate::connection::serve(shared.clone(), stream));
+                }
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            () = shutdown.as_mut() => break,
+        }
+    }
+    info!("shim shutting down");
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
