@@ -1,1 +1,263 @@
+//! Test harness: starts real `sluice-gateway`, `sluice-agent` and
+//! `sluice-shim` processes on 127.0.0.1 port 0 and temporary Unix sockets,
+//! waits for the addresses they report, and stops them on drop.
+//!
+//! The binaries must be built first (`cargo build --workspace --bins`;
+//! `scripts/test` does it). A missing binary fails the test with that advice.
 
+mod proxy;
+pub use proxy::Proxy;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Directory holding the workspace binaries (next to the test executable).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> -> target/<profile>
+    exe.parent().and_then(Path::parent).expect("test executable lives in target/<profile>/deps").to_owned()
+}
+
+/// Path of a workspace binary; panics with a clear message if not built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(p.exists(), "{} is missing: run `cargo build --workspace --bins` first (scripts/test does)", p.display());
+    p
+}
+
+/// Access key and secret the test gateway accepts.
+pub const ACCESS_KEY: &str = "test-access";
+pub const SECRET_KEY: &str = "test-secret-key-0123456789";
+
+/// How to shape the stack.
+#[derive(Clone)]
+pub struct Options {
+    /// `[s3]` section of the agent config.
+    pub s3: String,
+    /// Credentials the agent signs with (default: the gateway's).
+    pub agent_credentials: (String, String),
+    /// Endpoints of namespace "data" (default: the gateway). `{gw}` expands
+    /// to the gateway address.
+    pub endpoints: Vec<String>,
+    /// Extra `[[callers]]` rules for the shim, TOML. Default maps this uid to
+    /// tenant "alpha".
+    pub callers: Option<String>,
+    /// Start the embedded gateway (false when testing against another store).
+    pub gateway: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            s3: "get_part_size = 1048576\nmultipart_threshold = 6291456\nput_part_size = 5242880\nmax_concurrency = 4\nmax_attempts = 3\nretry_base_ms = 10\n".into(),
+            agent_credentials: (ACCESS_KEY.into(), SECRET_KEY.into()),
+            endpoints: vec!["http://{gw}".into()],
+            callers: None,
+            gateway: true,
+        }
+    }
+}
+
+/// A running stack. Processes are killed when it drops.
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    pub gateway_addr: Option<SocketAddr>,
+    pub metrics_addr: SocketAddr,
+    pub socket: PathBuf,
+    pub data_dir: PathBuf,
+    children: Vec<(String, Child)>,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        for (_, c) in self.children.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn wait_file(path: &Path, child: &mut Child, name: &str, log: &Path) -> String {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if !s.is_empty() {
+                return s;
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{name} exited with {status}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{name} did not start:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
+    Command::new(bin(name))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("dup log"))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"))
+}
+
+impl Stack {
+    pub fn start() -> Self {
+        Self::with(Options::default())
+    }
+
+    pub fn with(opts: Options) -> Self {
+        let dir = tempfile::Builder::new().prefix("sl").tempdir_in("/tmp").expect("tempdir");
+        let d = dir.path().to_owned();
+        let data_dir = d.join("data");
+        let mut children = Vec::new();
+
+        let mut gateway_addr: Option<SocketAddr> = None;
+        if opts.gateway {
+            let cfg = d.join("gateway.toml");
+            std::fs::write(&cfg, format!(
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
+                data_dir.display(), d.display())).expect("write config");
+            let mut gw = spawn(&d, "sluice-gateway", &["--config", cfg.to_str().expect("utf8")]);
+            let addr = wait_file(&d.join("gw.addr"), &mut gw, "sluice-gateway", &d.join("sluice-gateway.log"));
+            gateway_addr = Some(addr.trim().parse().expect("gateway addr"));
+            children.push(("sluice-gateway".to_owned(), gw));
+        }
+        // Without our gateway, the other namespaces point at the first endpoint's host.
+        let gw = gateway_addr.map(|a| a.to_string()).unwrap_or_else(|| {
+            opts.endpoints.first().map(|e| e.trim_start_matches("http://").to_owned()).unwrap_or_default()
+        });
+        let endpoints: Vec<String> = opts.endpoints.iter().map(|e| format!("\"{}\"", e.replace("{gw}", &gw))).collect();
+        let (ak, sk) = &opts.agent_credentials;
+        let cfg = d.join("agent.toml");
+        std::fs::write(&cfg, format!(
+            "grpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            opts.s3, endpoints.join(", "), d = d.display())).expect("write config");
+        let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
+        let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
+        let metrics_addr = addrs
+            .lines()
+            .find_map(|l| l.strip_prefix("metrics = "))
+            .map(|v| v.trim_matches('"').parse().expect("metrics addr"))
+            .expect("metrics line");
+        children.push(("sluice-agent".to_owned(), agent));
+
+        let uid = unsafe_free_uid();
+        let callers = opts.callers.unwrap_or_else(|| format!("[[callers]]\nuid = {uid}\ntenant = \"alpha\"\n"));
+        let socket = d.join("shim.sock");
+        let cfg = d.join("shim.toml");
+        std::fs::write(&cfg, format!(
+            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"unix:{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 1073741824\n{callers}",
+            socket.display(), d = d.display())).expect("write config");
+        let mut shim = spawn(&d, "sluice-shim", &["--config", cfg.to_str().expect("utf8")]);
+        let t0 = Instant::now();
+        while !socket.exists() {
+            if let Ok(Some(s)) = shim.try_wait() {
+                panic!("sluice-shim exited with {s}:\n{}", std::fs::read_to_string(d.join("sluice-shim.log")).unwrap_or_default());
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "shim did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        children.push(("sluice-shim".to_owned(), shim));
+        Self { dir, gateway_addr, metrics_addr, socket, data_dir, children }
+    }
+
+    /// Connects a client to the shim.
+    pub async fn client(&self) -> sluice_client::Client {
+        sluice_client::Client::connect(&self.socket).await.expect("connect to shim")
+    }
+
+    /// Kills one process (e.g. "sluice-gateway").
+    pub fn kill(&mut self, name: &str) {
+        for (n, c) in &mut self.children {
+            if n == name {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// The agent's Prometheus text.
+    pub fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.metrics_addr).expect("metrics connect");
+        write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("metrics write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("metrics read");
+        out
+    }
+
+    /// Sum of a metric's samples whose line contains all `filters`.
+    pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(name) && filters.iter().all(|f| l.contains(f)))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Where the embedded store keeps `bucket/key` (the independent oracle).
+    pub fn stored_file(&self, bucket: &str, key: &str) -> PathBuf {
+        self.data_dir.join(bucket).join(key)
+    }
+
+    /// The shim's log so far (for assertions and debugging).
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+/// This process's uid, read from /proc (keeps the harness free of libc calls).
+pub fn unsafe_free_uid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("Uid line")
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = vec![0u8; len];
+    for chunk in out.chunks_mut(8) {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let v = x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    out
+}
+
+/// SHA-256 hex.
+pub fn sha256(data: &[u8]) -> String {
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, data))
+}
+
+/// Runs the boto3 oracle script (an S3 client unrelated to ours).
+/// `SLUICE_TEST_PYTHON` names the interpreter (scripts/test sets up a venv).
+pub fn boto3(gateway: SocketAddr, args: &[&str]) -> String {
+    let python = std::env::var("SLUICE_TEST_PYTHON").unwrap_or_else(|_| {
+        let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+        venv.to_string_lossy().into_owned()
+    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oracle/s3_oracle.py");
+    let out = Command::new(&python)
+        .arg(script)
+        .arg(format!("http://{gateway}"))
+        .args([ACCESS_KEY, SECRET_KEY])
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {python}: {e} (scripts/test creates .venv with boto3; or set SLUICE_TEST_PYTHON)"));
+    assert!(out.status.success(), "boto3 oracle failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}

@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Independent S3 oracle for the integration tests: boto3, unrelated to
+Sluice's own S3 client, reads and writes the gateway directly.
+
+usage: s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY sha256 BUCKET KEY
+       s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY put BUCKET KEY FILE
+       s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY count BUCKET PREFIX
+"""
+import hashlib
+import sys
+
+import boto3
+from botocore.config import Config
+
+
+def main() -> int:
+    endpoint, ak, sk, cmd, bucket, key, *rest = sys.argv[1:]
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ak,
+        aws_secret_access_key=sk,
+        region_name="us-east-1",
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
+                      request_checksum_calculation="when_required",
+                      response_checksum_validation="when_required"),
+    )
+    if cmd == "sha256":
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        print(hashlib.sha256(body).hexdigest(), len(body))
+    elif cmd == "put":
+        with open(rest[0], "rb") as f:
+            s3.put_object(Bucket=bucket, Key=key, Body=f.read())
+        print("ok")
+    elif cmd == "count":
+        n = 0
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
+            n += len(page.get("Contents", []))
+        print(n)
+    else:
+        print(f"unknown command {cmd}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+//! Every shim operation end to end through real gateway, agent and shim
+//! processes, with bytes checked against independent oracles: the embedded
+//! store's files on disk, and boto3 talking to the gateway directly.
+
+use sluice_client::{Client, Code};
+use sluice_tests::{boto3, pattern, sha256, Proxy, Stack};
+
+async fn put_bytes(c: &Client, path: &str, data: &[u8]) -> sluice_client::Transfer {
+    let r = c.register(data.len().max(1) as u64).await.unwrap();
+    r.write_at(0, data).unwrap();
+    let t = c.put(path, &r, 0, data.len() as u64).await.unwrap();
+    c.release(r).await.unwrap();
+    t
+}
+
+async fn get_bytes(c: &Client, path: &str) -> Vec<u8> {
+    let size = c.head(path).await.unwrap().size;
+    let r = c.register(size.max(1)).await.unwrap();
+    let t = c.get(path, &r, 0, None).await.unwrap();
+    assert_eq!(t.bytes, size);
+    assert_eq!(t.object_size, size);
+    assert_eq!(t.data_path, "http");
+    assert!(t.fallback_reason.is_empty());
+    let out = r.as_slice()[..size as usize].to_vec();
+    c.release(r).await.unwrap();
+    out
+}
+
+#[tokio::test]
+async fn round_trips_all_sizes_and_checks_with_oracles() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    assert_eq!(c.tenant(), "alpha");
+    let gw = stack.gateway_addr.unwrap();
+    // Around the 1 MiB GET part size and the 6 MiB multipart threshold.
+    let sizes = [0usize, 1, 4096, (1 << 20) - 1, 1 << 20, (1 << 20) + 1, (3 << 20) + 5, 6 << 20, (7 << 20) + 3];
+    for (i, &n) in sizes.iter().enumerate() {
+        let data = pattern(n, i as u64);
+        let key = format!("sizes/obj-{n}");
+        let t = put_bytes(&c, &format!("data/{key}"), &data).await;
+        assert_eq!(t.bytes, n as u64);
+        let expect_parts = if n > 6 << 20 { 2 } else { 1 };
+        assert_eq!(t.parts, expect_parts, "size {n}");
+        // Oracle 1: the bytes on the store's disk.
+        let stored = std::fs::read(stack.stored_file("data", &key)).unwrap();
+        assert_eq!(sha256(&stored), sha256(&data), "stored bytes of {key}");
+        // Oracle 2: an unrelated S3 client.
+        assert_eq!(boto3(gw, &["sha256", "data", &key]), format!("{} {n}", sha256(&data)));
+        // And back through the shim.
+        let back = get_bytes(&c, &format!("data/{key}")).await;
+        assert_eq!(sha256(&back), sha256(&data), "GET of {key}");
+    }
+}
+
+#[tokio::test]
+async fn reads_what_another_client_wrote() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let data = pattern((2 << 20) + 17, 99);
+    let file = stack.dir.path().join("src.bin");
+    std::fs::write(&file, &data).unwrap();
+    boto3(stack.gateway_addr.unwrap(), &["put", "data", "from-boto3/x.bin", file.to_str().unwrap()]);
+    let back = get_bytes(&c, "data/from-boto3/x.bin").await;
+    assert_eq!(sha256(&back), sha256(&data));
+}
+
+#[tokio::test]
+async fn ranged_gets_land_at_the_requested_offset() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let n = (3 << 20) + 5;
+    let data = pattern(n, 7);
+    put_bytes(&c, "data/ranged", &data).await;
+    let r = c.register(4 << 20).await.unwrap();
+    let cases: [(u64, Option<u64>); 6] = [
+        (0, Some(1)),
+        (5, Some(100)),
+        ((1 << 20) - 1, Some(2)),      // straddles a part boundary
+        (12345, Some((2 << 20) + 99)), // several parts
+        ((3 << 20) + 1, None),         // tail
+        (n as u64 - 1, Some(10)),      // clipped at the end
+    ];
+    for (start, len) in cases {
+        r.write_at(0, &vec![0xAA; 4 << 20]).unwrap();
+        let t = c.get("data/ranged", &r, 1000, Some((start, len))).await.unwrap();
+        let end = len.map_or(n as u64, |l| (start + l).min(n as u64));
+        assert_eq!(t.bytes, end - start, "range {start}+{len:?}");
+        assert_eq!(t.object_size, n as u64);
+        let got = &r.as_slice()[1000..1000 + t.bytes as usize];
+        assert_eq!(got, &data[start as usize..end as usize], "range {start}+{len:?}");
+        assert!(r.as_slice()[..1000].iter().all(|&b| b == 0xAA), "bytes before the offset untouched");
+        assert_eq!(r.as_slice()[1000 + t.bytes as usize], 0xAA, "byte after the window untouched");
+    }
+    let e = c.get("data/ranged", &r, 0, Some((n as u64, Some(1)))).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::InvalidRange), "{e}");
+}
+
+#[tokio::test]
+async fn multipart_put_and_split_get() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let data = pattern((13 << 20) + 1, 3);
+    let t = put_bytes(&c, "data/big/multi.bin", &data).await;
+    assert_eq!(t.parts, 3);
+    assert!(t.etag.ends_with("-3\""), "multipart etag: {}", t.etag);
+    let r = c.register(data.len() as u64).await.unwrap();
+    let g = c.get("data/big/multi.bin", &r, 0, None).await.unwrap();
+    assert_eq!(g.parts, 14, "1 MiB ranged parts");
+    assert_eq!(sha256(&r.as_slice()[..data.len()]), sha256(&data));
+    let stored = std::fs::read(stack.stored_file("data", "big/multi.bin")).unwrap();
+    assert_eq!(sha256(&stored), sha256(&data));
+}
+
+#[tokio::test]
+async fn keys_with_spaces_and_unicode() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let gw = stack.gateway_addr.unwrap();
+    for (i, key) in ["dir with space/file name.bin", "ünïcødé/☃ snow.txt", "a+b=c&d;e,f@g.txt", "percent%20literal", "tilde~and'quote"].iter().enumerate() {
+        let data = pattern(1000 + i, i as u64);
+        put_bytes(&c, &format!("data/{key}"), &data).await;
+        assert_eq!(boto3(gw, &["sha256", "data", key]), format!("{} {}", sha256(&data), data.len()), "{key}");
+        assert_eq!(get_bytes(&c, &format!("data/{key}")).await, data, "{key}");
+        let info = c.head(&format!("data/{key}")).await.unwrap();
+        assert_eq!(info.size, data.len() as u64);
+        let listed = c.list_all(&format!("data/{key}")).await.unwrap();
+        assert_eq!(listed.len(), 1, "{key}");
+        assert_eq!(listed[0].key, *key);
+    }
+}
+
+#[tokio::test]
+async fn listing_paginates_past_1000_keys() {
+    let stack = Stack::start();
+    let c = std::sync::Arc::new(stack.client().await);
+    let r = std::sync::Arc::new(c.register(64).await.unwrap());
+    r.write_at(0, b"x").unwrap();
+    use futures::StreamExt;
+    let n = 1050;
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let (c, r) = (c.clone(), r.clone());
+            async move { c.put(&format!("data/many/k{i:05}"), &r, 0, 1).await.unwrap() }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await;
+    let all = c.list_all("data/many/").await.unwrap();
+    assert_eq!(all.len(), n);
+    let mut keys: Vec<_> = all.iter().map(|o| o.key.clone()).collect();
+    keys.dedup();
+    assert_eq!(keys.len(), n, "no duplicates across pages");
+    assert_eq!(boto3(stack.gateway_addr.unwrap(), &["count", "data", "many/"]), n.to_string());
+    // Small pages.
+    let p1 = c.list_page("data/many/", "", 7, "").await.unwrap();
+    assert_eq!(p1.objects.len(), 7);
+    assert!(!p1.next_continuation_token.is_empty());
+    let p2 = c.list_page("data/many/", &p1.next_continuation_token, 7, "").await.unwrap();
+    assert_eq!(p2.objects[0].key, "many/k00007");
+    // Delimiter groups.
+    let top = c.list_page("data", "", 0, "/").await.unwrap();
+    assert_eq!(top.common_prefixes, vec!["many/".to_owned()]);
+}
+
+#[tokio::test]
+async fn concurrent_clients() {
+    let stack = Stack::start();
+    let socket = stack.socket.clone();
+    let mut tasks = Vec::new();
+    for w in 0..8u64 {
+        let socket = socket.clone();
+        tasks.push(tokio::spawn(async move {
+            let c = Client::connect(&socket).await.unwrap();
+            let r = c.register(1 << 20).await.unwrap();
+            for j in 0..4u64 {
+                let data = pattern(300_000 + j as usize, w * 100 + j);
+                r.write_at(0, &data).unwrap();
+                let path = format!("data/conc/{w}/{j}");
+                c.put(&path, &r, 0, data.len() as u64).await.unwrap();
+                r.write_at(0, &vec![0; data.len()]).unwrap();
+                let t = c.get(&path, &r, 0, None).await.unwrap();
+                assert_eq!(t.bytes, data.len() as u64);
+                assert_eq!(&r.as_slice()[..data.len()], &data[..]);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let c = stack.client().await;
+    assert_eq!(c.list_all("data/conc/").await.unwrap().len(), 32);
+}
+
+#[tokio::test]
+async fn head_delete_stats_and_scoped_prefix() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    put_bytes(&c, "data/h/one", b"hello").await;
+    let info = c.head("data/h/one").await.unwrap();
+    assert_eq!(info.size, 5);
+    assert!(!info.etag.is_empty());
+    assert!(info.last_modified_unix_ms > 0);
+    c.delete("data/h/one").await.unwrap();
+    assert_eq!(c.head("data/h/one").await.unwrap_err().code(), Some(Code::NoSuchKey));
+    assert!(!stack.stored_file("data", "h/one").exists());
+
+    // A namespace with a key prefix: the tenant never sees the prefix.
+    put_bytes(&c, "scoped/x.bin", b"scoped").await;
+    assert_eq!(std::fs::read(stack.stored_file("data", "tenants/alpha/x.bin")).unwrap(), b"scoped");
+    let listed = c.list_all("scoped").await.unwrap();
+    assert_eq!(listed.iter().map(|o| o.key.as_str()).collect::<Vec<_>>(), vec!["x.bin"]);
+
+    let s = c.stats().await.unwrap();
+    assert!(s.requests >= 5, "{s:?}");
+    assert_eq!(s.bytes_written, 11);
+    assert_eq!(s.regions, 0, "every region was released");
+    assert!(stack.metric("sluice_agent_requests_total", &["op=\"put\"", "tenant=\"alpha\"", "outcome=\"ok\""]) >= 2.0);
+    assert!(stack.metric("sluice_agent_bytes_total", &["op=\"put\"", "namespace=\"scoped\""]) == 6.0);
+}
+
+#[tokio::test]
+async fn ranged_gets_spread_across_endpoints() {
+    // Two endpoints (two proxies in front of one gateway): one large GET must
+    // use both.
+    let gw_stack = Stack::start();
+    let gw = gw_stack.gateway_addr.unwrap();
+    let (p1, p2) = (Proxy::start(gw, None), Proxy::start(gw, None));
+    let stack = Stack::with(sluice_tests::Options {
+        endpoints: vec![format!("http://{}", p1.addr), format!("http://{}", p2.addr)],
+        gateway: false,
+        ..Default::default()
+    });
+    let c = stack.client().await;
+    let data = pattern(6 << 20, 5);
+    put_bytes(&c, "data/spread.bin", &data).await;
+    let before = (p1.bytes_down(), p2.bytes_down());
+    let back = get_bytes(&c, "data/spread.bin").await;
+    assert_eq!(sha256(&back), sha256(&data));
+    let moved = (p1.bytes_down() - before.0, p2.bytes_down() - before.1);
+    assert!(moved.0 > 1 << 20 && moved.1 > 1 << 20, "both endpoints carried data: {moved:?}");
+}
