@@ -1,0 +1,204 @@
+//! Bad input: each case gets a typed error, and nothing changes (regions keep
+//! their bytes, the store gets no object, the shim keeps serving others).
+
+use sluice_client::{Client, ClientError, Code};
+use sluice_proto::shim as pb;
+use sluice_proto::{encode_frame, Message};
+use sluice_shm::MappedRegion;
+use sluice_tests::{pattern, Options, Proxy, Stack};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+fn code(e: ClientError) -> Code {
+    e.code().unwrap_or_else(|| panic!("expected a typed shim error, got {e}"))
+}
+
+async fn upload(c: &Client, path: &str, data: &[u8]) {
+    let r = c.register(data.len().max(1) as u64).await.unwrap();
+    r.write_at(0, data).unwrap();
+    c.put(path, &r, 0, data.len() as u64).await.unwrap();
+    c.release(r).await.unwrap();
+}
+
+#[tokio::test]
+async fn unknown_caller_is_refused() {
+    let stack = Stack::with(Options { callers: Some("[[callers]]\nuid = 4242424\ntenant = \"alpha\"\n".into()), ..Default::default() });
+    let err = match Client::connect(&stack.socket).await {
+        Err(e) => e,
+        Ok(_) => panic!("an unmapped uid must be refused"),
+    };
+    assert_eq!(code(err), Code::UnknownTenant);
+}
+
+#[tokio::test]
+async fn namespaces_keys_and_regions_are_checked() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let r = c.register(1 << 20).await.unwrap();
+    r.write_at(0, &vec![0x5A; 1 << 20]).unwrap();
+    let untouched = |r: &sluice_client::Region| r.as_slice().iter().all(|&b| b == 0x5A);
+
+    assert_eq!(code(c.get("nope/key", &r, 0, None).await.unwrap_err()), Code::UnknownNamespace);
+    // "other" exists, but belongs to tenant beta.
+    assert_eq!(code(c.get("other/key", &r, 0, None).await.unwrap_err()), Code::UnknownNamespace);
+    assert_eq!(code(c.get("data/missing", &r, 0, None).await.unwrap_err()), Code::NoSuchKey);
+    assert_eq!(code(c.get("no-slash", &r, 0, None).await.unwrap_err()), Code::BadRequest);
+    assert!(untouched(&r));
+
+    upload(&c, "data/two-mib", &pattern(2 << 20, 1)).await;
+    assert_eq!(code(c.get("data/two-mib", &r, 0, None).await.unwrap_err()), Code::RegionTooSmall);
+    // Fits by size, not at this offset.
+    assert_eq!(code(c.get("data/two-mib", &r, 1, Some((0, Some(1 << 20)))).await.unwrap_err()), Code::RegionTooSmall);
+    assert_eq!(code(c.get("data/two-mib", &r, u64::MAX, Some((0, Some(10)))).await.unwrap_err()), Code::RegionTooSmall);
+    assert!(untouched(&r), "a refused GET writes nothing");
+
+    // PUT windows outside the region.
+    assert_eq!(code(c.put("data/oob", &r, 1, 1 << 20).await.unwrap_err()), Code::OutOfBounds);
+    assert_eq!(code(c.put("data/oob", &r, u64::MAX, 2).await.unwrap_err()), Code::OutOfBounds);
+    assert!(!stack.stored_file("data", "oob").exists(), "no object was created");
+
+    // A released region, another connection's region, a made-up id.
+    let gone = c.register(4096).await.unwrap();
+    let gone_id = gone.id().to_owned();
+    c.release(gone).await.unwrap();
+    assert_eq!(code(c.get_by_id("data/two-mib", &gone_id, 0, None).await.unwrap_err()), Code::UnknownRegion);
+    assert_eq!(code(c.release_id(&gone_id).await.unwrap_err()), Code::UnknownRegion);
+    let other = stack.client().await;
+    assert_eq!(code(other.get_by_id("data/two-mib", r.id(), 0, None).await.unwrap_err()), Code::UnknownRegion);
+    assert_eq!(code(other.put_by_id("data/x", r.id(), 0, 1, "").await.unwrap_err()), Code::UnknownRegion);
+    assert_eq!(code(other.release_id(r.id()).await.unwrap_err()), Code::UnknownRegion);
+    assert_eq!(code(c.get_by_id("data/two-mib", "00000000000000000000000000000000", 0, None).await.unwrap_err()), Code::UnknownRegion);
+    assert!(untouched(&r));
+    // The owner still can.
+    assert_eq!(c.get("data/two-mib", &r, 0, Some((0, Some(10)))).await.unwrap().bytes, 10);
+
+    assert_eq!(code(c.register(0).await.unwrap_err()), Code::BadRequest);
+    assert_eq!(code(c.register(2 << 30).await.unwrap_err()), Code::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn client_supplied_memory() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let map = MappedRegion::create("mine", 8192).unwrap();
+    map.write_at(0, b"my own memfd").unwrap();
+    let r = c.register_mapped(map).await.unwrap();
+    c.put("data/own", &r, 0, 12).await.unwrap();
+    assert_eq!(std::fs::read(stack.stored_file("data", "own")).unwrap(), b"my own memfd");
+}
+
+#[tokio::test]
+async fn wrong_s3_credentials_are_access_denied_and_not_retried() {
+    let stack = Stack::with(Options { agent_credentials: ("test-access".into(), "wrong-secret".into()), ..Default::default() });
+    let c = stack.client().await;
+    let r = c.register(4096).await.unwrap();
+    r.write_at(0, b"data").unwrap();
+    assert_eq!(code(c.put("data/denied", &r, 0, 4).await.unwrap_err()), Code::AccessDenied);
+    assert!(!stack.stored_file("data", "denied").exists());
+    assert_eq!(code(c.get("data/denied", &r, 0, None).await.unwrap_err()), Code::AccessDenied);
+    assert_eq!(code(c.list_page("data", "", 0, "").await.unwrap_err()), Code::AccessDenied);
+    assert_eq!(stack.metric("sluice_agent_s3_retries_total", &[]), 0.0, "4xx must not be retried");
+    assert!(stack.metric("sluice_agent_errors_total", &["kind=\"ACCESS_DENIED\""]) >= 3.0);
+}
+
+async fn raw_hello(sock: &std::path::Path) -> UnixStream {
+    let mut s = UnixStream::connect(sock).await.unwrap();
+    let hello = pb::Request { id: 1, op: Some(pb::request::Op::Hello(pb::Hello { version: 1, client: "raw".into() })), ..Default::default() };
+    s.write_all(&encode_frame(&hello)).await.unwrap();
+    let resp = read_frame(&mut s).await.expect("hello answer");
+    assert!(matches!(resp.result, Some(pb::response::Result::Hello(_))), "{resp:?}");
+    s
+}
+
+async fn read_frame(s: &mut UnixStream) -> Option<pb::Response> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.ok()?;
+    let mut buf = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut buf).await.ok()?;
+    Some(pb::Response::decode(buf.as_slice()).expect("decodable response"))
+}
+
+fn error_code(resp: &pb::Response) -> Code {
+    match &resp.result {
+        Some(pb::response::Result::Error(e)) => Code::try_from(e.code).unwrap(),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn malformed_frames_do_not_hurt_the_shim() {
+    let stack = Stack::start();
+    let good = stack.client().await;
+
+    // Requests before Hello, and a wrong version.
+    let mut s = UnixStream::connect(&stack.socket).await.unwrap();
+    let stats = pb::Request { id: 5, op: Some(pb::request::Op::Stats(pb::Stats {})), ..Default::default() };
+    s.write_all(&encode_frame(&stats)).await.unwrap();
+    assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::Protocol);
+    let bad_version = pb::Request { id: 6, op: Some(pb::request::Op::Hello(pb::Hello { version: 99, client: "x".into() })), ..Default::default() };
+    s.write_all(&encode_frame(&bad_version)).await.unwrap();
+    assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::UnsupportedVersion);
+
+    // Garbage inside a well-formed frame: error, connection stays usable.
+    let mut s = raw_hello(&stack.socket).await;
+    s.write_all(&[0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
+    let resp = read_frame(&mut s).await.unwrap();
+    assert_eq!((resp.id, error_code(&resp)), (0, Code::Protocol));
+    // Empty op, and fd_attached without a descriptor.
+    s.write_all(&encode_frame(&pb::Request { id: 7, ..Default::default() })).await.unwrap();
+    assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::BadRequest);
+    let reg = pb::Request { id: 8, op: Some(pb::request::Op::Register(pb::Register { length: 10, fd_attached: true })), ..Default::default() };
+    s.write_all(&encode_frame(&reg)).await.unwrap();
+    assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::Protocol);
+    s.write_all(&encode_frame(&stats)).await.unwrap();
+    assert!(matches!(read_frame(&mut s).await.unwrap().result, Some(pb::response::Result::Stats(_))));
+
+    // An oversized length: told why, then disconnected.
+    let mut s = raw_hello(&stack.socket).await;
+    s.write_all(&u32::MAX.to_be_bytes()).await.unwrap();
+    assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::Protocol);
+    assert!(read_frame(&mut s).await.is_none(), "connection closed after a bad length");
+
+    // A truncated frame, then hang up.
+    let mut s = raw_hello(&stack.socket).await;
+    s.write_all(&[0, 0, 0, 50, 1, 2, 3]).await.unwrap();
+    drop(s);
+
+    // Through all of that the well-behaved client kept working.
+    good.send_raw(&[0, 0, 0, 1, 0xff]).await.unwrap();
+    let r = good.register(64).await.unwrap();
+    r.write_at(0, b"still here").unwrap();
+    good.put("data/survivor", &r, 0, 10).await.unwrap();
+    assert_eq!(std::fs::read(stack.stored_file("data", "survivor")).unwrap(), b"still here");
+}
+
+#[tokio::test]
+async fn store_dying_mid_transfer_is_an_error_never_partial_success() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let data = pattern(8 << 20, 11);
+    upload(&c, "data/doomed", &data).await;
+
+    // A second agent reads through a proxy that dies after 3 MiB.
+    let proxy = Proxy::start(stack.gateway_addr.unwrap(), Some(3 << 20));
+    let via_proxy = Stack::with(Options { endpoints: vec![format!("http://{}", proxy.addr)], gateway: false, ..Default::default() });
+    let c2 = via_proxy.client().await;
+    let r = c2.register(8 << 20).await.unwrap();
+    let err = c2.get("data/doomed", &r, 0, None).await.expect_err("a broken transfer must not succeed");
+    let code = code(err);
+    assert!(matches!(code, Code::TransferFailed | Code::StoreUnavailable), "{code:?}");
+    assert!(via_proxy.metric("sluice_agent_s3_retries_total", &[]) >= 1.0, "connection errors are retried");
+
+    // The real gateway process killed: refused connections, after retries.
+    let mut stack = stack;
+    stack.kill("sluice-gateway");
+    let r1 = c.register(8 << 20).await.unwrap();
+    let err = c.get("data/doomed", &r1, 0, None).await.expect_err("gateway is gone");
+    assert_eq!(code_of(err), Code::StoreUnavailable);
+    let err = c.put("data/after", &r1, 0, 100).await.expect_err("gateway is gone");
+    assert_eq!(code_of(err), Code::StoreUnavailable);
+}
+
+fn code_of(e: ClientError) -> Code {
+    code(e)
+}
