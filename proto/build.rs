@@ -4,16 +4,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto");
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_protos(
-            &[
-                "proto/sluice/common.proto",
-                "proto/sluice/agent.proto",
-                "proto/sluice/shim.proto",
-            ],
-            &["proto"],
-        )?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_protos(
+        &["proto/sluice/common.proto", "proto/sluice/agent.proto", "proto/sluice/shim.proto"],
+        &["proto"],
+    )?;
     Ok(())
 }

@@ -133,7 +133,8 @@ impl Agent {
     pub fn open_session(&self, tenant: &str, shim_id: &str) -> Result<(String, Vec<String>), AgentError> {
         let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
         let id = random_id();
-        let session = Session { tenant: tenant.to_owned(), regions: Mutex::new(HashMap::new()), stats: Default::default() };
+        let session =
+            Session { tenant: tenant.to_owned(), regions: Mutex::new(HashMap::new()), stats: Default::default() };
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), Arc::new(session));
         self.metrics.sessions.inc();
         info!(tenant, shim_id, "session opened");
@@ -160,7 +161,10 @@ impl Agent {
         }
         let mut regions = s.regions.lock().unwrap_or_else(|p| p.into_inner());
         if regions.len() >= self.limits.max_regions_per_session {
-            return Err(AgentError::ResourceExhausted(format!("{} regions per session", self.limits.max_regions_per_session)));
+            return Err(AgentError::ResourceExhausted(format!(
+                "{} regions per session",
+                self.limits.max_regions_per_session
+            )));
         }
         if Session::registered_bytes(&regions) + length > self.limits.max_registered_bytes_per_session {
             return Err(AgentError::ResourceExhausted(format!(
@@ -293,7 +297,13 @@ impl Agent {
         self.run(&s, request_id, namespace, "put", |r: &TransferReport| r.bytes, work).await
     }
 
-    pub async fn head(&self, session_id: &str, request_id: &str, namespace: &str, key: &str) -> Result<ObjectMeta, AgentError> {
+    pub async fn head(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        namespace: &str,
+        key: &str,
+    ) -> Result<ObjectMeta, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
             let store = self.store(&s, namespace)?;
@@ -303,6 +313,7 @@ impl Agent {
         self.run(&s, request_id, namespace, "head", |_| 0, work).await
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub async fn list(
         &self,
         session_id: &str,
@@ -321,7 +332,13 @@ impl Agent {
         self.run(&s, request_id, namespace, "list", |_| 0, work).await
     }
 
-    pub async fn delete(&self, session_id: &str, request_id: &str, namespace: &str, key: &str) -> Result<(), AgentError> {
+    pub async fn delete(
+        &self,
+        session_id: &str,
+        request_id: &str,
+        namespace: &str,
+        key: &str,
+    ) -> Result<(), AgentError> {
         let s = self.session(session_id)?;
         let work = async {
             let store = self.store(&s, namespace)?;

@@ -184,21 +184,30 @@ impl AgentConfig {
             let mut ns_seen = std::collections::HashSet::new();
             for ns in &t.namespaces {
                 if ns.name.is_empty() || ns.name.contains('/') || !ns_seen.insert(&ns.name) {
-                    return bad(format!("tenant {:?}: namespace names must be unique, non-empty, without '/' ({:?})", t.name, ns.name));
+                    return bad(format!(
+                        "tenant {:?}: namespace names must be unique, non-empty, without '/' ({:?})",
+                        t.name, ns.name
+                    ));
                 }
                 if ns.endpoints.is_empty() {
                     return bad(format!("namespace {:?}: at least one endpoint", ns.name));
                 }
                 for e in &ns.endpoints {
                     if !(e.starts_with("http://") || e.starts_with("https://")) {
-                        return bad(format!("namespace {:?}: endpoint {e:?} must start with http:// or https://", ns.name));
+                        return bad(format!(
+                            "namespace {:?}: endpoint {e:?} must start with http:// or https://",
+                            ns.name
+                        ));
                     }
                 }
                 if ns.bucket.is_empty() {
                     return bad(format!("namespace {:?}: bucket is empty", ns.name));
                 }
                 if !self.credentials.contains_key(&ns.credentials) {
-                    return bad(format!("namespace {:?}: credentials {:?} not found in [credentials]", ns.name, ns.credentials));
+                    return bad(format!(
+                        "namespace {:?}: credentials {:?} not found in [credentials]",
+                        ns.name, ns.credentials
+                    ));
                 }
             }
         }

@@ -50,13 +50,19 @@ fn info(m: ObjectMeta) -> ObjectInfo {
 
 #[tonic::async_trait]
 impl AgentRpc for GrpcService {
-    async fn open_session(&self, req: Request<pb::OpenSessionRequest>) -> Result<Response<pb::OpenSessionReply>, Status> {
+    async fn open_session(
+        &self,
+        req: Request<pb::OpenSessionRequest>,
+    ) -> Result<Response<pb::OpenSessionReply>, Status> {
         let r = req.into_inner();
         let (session_id, namespaces) = self.agent.open_session(&r.tenant, &r.shim_id)?;
         Ok(Response::new(pb::OpenSessionReply { session_id, namespaces }))
     }
 
-    async fn close_session(&self, req: Request<pb::CloseSessionRequest>) -> Result<Response<pb::CloseSessionReply>, Status> {
+    async fn close_session(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionReply>, Status> {
         self.agent.close_session(&req.into_inner().session_id)?;
         Ok(Response::new(pb::CloseSessionReply {}))
     }
@@ -69,7 +75,9 @@ impl AgentRpc for GrpcService {
         let export = match r.export {
             Some(pb::register_region_request::Export::ColocatedTicket(ticket)) => RegionExport::Colocated { ticket },
             Some(pb::register_region_request::Export::DocaExport(blob)) => RegionExport::Doca { blob },
-            None => return Err(AgentError::BadRequest("RegisterRegion needs an export (ticket or DOCA blob)".into()).into()),
+            None => {
+                return Err(AgentError::BadRequest("RegisterRegion needs an export (ticket or DOCA blob)".into()).into())
+            }
         };
         let region_id = self.agent.register_region(&r.session_id, export, r.length)?;
         Ok(Response::new(pb::RegisterRegionReply { region_id, length: r.length }))
@@ -87,7 +95,8 @@ impl AgentRpc for GrpcService {
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetReply>, Status> {
         let r = req.into_inner();
         let range = r.range.map(|g| (g.start, g.length));
-        let out = self.agent.get(&r.session_id, &r.request_id, &r.namespace, &r.key, range, &r.region_id, r.offset).await?;
+        let out =
+            self.agent.get(&r.session_id, &r.request_id, &r.namespace, &r.key, range, &r.region_id, r.offset).await?;
         Ok(Response::new(pb::GetReply {
             report: Some(report(&r.request_id, &out)),
             object_size: out.object_size,
@@ -114,7 +123,15 @@ impl AgentRpc for GrpcService {
         let r = req.into_inner();
         let page = self
             .agent
-            .list(&r.session_id, &r.request_id, &r.namespace, &r.prefix, &r.continuation_token, r.max_keys, &r.delimiter)
+            .list(
+                &r.session_id,
+                &r.request_id,
+                &r.namespace,
+                &r.prefix,
+                &r.continuation_token,
+                r.max_keys,
+                &r.delimiter,
+            )
             .await?;
         Ok(Response::new(pb::ListReply {
             objects: page.objects.into_iter().map(info).collect(),

@@ -42,13 +42,16 @@ impl Metrics {
             ]),
             op_labels,
         )?;
-        let errors =
-            IntCounterVec::new(Opts::new("errors_total", "Failed requests by error kind"), &["tenant", "namespace", "op", "kind"])?;
+        let errors = IntCounterVec::new(
+            Opts::new("errors_total", "Failed requests by error kind"),
+            &["tenant", "namespace", "op", "kind"],
+        )?;
         let fallbacks = IntCounterVec::new(
             Opts::new("fallbacks_total", "Requests that fell back from the configured data path"),
             &["tenant", "namespace", "op", "reason"],
         )?;
-        let s3_retries = IntCounter::new("s3_retries_total", "S3 requests retried after 5xx/throttling/connection errors")?;
+        let s3_retries =
+            IntCounter::new("s3_retries_total", "S3 requests retried after 5xx/throttling/connection errors")?;
         let sessions = IntGauge::new("sessions", "Open sessions")?;
         let regions = IntGaugeVec::new(Opts::new("regions", "Registered host regions"), &["tenant"])?;
         let registered_bytes =
@@ -62,7 +65,18 @@ impl Metrics {
         registry.register(Box::new(sessions.clone()))?;
         registry.register(Box::new(regions.clone()))?;
         registry.register(Box::new(registered_bytes.clone()))?;
-        Ok(Self { registry, requests, bytes, latency, errors, fallbacks, s3_retries, sessions, regions, registered_bytes })
+        Ok(Self {
+            registry,
+            requests,
+            bytes,
+            latency,
+            errors,
+            fallbacks,
+            s3_retries,
+            sessions,
+            regions,
+            registered_bytes,
+        })
     }
 
     /// Records one finished request.
@@ -93,7 +107,9 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_else(|e| format!("# encode error: {e}\n"))
+        TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# encode error: {e}\n"))
     }
 }
 

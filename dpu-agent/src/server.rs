@@ -52,7 +52,10 @@ fn bind_unix(what: &'static str, path: &Path) -> Result<UnixListener, ServeError
 }
 
 /// Runs the agent until `shutdown` resolves.
-pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn run(
+    cfg: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
     let memory = ColocatedMemory::new();
     let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone())?);
@@ -62,9 +65,11 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
 
     let mut bound = BoundAddrs { grpc: None, metrics: None };
     if let Some(addr) = cfg.metrics_listen {
-        let l = crate::metrics::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { what: "metrics", at: addr.to_string(), source })?;
+        let l = crate::metrics::bind(addr).await.map_err(|source| ServeError::Bind {
+            what: "metrics",
+            at: addr.to_string(),
+            source,
+        })?;
         bound.metrics = l.local_addr().ok();
         tokio::spawn(crate::metrics::serve(metrics.clone(), l));
     }
@@ -72,19 +77,21 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
     if let Some(addr) = cfg.grpc_listen {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { what: "gRPC", at: addr.to_string(), source })?;
+        let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
+            what: "gRPC",
+            at: addr.to_string(),
+            source,
+        })?;
         bound.grpc = l.local_addr().ok();
         let svc = AgentServer::new(GrpcService::new(agent.clone()));
         let mut rx = stop_rx.clone();
         servers.spawn(
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
-                .add_service(svc)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+            tonic::transport::Server::builder().tcp_nodelay(true).add_service(svc).serve_with_incoming_shutdown(
+                TcpListenerStream::new(l),
+                async move {
                     let _ = rx.wait_for(|s| *s).await;
-                }),
+                },
+            ),
         );
     }
     if let Some(path) = &cfg.grpc_socket {

@@ -81,8 +81,14 @@ impl ShimConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.agent.grpc.starts_with("unix:") || self.agent.grpc.starts_with("http://") || self.agent.grpc.starts_with("https://")) {
-            return Err(ConfigError::Invalid(format!("agent.grpc {:?}: use unix:/path or http://host:port", self.agent.grpc)));
+        if !(self.agent.grpc.starts_with("unix:")
+            || self.agent.grpc.starts_with("http://")
+            || self.agent.grpc.starts_with("https://"))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "agent.grpc {:?}: use unix:/path or http://host:port",
+                self.agent.grpc
+            )));
         }
         if self.callers.iter().any(|c| c.tenant.is_empty()) {
             return Err(ConfigError::Invalid("every [[callers]] rule needs a tenant".into()));

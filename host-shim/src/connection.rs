@@ -110,14 +110,18 @@ async fn read_loop(
             Ok(r) => r,
             Err(e) => {
                 // Framing is intact, so the connection can go on.
-                let _ = tx.send(error_frame(0, String::new(), &ShimError::Protocol(format!("undecodable request: {e}")))).await;
+                let _ = tx
+                    .send(error_frame(0, String::new(), &ShimError::Protocol(format!("undecodable request: {e}"))))
+                    .await;
                 continue;
             }
         };
         let id = req.id;
         let request_id = if req.request_id.is_empty() { new_request_id() } else { req.request_id };
         let Some(op) = req.op else {
-            let _ = tx.send(error_frame(id, request_id, &ShimError::BadRequest("request without an operation".into()))).await;
+            let _ = tx
+                .send(error_frame(id, request_id, &ShimError::BadRequest("request without an operation".into())))
+                .await;
             continue;
         };
         // Descriptors are claimed here, in frame order, before any task runs.
@@ -163,10 +167,9 @@ async fn read_loop(
         tokio::spawn(
             async move {
                 let out = match handle(&shared, &s, op, fd, &request_id).await {
-                    Ok((result, fd)) => Outgoing {
-                        frame: encode_frame(&pb::Response { id, request_id, result: Some(result) }),
-                        fd,
-                    },
+                    Ok((result, fd)) => {
+                        Outgoing { frame: encode_frame(&pb::Response { id, request_id, result: Some(result) }), fd }
+                    }
                     Err(e) => {
                         debug!(error = %e, "request failed");
                         error_frame(id, request_id, &e)
@@ -203,7 +206,8 @@ async fn hello(
         .await?
         .into_inner();
     info!(tenant = %tenant, client = %h.client, "client connected");
-    *session = Some(Arc::new(Session { id: reply.session_id, tenant: tenant.clone(), regions: Mutex::new(HashMap::new()) }));
+    *session =
+        Some(Arc::new(Session { id: reply.session_id, tenant: tenant.clone(), regions: Mutex::new(HashMap::new()) }));
     Ok(pb::HelloOk { version: SHIM_PROTOCOL_VERSION, tenant, namespaces: reply.namespaces })
 }
 
@@ -226,131 +230,148 @@ async fn handle(
     let mut agent = shared.agent.grpc.clone();
     let sid = s.id.clone();
     let rid = request_id.to_owned();
-    Ok((match op {
-        Op::Hello(_) => unreachable_hello()?,
-        Op::Register(r) => {
-            if r.length == 0 {
-                return Err(ShimError::BadRequest("region length must be > 0".into()));
-            }
-            if r.length > shared.config.limits.max_region_bytes {
-                return Err(ShimError::Limit(format!(
-                    "region of {} bytes exceeds max_region_bytes {}",
-                    r.length, shared.config.limits.max_region_bytes
-                )));
-            }
-            let (fd, give_back) = match fd {
-                Some(fd) => {
-                    let file = std::fs::File::from(fd);
-                    let actual = file.metadata().map_err(|e| ShimError::BadRequest(format!("fstat: {e}")))?.len();
-                    if actual < r.length {
-                        return Err(ShimError::Memory(sluice_shm::ShmError::FileTooSmall { wanted: r.length, actual }));
-                    }
-                    (OwnedFd::from(file), false)
+    Ok((
+        match op {
+            Op::Hello(_) => unreachable_hello()?,
+            Op::Register(r) => {
+                if r.length == 0 {
+                    return Err(ShimError::BadRequest("region length must be > 0".into()));
                 }
-                None => (sluice_shm::create_memfd(&format!("sluice-{}", s.tenant), r.length)?, true),
-            };
-            let ticket = shared.agent.hand_over(fd.as_fd()).await?;
-            let reply = agent
-                .register_region(apb::RegisterRegionRequest {
-                    session_id: sid,
+                if r.length > shared.config.limits.max_region_bytes {
+                    return Err(ShimError::Limit(format!(
+                        "region of {} bytes exceeds max_region_bytes {}",
+                        r.length, shared.config.limits.max_region_bytes
+                    )));
+                }
+                let (fd, give_back) = match fd {
+                    Some(fd) => {
+                        let file = std::fs::File::from(fd);
+                        let actual = file.metadata().map_err(|e| ShimError::BadRequest(format!("fstat: {e}")))?.len();
+                        if actual < r.length {
+                            return Err(ShimError::Memory(sluice_shm::ShmError::FileTooSmall {
+                                wanted: r.length,
+                                actual,
+                            }));
+                        }
+                        (OwnedFd::from(file), false)
+                    }
+                    None => (sluice_shm::create_memfd(&format!("sluice-{}", s.tenant), r.length)?, true),
+                };
+                let ticket = shared.agent.hand_over(fd.as_fd()).await?;
+                let reply = agent
+                    .register_region(apb::RegisterRegionRequest {
+                        session_id: sid,
+                        length: r.length,
+                        export: Some(apb::register_region_request::Export::ColocatedTicket(ticket)),
+                    })
+                    .await?
+                    .into_inner();
+                s.regions.lock().await.insert(reply.region_id.clone(), r.length);
+                let res = Res::Registered(pb::Registered {
+                    region_id: reply.region_id,
                     length: r.length,
-                    export: Some(apb::register_region_request::Export::ColocatedTicket(ticket)),
+                    fd_attached: give_back,
+                });
+                return Ok((res, give_back.then_some(fd)));
+            }
+            Op::Release(r) => {
+                check_region(s, &r.region_id).await?;
+                agent
+                    .release_region(apb::ReleaseRegionRequest { session_id: sid, region_id: r.region_id.clone() })
+                    .await?;
+                s.regions.lock().await.remove(&r.region_id);
+                Res::Released(pb::Released {})
+            }
+            Op::Get(g) => {
+                let (ns, key) = object_path(&g.path)?;
+                check_region(s, &g.region_id).await?;
+                let reply = agent
+                    .get(apb::GetRequest {
+                        session_id: sid,
+                        request_id: rid,
+                        namespace: ns.into(),
+                        key: key.into(),
+                        range: g.range,
+                        region_id: g.region_id,
+                        offset: g.offset,
+                    })
+                    .await?
+                    .into_inner();
+                Res::Get(pb::GetResult { report: reply.report, object_size: reply.object_size, etag: reply.etag })
+            }
+            Op::Put(p) => {
+                let (ns, key) = object_path(&p.path)?;
+                check_region(s, &p.region_id).await?;
+                let reply = agent
+                    .put(apb::PutRequest {
+                        session_id: sid,
+                        request_id: rid,
+                        namespace: ns.into(),
+                        key: key.into(),
+                        region_id: p.region_id,
+                        offset: p.offset,
+                        length: p.length,
+                        content_type: p.content_type,
+                    })
+                    .await?
+                    .into_inner();
+                Res::Put(pb::PutResult { report: reply.report, etag: reply.etag })
+            }
+            Op::Head(h) => {
+                let (ns, key) = object_path(&h.path)?;
+                let reply = agent
+                    .head(apb::HeadRequest { session_id: sid, request_id: rid, namespace: ns.into(), key: key.into() })
+                    .await?
+                    .into_inner();
+                Res::Head(reply.object.unwrap_or_default())
+            }
+            Op::List(l) => {
+                let (ns, prefix) = list_path(&l.path)?;
+                let reply = agent
+                    .list(apb::ListRequest {
+                        session_id: sid,
+                        request_id: rid,
+                        namespace: ns.into(),
+                        prefix: prefix.into(),
+                        continuation_token: l.continuation_token,
+                        max_keys: l.max_keys,
+                        delimiter: l.delimiter,
+                    })
+                    .await?
+                    .into_inner();
+                Res::List(pb::ListPage {
+                    objects: reply.objects,
+                    common_prefixes: reply.common_prefixes,
+                    next_continuation_token: reply.next_continuation_token,
                 })
-                .await?
-                .into_inner();
-            s.regions.lock().await.insert(reply.region_id.clone(), r.length);
-            let res = Res::Registered(pb::Registered { region_id: reply.region_id, length: r.length, fd_attached: give_back });
-            return Ok((res, give_back.then_some(fd)));
-        }
-        Op::Release(r) => {
-            check_region(s, &r.region_id).await?;
-            agent.release_region(apb::ReleaseRegionRequest { session_id: sid, region_id: r.region_id.clone() }).await?;
-            s.regions.lock().await.remove(&r.region_id);
-            Res::Released(pb::Released {})
-        }
-        Op::Get(g) => {
-            let (ns, key) = object_path(&g.path)?;
-            check_region(s, &g.region_id).await?;
-            let reply = agent
-                .get(apb::GetRequest {
-                    session_id: sid,
-                    request_id: rid,
-                    namespace: ns.into(),
-                    key: key.into(),
-                    range: g.range,
-                    region_id: g.region_id,
-                    offset: g.offset,
+            }
+            Op::Delete(d) => {
+                let (ns, key) = object_path(&d.path)?;
+                agent
+                    .delete(apb::DeleteRequest {
+                        session_id: sid,
+                        request_id: rid,
+                        namespace: ns.into(),
+                        key: key.into(),
+                    })
+                    .await?;
+                Res::Deleted(pb::Deleted {})
+            }
+            Op::Stats(_) => {
+                let r = agent.stats(apb::StatsRequest { session_id: sid }).await?.into_inner();
+                Res::Stats(pb::StatsResult {
+                    requests: r.requests,
+                    bytes_read: r.bytes_read,
+                    bytes_written: r.bytes_written,
+                    errors: r.errors,
+                    fallbacks: r.fallbacks,
+                    regions: r.regions,
+                    registered_bytes: r.registered_bytes,
                 })
-                .await?
-                .into_inner();
-            Res::Get(pb::GetResult { report: reply.report, object_size: reply.object_size, etag: reply.etag })
-        }
-        Op::Put(p) => {
-            let (ns, key) = object_path(&p.path)?;
-            check_region(s, &p.region_id).await?;
-            let reply = agent
-                .put(apb::PutRequest {
-                    session_id: sid,
-                    request_id: rid,
-                    namespace: ns.into(),
-                    key: key.into(),
-                    region_id: p.region_id,
-                    offset: p.offset,
-                    length: p.length,
-                    content_type: p.content_type,
-                })
-                .await?
-                .into_inner();
-            Res::Put(pb::PutResult { report: reply.report, etag: reply.etag })
-        }
-        Op::Head(h) => {
-            let (ns, key) = object_path(&h.path)?;
-            let reply = agent
-                .head(apb::HeadRequest { session_id: sid, request_id: rid, namespace: ns.into(), key: key.into() })
-                .await?
-                .into_inner();
-            Res::Head(reply.object.unwrap_or_default())
-        }
-        Op::List(l) => {
-            let (ns, prefix) = list_path(&l.path)?;
-            let reply = agent
-                .list(apb::ListRequest {
-                    session_id: sid,
-                    request_id: rid,
-                    namespace: ns.into(),
-                    prefix: prefix.into(),
-                    continuation_token: l.continuation_token,
-                    max_keys: l.max_keys,
-                    delimiter: l.delimiter,
-                })
-                .await?
-                .into_inner();
-            Res::List(pb::ListPage {
-                objects: reply.objects,
-                common_prefixes: reply.common_prefixes,
-                next_continuation_token: reply.next_continuation_token,
-            })
-        }
-        Op::Delete(d) => {
-            let (ns, key) = object_path(&d.path)?;
-            agent
-                .delete(apb::DeleteRequest { session_id: sid, request_id: rid, namespace: ns.into(), key: key.into() })
-                .await?;
-            Res::Deleted(pb::Deleted {})
-        }
-        Op::Stats(_) => {
-            let r = agent.stats(apb::StatsRequest { session_id: sid }).await?.into_inner();
-            Res::Stats(pb::StatsResult {
-                requests: r.requests,
-                bytes_read: r.bytes_read,
-                bytes_written: r.bytes_written,
-                errors: r.errors,
-                fallbacks: r.fallbacks,
-                regions: r.regions,
-                registered_bytes: r.registered_bytes,
-            })
-        }
-    }, None))
+            }
+        },
+        None,
+    ))
 }
 
 /// Hello is answered inline by the read loop and never reaches `handle`.

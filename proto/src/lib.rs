@@ -30,10 +30,10 @@ mod generated {
     }
 }
 
-/// Shared messages (`sluice.common.v1`).
-pub use generated::sluice::common::v1 as common;
 /// Agent control plane (`sluice.agent.v1`).
 pub use generated::sluice::agent::v1 as agent;
+/// Shared messages (`sluice.common.v1`).
+pub use generated::sluice::common::v1 as common;
 /// Shim local socket API (`sluice.shim.v1`).
 pub use generated::sluice::shim::v1 as shim;
 

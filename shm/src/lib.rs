@@ -9,6 +9,6 @@ mod fdpass;
 mod frames;
 mod region;
 
-pub use frames::{FrameError, FrameReader};
 pub use fdpass::{recv_with_fds, send_with_fds, MAX_FDS_PER_MESSAGE};
+pub use frames::{FrameError, FrameReader};
 pub use region::{create_memfd, MappedRegion, ShmError};

@@ -90,7 +90,11 @@ fn wait_file(path: &Path, child: &mut Child, name: &str, log: &Path) -> String {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("{name} exited with {status}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "{name} did not start:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{name} did not start:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -159,7 +163,10 @@ impl Stack {
         let t0 = Instant::now();
         while !socket.exists() {
             if let Ok(Some(s)) = shim.try_wait() {
-                panic!("sluice-shim exited with {s}:\n{}", std::fs::read_to_string(d.join("sluice-shim.log")).unwrap_or_default());
+                panic!(
+                    "sluice-shim exited with {s}:\n{}",
+                    std::fs::read_to_string(d.join("sluice-shim.log")).unwrap_or_default()
+                );
             }
             assert!(t0.elapsed() < Duration::from_secs(30), "shim did not start");
             std::thread::sleep(Duration::from_millis(20));
@@ -257,7 +264,9 @@ pub fn boto3(gateway: SocketAddr, args: &[&str]) -> String {
         .args([ACCESS_KEY, SECRET_KEY])
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("running {python}: {e} (scripts/test creates .venv with boto3; or set SLUICE_TEST_PYTHON)"));
+        .unwrap_or_else(|e| {
+            panic!("running {python}: {e} (scripts/test creates .venv with boto3; or set SLUICE_TEST_PYTHON)")
+        });
     assert!(out.status.success(), "boto3 oracle failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }

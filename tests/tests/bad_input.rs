@@ -22,7 +22,10 @@ async fn upload(c: &Client, path: &str, data: &[u8]) {
 
 #[tokio::test]
 async fn unknown_caller_is_refused() {
-    let stack = Stack::with(Options { callers: Some("[[callers]]\nuid = 4242424\ntenant = \"alpha\"\n".into()), ..Default::default() });
+    let stack = Stack::with(Options {
+        callers: Some("[[callers]]\nuid = 4242424\ntenant = \"alpha\"\n".into()),
+        ..Default::default()
+    });
     let err = match Client::connect(&stack.socket).await {
         Err(e) => e,
         Ok(_) => panic!("an unmapped uid must be refused"),
@@ -67,7 +70,10 @@ async fn namespaces_keys_and_regions_are_checked() {
     assert_eq!(code(other.get_by_id("data/two-mib", r.id(), 0, None).await.unwrap_err()), Code::UnknownRegion);
     assert_eq!(code(other.put_by_id("data/x", r.id(), 0, 1, "").await.unwrap_err()), Code::UnknownRegion);
     assert_eq!(code(other.release_id(r.id()).await.unwrap_err()), Code::UnknownRegion);
-    assert_eq!(code(c.get_by_id("data/two-mib", "00000000000000000000000000000000", 0, None).await.unwrap_err()), Code::UnknownRegion);
+    assert_eq!(
+        code(c.get_by_id("data/two-mib", "00000000000000000000000000000000", 0, None).await.unwrap_err()),
+        Code::UnknownRegion
+    );
     assert!(untouched(&r));
     // The owner still can.
     assert_eq!(c.get("data/two-mib", &r, 0, Some((0, Some(10)))).await.unwrap().bytes, 10);
@@ -89,7 +95,8 @@ async fn client_supplied_memory() {
 
 #[tokio::test]
 async fn wrong_s3_credentials_are_access_denied_and_not_retried() {
-    let stack = Stack::with(Options { agent_credentials: ("test-access".into(), "wrong-secret".into()), ..Default::default() });
+    let stack =
+        Stack::with(Options { agent_credentials: ("test-access".into(), "wrong-secret".into()), ..Default::default() });
     let c = stack.client().await;
     let r = c.register(4096).await.unwrap();
     r.write_at(0, b"data").unwrap();
@@ -103,7 +110,11 @@ async fn wrong_s3_credentials_are_access_denied_and_not_retried() {
 
 async fn raw_hello(sock: &std::path::Path) -> UnixStream {
     let mut s = UnixStream::connect(sock).await.unwrap();
-    let hello = pb::Request { id: 1, op: Some(pb::request::Op::Hello(pb::Hello { version: 1, client: "raw".into() })), ..Default::default() };
+    let hello = pb::Request {
+        id: 1,
+        op: Some(pb::request::Op::Hello(pb::Hello { version: 1, client: "raw".into() })),
+        ..Default::default()
+    };
     s.write_all(&encode_frame(&hello)).await.unwrap();
     let resp = read_frame(&mut s).await.expect("hello answer");
     assert!(matches!(resp.result, Some(pb::response::Result::Hello(_))), "{resp:?}");
@@ -135,7 +146,11 @@ async fn malformed_frames_do_not_hurt_the_shim() {
     let stats = pb::Request { id: 5, op: Some(pb::request::Op::Stats(pb::Stats {})), ..Default::default() };
     s.write_all(&encode_frame(&stats)).await.unwrap();
     assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::Protocol);
-    let bad_version = pb::Request { id: 6, op: Some(pb::request::Op::Hello(pb::Hello { version: 99, client: "x".into() })), ..Default::default() };
+    let bad_version = pb::Request {
+        id: 6,
+        op: Some(pb::request::Op::Hello(pb::Hello { version: 99, client: "x".into() })),
+        ..Default::default()
+    };
     s.write_all(&encode_frame(&bad_version)).await.unwrap();
     assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::UnsupportedVersion);
 
@@ -147,7 +162,11 @@ async fn malformed_frames_do_not_hurt_the_shim() {
     // Empty op, and fd_attached without a descriptor.
     s.write_all(&encode_frame(&pb::Request { id: 7, ..Default::default() })).await.unwrap();
     assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::BadRequest);
-    let reg = pb::Request { id: 8, op: Some(pb::request::Op::Register(pb::Register { length: 10, fd_attached: true })), ..Default::default() };
+    let reg = pb::Request {
+        id: 8,
+        op: Some(pb::request::Op::Register(pb::Register { length: 10, fd_attached: true })),
+        ..Default::default()
+    };
     s.write_all(&encode_frame(&reg)).await.unwrap();
     assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::Protocol);
     s.write_all(&encode_frame(&stats)).await.unwrap();
@@ -181,7 +200,11 @@ async fn store_dying_mid_transfer_is_an_error_never_partial_success() {
 
     // A second agent reads through a proxy that dies after 3 MiB.
     let proxy = Proxy::start(stack.gateway_addr.unwrap(), Some(3 << 20));
-    let via_proxy = Stack::with(Options { endpoints: vec![format!("http://{}", proxy.addr)], gateway: false, ..Default::default() });
+    let via_proxy = Stack::with(Options {
+        endpoints: vec![format!("http://{}", proxy.addr)],
+        gateway: false,
+        ..Default::default()
+    });
     let c2 = via_proxy.client().await;
     let r = c2.register(8 << 20).await.unwrap();
     let err = c2.get("data/doomed", &r, 0, None).await.expect_err("a broken transfer must not succeed");

@@ -116,7 +116,16 @@ async fn keys_with_spaces_and_unicode() {
     let stack = Stack::start();
     let c = stack.client().await;
     let gw = stack.gateway_addr.unwrap();
-    for (i, key) in ["dir with space/file name.bin", "ünïcødé/☃ snow.txt", "a+b=c&d;e,f@g.txt", "percent%20literal", "tilde~and'quote"].iter().enumerate() {
+    for (i, key) in [
+        "dir with space/file name.bin",
+        "ünïcødé/☃ snow.txt",
+        "a+b=c&d;e,f@g.txt",
+        "percent%20literal",
+        "tilde~and'quote",
+    ]
+    .iter()
+    .enumerate()
+    {
         let data = pattern(1000 + i, i as u64);
         put_bytes(&c, &format!("data/{key}"), &data).await;
         assert_eq!(boto3(gw, &["sha256", "data", key]), format!("{} {}", sha256(&data), data.len()), "{key}");

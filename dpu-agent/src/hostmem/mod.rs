@@ -39,7 +39,9 @@ impl MemError {
 impl From<sluice_shm::ShmError> for MemError {
     fn from(e: sluice_shm::ShmError) -> Self {
         match e {
-            sluice_shm::ShmError::OutOfBounds { offset, len, region_len } => Self::OutOfBounds { offset, len, region_len },
+            sluice_shm::ShmError::OutOfBounds { offset, len, region_len } => {
+                Self::OutOfBounds { offset, len, region_len }
+            }
             other => Self::Map(other.to_string()),
         }
     }
@@ -49,6 +51,10 @@ impl From<sluice_shm::ShmError> for MemError {
 /// read them from (PUT).
 pub trait HostRegion: Send + Sync + std::fmt::Debug {
     fn len(&self) -> u64;
+    /// Regions are never empty (zero-length registration is refused).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError>;
     fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError>;
 

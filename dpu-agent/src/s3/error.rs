@@ -155,7 +155,10 @@ mod tests {
         assert!(e.is_retryable());
         assert!(!S3Error::from_response(400, "<Error><Code>InvalidArgument</Code></Error>", None).is_retryable());
         assert!(S3Error::from_response(400, "<Error><Code>SlowDown</Code></Error>", None).is_retryable());
-        assert_eq!(S3Error::from_response(404, "<Error><Code>NoSuchBucket</Code></Error>", None).code(), ErrorCode::NoSuchBucket);
+        assert_eq!(
+            S3Error::from_response(404, "<Error><Code>NoSuchBucket</Code></Error>", None).code(),
+            ErrorCode::NoSuchBucket
+        );
     }
 
     #[test]

@@ -90,7 +90,8 @@ impl ObjectStore {
         let base = self.next_base();
         let upload_id = self
             .retrying(|attempt| async move {
-                let mut spec = Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
+                let mut spec =
+                    Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
                 if !content_type.is_empty() {
                     spec = spec.header("content-type", content_type.to_owned());
                 }

@@ -113,8 +113,8 @@ struct InitiateMultipartUploadResult {
 }
 
 pub(super) fn parse_upload_id(body: &str) -> Result<String, S3Error> {
-    let r: InitiateMultipartUploadResult = quick_xml::de::from_str(body)
-        .map_err(|e| S3Error::Protocol(format!("CreateMultipartUpload XML: {e}")))?;
+    let r: InitiateMultipartUploadResult =
+        quick_xml::de::from_str(body).map_err(|e| S3Error::Protocol(format!("CreateMultipartUpload XML: {e}")))?;
     Ok(r.upload_id)
 }
 
@@ -130,8 +130,8 @@ pub(super) fn parse_complete(body: &str) -> Result<String, S3Error> {
     if body.contains("<Error>") {
         return Err(S3Error::from_response(500, body, None));
     }
-    let r: CompleteMultipartUploadResult = quick_xml::de::from_str(body)
-        .map_err(|e| S3Error::Protocol(format!("CompleteMultipartUpload XML: {e}")))?;
+    let r: CompleteMultipartUploadResult =
+        quick_xml::de::from_str(body).map_err(|e| S3Error::Protocol(format!("CompleteMultipartUpload XML: {e}")))?;
     Ok(r.etag)
 }
 
@@ -186,7 +186,11 @@ mod tests {
     #[test]
     fn multipart_xml() {
         assert_eq!(parse_upload_id("<InitiateMultipartUploadResult><Bucket>b</Bucket><Key>k</Key><UploadId>u-1</UploadId></InitiateMultipartUploadResult>").unwrap(), "u-1");
-        assert_eq!(parse_complete("<CompleteMultipartUploadResult><ETag>\"e-2\"</ETag></CompleteMultipartUploadResult>").unwrap(), "\"e-2\"");
+        assert_eq!(
+            parse_complete("<CompleteMultipartUploadResult><ETag>\"e-2\"</ETag></CompleteMultipartUploadResult>")
+                .unwrap(),
+            "\"e-2\""
+        );
         assert!(parse_complete("<Error><Code>InternalError</Code></Error>").is_err());
         let b = complete_body(&["\"a\"".into(), "\"b\"".into()]);
         assert!(b.contains("<PartNumber>2</PartNumber><ETag>&quot;b&quot;</ETag>"), "{b}");

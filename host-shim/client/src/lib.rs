@@ -178,7 +178,10 @@ impl Client {
             namespaces: Vec::new(),
             reader,
         };
-        let hello = Op::Hello(pb::Hello { version: SHIM_PROTOCOL_VERSION, client: format!("sluice-client/{}", env!("CARGO_PKG_VERSION")) });
+        let hello = Op::Hello(pb::Hello {
+            version: SHIM_PROTOCOL_VERSION,
+            client: format!("sluice-client/{}", env!("CARGO_PKG_VERSION")),
+        });
         match client.call(hello, None, "").await?.resp.result {
             Some(Res::Hello(ok)) => {
                 client.tenant = ok.tenant;
@@ -199,7 +202,12 @@ impl Client {
         &self.namespaces
     }
 
-    async fn call(&self, op: Op, fd: Option<std::os::fd::BorrowedFd<'_>>, request_id: &str) -> Result<Reply, ClientError> {
+    async fn call(
+        &self,
+        op: Op,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+        request_id: &str,
+    ) -> Result<Reply, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
@@ -406,4 +414,3 @@ async fn read_loop(stream: Arc<UnixStream>, pending: Arc<Pending>) {
     }
     pending.lock().unwrap_or_else(|p| p.into_inner()).clear();
 }
-

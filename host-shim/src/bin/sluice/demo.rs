@@ -36,7 +36,8 @@ pub struct DemoArgs {
 /// Mixed sizes: small files, odd sizes that straddle part boundaries, and
 /// large objects that get split into ranged GETs / multipart uploads.
 fn size_of(i: usize, max: u64) -> u64 {
-    const PATTERN: [u64; 8] = [0, 4 << 10, (100 << 10) + 7, 1 << 20, (7 << 20) + 13, 16 << 20, (33 << 20) + 1, 64 << 20];
+    const PATTERN: [u64; 8] =
+        [0, 4 << 10, (100 << 10) + 7, 1 << 20, (7 << 20) + 13, 16 << 20, (33 << 20) + 1, 64 << 20];
     PATTERN[i % PATTERN.len()].min(max)
 }
 
@@ -82,7 +83,8 @@ pub async fn run(client: &Client, args: &DemoArgs, json_out: bool) -> anyhow::Re
         let t = client.put(&key(i), &region, 0, n as u64).await.with_context(|| format!("uploading {}", key(i)))?;
         up_bytes += t.bytes;
     }
-    let up = Row { phase: "upload", objects: args.objects, bytes: up_bytes, secs: t0.elapsed().as_secs_f64(), verified: 0 };
+    let up =
+        Row { phase: "upload", objects: args.objects, bytes: up_bytes, secs: t0.elapsed().as_secs_f64(), verified: 0 };
     client.release(region).await?;
     drop(buf);
 
@@ -105,7 +107,10 @@ pub async fn run(client: &Client, args: &DemoArgs, json_out: bool) -> anyhow::Re
                 let region = pool.lock().await.pop().context("region pool empty")?;
                 let res = client.get(&path, &region, 0, None).await;
                 let ok = match &res {
-                    Ok(t) => t.bytes == size && digest(&SHA256, &region.as_slice()[..size as usize]).as_ref() == want.as_ref(),
+                    Ok(t) => {
+                        t.bytes == size
+                            && digest(&SHA256, &region.as_slice()[..size as usize]).as_ref() == want.as_ref()
+                    }
                     Err(_) => false,
                 };
                 pool.lock().await.push(region);

@@ -109,7 +109,10 @@ async fn main() -> anyhow::Result<()> {
     }
     let socket = socket_path(&cli);
     let client = Client::connect(&socket).await.with_context(|| {
-        format!("is the shim running? (start a local stack with `sluice up`, or pass --socket)\nsocket: {}", socket.display())
+        format!(
+            "is the shim running? (start a local stack with `sluice up`, or pass --socket)\nsocket: {}",
+            socket.display()
+        )
     })?;
     match cli.cmd {
         Cmd::Get { path, dest, range } => ops::get(&client, &path, dest, range.as_deref(), cli.json).await,

@@ -55,7 +55,13 @@ fn summary(t: &Transfer, secs: f64) -> String {
     )
 }
 
-pub async fn get(client: &Client, path: &str, dest: Option<PathBuf>, range: Option<&str>, json: bool) -> anyhow::Result<()> {
+pub async fn get(
+    client: &Client,
+    path: &str,
+    dest: Option<PathBuf>,
+    range: Option<&str>,
+    json: bool,
+) -> anyhow::Result<()> {
     let info = client.head(path).await?;
     let (start, len) = match range {
         Some(r) => parse_range(r)?,
@@ -98,8 +104,11 @@ pub async fn get(client: &Client, path: &str, dest: Option<PathBuf>, range: Opti
     let mut t = last.context("no transfer happened")?;
     t.bytes = total;
     if json {
-        println!("{}", json!({"path": path, "dest": dest, "bytes": total, "object_size": info.size, "etag": info.etag,
-            "data_path": t.data_path, "fallback_reason": t.fallback_reason, "seconds": secs, "request_id": t.request_id}));
+        println!(
+            "{}",
+            json!({"path": path, "dest": dest, "bytes": total, "object_size": info.size, "etag": info.etag,
+            "data_path": t.data_path, "fallback_reason": t.fallback_reason, "seconds": secs, "request_id": t.request_id})
+        );
     } else if dest != Path::new("-") {
         eprintln!("{path} -> {}: {}", dest.display(), summary(&t, secs));
     }
@@ -132,8 +141,11 @@ pub async fn put(client: &Client, src: &Path, path: &str, content_type: &str, js
     spinner.finish_and_clear();
     client.release(region).await?;
     if json {
-        println!("{}", json!({"path": path, "src": src, "bytes": t.bytes, "etag": t.etag, "parts": t.parts,
-            "data_path": t.data_path, "fallback_reason": t.fallback_reason, "seconds": secs, "request_id": t.request_id}));
+        println!(
+            "{}",
+            json!({"path": path, "src": src, "bytes": t.bytes, "etag": t.etag, "parts": t.parts,
+            "data_path": t.data_path, "fallback_reason": t.fallback_reason, "seconds": secs, "request_id": t.request_id})
+        );
     } else {
         eprintln!("{} -> {path}: {} in {} part(s), etag {}", src.display(), summary(&t, secs), t.parts, t.etag);
     }
@@ -155,8 +167,12 @@ pub async fn ls(client: &Client, path: &str, delimiter: &str, json: bool) -> any
         }
         for o in &page.objects {
             if json {
-                writeln!(stdout, "{}", json!({"path": format!("{ns}/{}", o.key), "size": o.size, "etag": o.etag,
-                    "last_modified_unix_ms": o.last_modified_unix_ms}))?;
+                writeln!(
+                    stdout,
+                    "{}",
+                    json!({"path": format!("{ns}/{}", o.key), "size": o.size, "etag": o.etag,
+                    "last_modified_unix_ms": o.last_modified_unix_ms})
+                )?;
             } else {
                 writeln!(stdout, "{:>14}  {:24}  {ns}/{}", o.size, fmt_time(o.last_modified_unix_ms), o.key)?;
             }
@@ -187,11 +203,19 @@ pub async fn rm(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
 pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()> {
     let o = client.head(path).await?;
     if json {
-        println!("{}", json!({"path": path, "size": o.size, "etag": o.etag, "content_type": o.content_type,
-            "last_modified_unix_ms": o.last_modified_unix_ms}));
+        println!(
+            "{}",
+            json!({"path": path, "size": o.size, "etag": o.etag, "content_type": o.content_type,
+            "last_modified_unix_ms": o.last_modified_unix_ms})
+        );
     } else {
-        println!("path:          {path}\nsize:          {}\netag:          {}\ncontent-type:  {}\nlast-modified: {}",
-            o.size, o.etag, o.content_type, fmt_time(o.last_modified_unix_ms));
+        println!(
+            "path:          {path}\nsize:          {}\netag:          {}\ncontent-type:  {}\nlast-modified: {}",
+            o.size,
+            o.etag,
+            o.content_type,
+            fmt_time(o.last_modified_unix_ms)
+        );
     }
     Ok(())
 }
@@ -199,8 +223,11 @@ pub async fn stat(client: &Client, path: &str, json: bool) -> anyhow::Result<()>
 pub async fn whoami(client: &Client, json: bool) -> anyhow::Result<()> {
     let s = client.stats().await?;
     if json {
-        println!("{}", json!({"tenant": client.tenant(), "namespaces": client.namespaces(), "requests": s.requests,
-            "bytes_read": s.bytes_read, "bytes_written": s.bytes_written, "errors": s.errors, "regions": s.regions}));
+        println!(
+            "{}",
+            json!({"tenant": client.tenant(), "namespaces": client.namespaces(), "requests": s.requests,
+            "bytes_read": s.bytes_read, "bytes_written": s.bytes_written, "errors": s.errors, "regions": s.regions})
+        );
     } else {
         println!("tenant:      {}\nnamespaces:  {}", client.tenant(), client.namespaces().join(", "));
     }

@@ -91,17 +91,29 @@ fn spawn(dir: &Path, bin: &Path, args: &[&str]) -> anyhow::Result<std::process::
 }
 
 /// Waits until `ready()` or the process dies or time runs out.
-fn wait_for(child: &mut std::process::Child, dir: &Path, name: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> anyhow::Result<()> {
+fn wait_for(
+    child: &mut std::process::Child,
+    dir: &Path,
+    name: &str,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
     let t0 = Instant::now();
     loop {
         if ready() {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
-            bail!("{name} exited ({status}) while starting; its log says:\n{}", tail(&dir.join("logs").join(format!("{name}.log"))));
+            bail!(
+                "{name} exited ({status}) while starting; its log says:\n{}",
+                tail(&dir.join("logs").join(format!("{name}.log")))
+            );
         }
         if t0.elapsed() > timeout {
-            bail!("{name} did not come up within {timeout:?}; its log says:\n{}", tail(&dir.join("logs").join(format!("{name}.log"))));
+            bail!(
+                "{name} did not come up within {timeout:?}; its log says:\n{}",
+                tail(&dir.join("logs").join(format!("{name}.log")))
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -109,7 +121,11 @@ fn wait_for(child: &mut std::process::Child, dir: &Path, name: &str, timeout: Du
 
 pub async fn up(args: &UpArgs, json_out: bool) -> anyhow::Result<()> {
     if read_pids(&args.dir).iter().any(|(_, p)| alive(*p)) {
-        bail!("a stack is already running in {} (stop it with `sluice down --dir {}`)", args.dir.display(), args.dir.display());
+        bail!(
+            "a stack is already running in {} (stop it with `sluice down --dir {}`)",
+            args.dir.display(),
+            args.dir.display()
+        );
     }
     for sub in ["data", "run", "logs"] {
         std::fs::create_dir_all(args.dir.join(sub)).with_context(|| format!("creating {}", args.dir.display()))?;
@@ -194,15 +210,21 @@ pub async fn up(args: &UpArgs, json_out: bool) -> anyhow::Result<()> {
     let client = sluice_client::Client::connect(&shim_sock).await.context("connecting to the new shim")?;
 
     if json_out {
-        println!("{}", json!({"dir": dir, "socket": shim_sock, "gateway": format!("http://{gw_addr}"), "metrics": format!("http://{metrics}/metrics"),
-            "tenant": client.tenant(), "namespaces": client.namespaces()}));
+        println!(
+            "{}",
+            json!({"dir": dir, "socket": shim_sock, "gateway": format!("http://{gw_addr}"), "metrics": format!("http://{metrics}/metrics"),
+            "tenant": client.tenant(), "namespaces": client.namespaces()})
+        );
     } else {
         println!("Sluice is up in {}", dir.display());
         println!("  gateway (S3)  http://{gw_addr}  bucket {ns}, store {}/data", dir.display());
         println!("  agent         metrics http://{metrics}/metrics");
         println!("  shim          {}", shim_sock.display());
         println!("  tenant        {} (namespaces: {})", client.tenant(), client.namespaces().join(", "));
-        println!("Try: sluice put ./file {ns}/file && sluice ls {ns}    Stop: sluice down --dir {}", args.dir.display());
+        println!(
+            "Try: sluice put ./file {ns}/file && sluice ls {ns}    Stop: sluice down --dir {}",
+            args.dir.display()
+        );
     }
     Ok(())
 }

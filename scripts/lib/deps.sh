@@ -1,0 +1,34 @@
+# Shared helpers for scripts/: install what a fresh Debian machine lacks.
+# Sourced, not executed.
+
+# ensure_apt PKG...: installs the Debian packages that are not installed yet.
+ensure_apt() {
+  local missing=()
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "==> installing Debian packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+# ensure_rust: Sluice needs a Rust toolchain (1.85 or newer) with cargo.
+ensure_rust() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "error: cargo not found. Install Rust 1.85+ (https://rustup.rs) and re-run." >&2
+    exit 1
+  fi
+}
+
+# ensure_build_tools: a C compiler for ring and friends.
+ensure_build_tools() {
+  command -v cc >/dev/null 2>&1 || ensure_apt build-essential
+  command -v curl >/dev/null 2>&1 || true
+}

@@ -1,0 +1,113 @@
+//! The `sluice` CLI as a user runs it: `up`, object commands, `demo`, `down`.
+//! Includes the 256 MiB byte-exact round trip through `sluice put`/`get`.
+
+use std::path::Path;
+use std::process::Command;
+
+use sluice_tests::{bin, bin_dir, pattern, sha256};
+
+fn sluice(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin("sluice"))
+        .args(["--socket", dir.join("run/shim.sock").to_str().unwrap()])
+        .args(args)
+        .output()
+        .expect("run sluice");
+    assert!(
+        out.status.success(),
+        "sluice {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+struct Down<'a>(&'a Path);
+impl Drop for Down<'_> {
+    fn drop(&mut self) {
+        let _ = Command::new(bin("sluice")).args(["down", "--dir", self.0.to_str().unwrap()]).output();
+    }
+}
+
+#[test]
+fn up_put_get_ls_stat_rm_demo_down() {
+    let tmp = tempfile::Builder::new().prefix("cli").tempdir_in("/tmp").unwrap();
+    let dir = tmp.path().join("stack");
+    let up = Command::new(bin("sluice"))
+        .args(["up", "--dir", dir.to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let _down = Down(&dir);
+    assert!(up.status.success(), "sluice up failed: {}", String::from_utf8_lossy(&up.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&up.stdout).unwrap();
+    assert_eq!(info["tenant"], "default");
+
+    // A second `up` in the same directory refuses.
+    let again = Command::new(bin("sluice"))
+        .args(["up", "--dir", dir.to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already running"));
+
+    // 256 MiB, byte-exact.
+    let src = tmp.path().join("big.bin");
+    let data = pattern(256 << 20, 2026);
+    std::fs::write(&src, &data).unwrap();
+    let put: serde_json::Value =
+        serde_json::from_str(&sluice(&dir, &["--json", "put", src.to_str().unwrap(), "data/big/256MiB.bin"])).unwrap();
+    assert_eq!(put["bytes"], 256u64 << 20);
+    let dst = tmp.path().join("back.bin");
+    let get: serde_json::Value =
+        serde_json::from_str(&sluice(&dir, &["--json", "get", "data/big/256MiB.bin", dst.to_str().unwrap()])).unwrap();
+    assert_eq!(get["bytes"], 256u64 << 20);
+    assert_eq!(get["data_path"], "http");
+    let back = std::fs::read(&dst).unwrap();
+    assert_eq!(back.len(), data.len());
+    assert_eq!(sha256(&back), sha256(&data), "256 MiB round trip must be byte-exact");
+    drop(back);
+
+    // Ranged get to stdout.
+    let out = Command::new(bin("sluice"))
+        .args([
+            "--socket",
+            dir.join("run/shim.sock").to_str().unwrap(),
+            "get",
+            "data/big/256MiB.bin",
+            "-",
+            "--range",
+            "100-199",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout, &data[100..200]);
+
+    let ls = sluice(&dir, &["ls", "data/big/"]);
+    assert!(ls.contains("data/big/256MiB.bin") && ls.contains("268435456"), "{ls}");
+    let stat: serde_json::Value =
+        serde_json::from_str(&sluice(&dir, &["--json", "stat", "data/big/256MiB.bin"])).unwrap();
+    assert_eq!(stat["size"], 256u64 << 20);
+    sluice(&dir, &["rm", "data/big/256MiB.bin"]);
+    assert!(!sluice(&dir, &["ls", "data"]).contains("256MiB"));
+
+    // The quickstart's job, small.
+    let demo: serde_json::Value =
+        serde_json::from_str(&sluice(&dir, &["--json", "demo", "--objects", "12", "--max-mib", "8"])).unwrap();
+    assert_eq!(demo["all_verified"], true, "{demo}");
+    assert_eq!(demo["rows"][1]["verified"], 12);
+
+    // A clear error for a missing object.
+    let miss = Command::new(bin("sluice"))
+        .args(["--socket", dir.join("run/shim.sock").to_str().unwrap(), "stat", "data/nope"])
+        .output()
+        .unwrap();
+    assert!(!miss.status.success());
+    assert!(String::from_utf8_lossy(&miss.stderr).contains("NoSuchKey"), "{}", String::from_utf8_lossy(&miss.stderr));
+
+    let down = Command::new(bin("sluice")).args(["down", "--dir", dir.to_str().unwrap()]).output().unwrap();
+    assert!(down.status.success());
+    assert!(
+        !dir.join("run/shim.sock").exists()
+            || std::os::unix::net::UnixStream::connect(dir.join("run/shim.sock")).is_err()
+    );
+}

@@ -1,0 +1,107 @@
+//! The agent against a third-party S3 server: s3s-fs (which verifies
+//! SigV4), installed by scripts/test with
+//! `cargo install s3s-fs@0.14.1 --features binary --locked`.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sluice_client::Code;
+use sluice_tests::{pattern, sha256, Options, Stack, ACCESS_KEY, SECRET_KEY};
+
+fn s3s_fs_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("SLUICE_S3S_FS") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").expect("HOME")).join(".cargo"));
+    let p = home.join("bin/s3s-fs");
+    assert!(
+        p.exists(),
+        "{} missing: run `cargo install s3s-fs@0.14.1 --features binary --locked` (scripts/test does)",
+        p.display()
+    );
+    p
+}
+
+struct S3sFs(std::process::Child);
+impl Drop for S3sFs {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn agent_works_against_s3s_fs() {
+    let root = tempfile::tempdir().unwrap();
+    for b in ["data", "other"] {
+        std::fs::create_dir_all(root.path().join(b)).unwrap();
+    }
+    let log = root.path().join("s3s-fs.log");
+    // s3s-fs only logs its address, so pick a free port first.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(s3s_fs_binary())
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--access-key",
+            ACCESS_KEY,
+            "--secret-key",
+            SECRET_KEY,
+        ])
+        .arg(root.path())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start s3s-fs");
+    let _guard = S3sFs(child);
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "s3s-fs did not start: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let stack = Stack::with(Options {
+        endpoints: vec![format!("http://127.0.0.1:{port}")],
+        gateway: false,
+        ..Default::default()
+    });
+    let c = stack.client().await;
+    let sizes = [0usize, 1000, (2 << 20) + 3, (11 << 20) + 7];
+    let r = c.register(12 << 20).await.unwrap();
+    for (i, &n) in sizes.iter().enumerate() {
+        let data = pattern(n, 40 + i as u64);
+        r.write_at(0, &data).unwrap();
+        let path = format!("data/tp/ü {n}");
+        let t = c.put(&path, &r, 0, n as u64).await.unwrap();
+        assert_eq!(t.parts, if n > 6 << 20 { n.div_ceil(5 << 20) as u32 } else { 1 });
+        // Oracle: s3s-fs's own files.
+        let on_disk = std::fs::read(root.path().join("data").join(format!("tp/ü {n}"))).unwrap();
+        assert_eq!(sha256(&on_disk), sha256(&data));
+        r.write_at(0, &vec![0; n]).unwrap();
+        let g = c.get(&path, &r, 0, None).await.unwrap();
+        assert_eq!(g.bytes, n as u64);
+        assert_eq!(sha256(&r.as_slice()[..n]), sha256(&data), "{path}");
+        if n > 10 {
+            let g = c.get(&path, &r, 0, Some((3, Some(7)))).await.unwrap();
+            assert_eq!(&r.as_slice()[..g.bytes as usize], &data[3..10]);
+        }
+        assert_eq!(c.head(&path).await.unwrap().size, n as u64);
+    }
+    let page = c.list_page("data/tp/", "", 2, "").await.unwrap();
+    assert_eq!(page.objects.len(), 2);
+    assert_eq!(c.list_all("data/tp/").await.unwrap().len(), sizes.len());
+    c.delete("data/tp/ü 1000").await.unwrap();
+    assert_eq!(c.head("data/tp/ü 1000").await.unwrap_err().code(), Some(Code::NoSuchKey));
+    assert_eq!(c.get("data/tp/none", &r, 0, None).await.unwrap_err().code(), Some(Code::NoSuchKey));
+}
