@@ -46,6 +46,9 @@ pub struct Options {
     pub callers: Option<String>,
     /// Start the embedded gateway (false when testing against another store).
     pub gateway: bool,
+    /// Connect the shim to the agent over TCP (the DPU layout) instead of
+    /// the agent's Unix socket.
+    pub grpc_over_tcp: bool,
 }
 
 impl Default for Options {
@@ -56,6 +59,7 @@ impl Default for Options {
             endpoints: vec!["http://{gw}".into()],
             callers: None,
             gateway: true,
+            grpc_over_tcp: false,
         }
     }
 }
@@ -141,10 +145,15 @@ impl Stack {
         let (ak, sk) = &opts.agent_credentials;
         let cfg = d.join("agent.toml");
         std::fs::write(&cfg, format!(
-            "grpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
             opts.s3, endpoints.join(", "), d = d.display())).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
+        let grpc_addr: SocketAddr = addrs
+            .lines()
+            .find_map(|l| l.strip_prefix("grpc = "))
+            .map(|v| v.trim_matches('"').parse().expect("grpc addr"))
+            .expect("grpc line");
         let metrics_addr = addrs
             .lines()
             .find_map(|l| l.strip_prefix("metrics = "))
@@ -157,8 +166,8 @@ impl Stack {
         let socket = d.join("shim.sock");
         let cfg = d.join("shim.toml");
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"unix:{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 1073741824\n{callers}",
-            socket.display(), d = d.display())).expect("write config");
+            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 1073741824\n{callers}",
+            socket.display(), d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
         let mut shim = spawn(&d, "sluice-shim", &["--config", cfg.to_str().expect("utf8")]);
         let t0 = Instant::now();
         while !socket.exists() {

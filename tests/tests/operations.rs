@@ -248,3 +248,33 @@ async fn ranged_gets_spread_across_endpoints() {
     let moved = (p1.bytes_down() - before.0, p2.bytes_down() - before.1);
     assert!(moved.0 > 1 << 20 && moved.1 > 1 << 20, "both endpoints carried data: {moved:?}");
 }
+
+#[tokio::test]
+async fn shim_reaches_the_agent_over_tcp() {
+    // The DPU layout: the agent's control plane on TCP, memory still handed
+    // over locally (co-located backend).
+    let stack = Stack::with(sluice_tests::Options { grpc_over_tcp: true, ..Default::default() });
+    let c = stack.client().await;
+    let data = pattern(3 << 20, 77);
+    put_bytes(&c, "data/tcp.bin", &data).await;
+    assert_eq!(sha256(&get_bytes(&c, "data/tcp.bin").await), sha256(&data));
+    assert!(stack.log("sluice-shim").contains("http://127.0.0.1:"), "shim used the TCP address");
+}
+
+#[tokio::test]
+async fn disconnecting_releases_every_region() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let _a = c.register(1 << 20).await.unwrap();
+    let _b = c.register(2 << 20).await.unwrap();
+    assert_eq!(stack.metric("sluice_agent_regions", &["tenant=\"alpha\""]), 2.0);
+    assert_eq!(stack.metric("sluice_agent_registered_bytes", &["tenant=\"alpha\""]), (3 << 20) as f64);
+    drop(c);
+    let t0 = std::time::Instant::now();
+    while stack.metric("sluice_agent_regions", &["tenant=\"alpha\""]) != 0.0 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "regions were not released");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(stack.metric("sluice_agent_registered_bytes", &["tenant=\"alpha\""]), 0.0);
+    assert_eq!(stack.metric("sluice_agent_sessions", &[]), 0.0);
+}
