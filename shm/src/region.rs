@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::num::NonZeroUsize;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
@@ -151,6 +151,34 @@ impl MappedRegion {
         Ok(())
     }
 
+    /// One `read(2)` from `fd` straight into the region at `offset` (at most
+    /// `len` bytes): the kernel copies socket data into the final memory with
+    /// no bounce buffer. Returns the bytes read (0 at end of stream);
+    /// `WouldBlock` passes through for non-blocking sockets.
+    pub fn read_from_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> std::io::Result<usize> {
+        let start = self.check(offset, len as u64).map_err(std::io::Error::other)?;
+        // SAFETY: `check` proved [start, start+len) lies inside our live
+        // mapping; read(2) writes at most `len` bytes there and nothing in
+        // Rust holds a reference into that window (all access is by copy).
+        let n = unsafe { libc::read(fd.as_raw_fd(), self.ptr.as_ptr().add(start).cast(), len) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
+    /// One `write(2)` of up to `len` bytes from the region at `offset` to
+    /// `fd` (send straight from the final memory). Returns the bytes written.
+    pub fn write_to_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> std::io::Result<usize> {
+        let start = self.check(offset, len as u64).map_err(std::io::Error::other)?;
+        // SAFETY: bounds checked as above; write(2) only reads the window.
+        let n = unsafe { libc::write(fd.as_raw_fd(), self.ptr.as_ptr().add(start).cast(), len) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+
     /// A read-only view of the whole region, for zero-copy consumers (hashing,
     /// parsing) on the side that owns the region. The bytes may change only
     /// while a request that the owner issued against this region is in flight;
@@ -197,6 +225,20 @@ mod tests {
         assert!(r.read_at(10, &mut [0u8; 1]).is_err());
         assert!(r.write_at(7, b"abc").is_ok());
         assert!(r.fill(0, 11, 0).is_err());
+    }
+
+    #[test]
+    fn socket_bytes_land_directly_in_the_region() {
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let r = MappedRegion::create("t", 64).unwrap();
+        std::io::Write::write_all(&mut a, b"direct").unwrap();
+        assert_eq!(r.read_from_fd(10, 6, b.as_fd()).unwrap(), 6);
+        assert_eq!(&r.as_slice()[10..16], b"direct");
+        assert!(r.read_from_fd(60, 6, b.as_fd()).is_err(), "out of bounds");
+        assert_eq!(r.write_to_fd(10, 6, b.as_fd()).unwrap(), 6);
+        let mut out = [0u8; 6];
+        std::io::Read::read_exact(&mut a, &mut out).unwrap();
+        assert_eq!(&out, b"direct");
     }
 
     #[test]

@@ -1,0 +1,232 @@
+//! Descriptors are capabilities. A grant binds one window of one region to
+//! one tenant, one request and one direction, under a random key; every
+//! access presents the key and is checked for key, bounds and direction.
+//! Dropping the [`Capability`] (when the request completes) revokes it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ring::rand::{SecureRandom, SystemRandom};
+
+use crate::memory::RegionMemory;
+
+/// Which one-sided operation a grant allows the remote side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The remote writes into the window (an S3 GET).
+    RemoteWrite,
+    /// The remote reads from the window (an S3 PUT / UploadPart).
+    RemoteRead,
+}
+
+/// What to expose.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub memory: Arc<dyn RegionMemory>,
+    /// Window start within `memory`.
+    pub offset: u64,
+    pub len: u64,
+    pub access: Access,
+    pub tenant: String,
+    pub request_id: String,
+}
+
+/// The key a remote presents: rkey (32 bits) + DCT field (24 bits) + the
+/// window's random base address (52 bits; the low 12 are zero) — 108 random
+/// bits, all checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub rkey: u32,
+    pub dct: u32,
+}
+
+struct Entry {
+    grant: Grant,
+    base: u64,
+}
+
+/// Why an access was refused (each is counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Rejection {
+    #[error("no such descriptor (wrong key, or revoked)")]
+    UnknownKey,
+    #[error("access outside the descriptor's window")]
+    OutOfWindow,
+    #[error("the descriptor does not allow this direction")]
+    WrongDirection,
+}
+
+impl Rejection {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::UnknownKey => "unknown_key",
+            Self::OutOfWindow => "out_of_window",
+            Self::WrongDirection => "wrong_direction",
+        }
+    }
+}
+
+/// Rejection counters, by reason.
+#[derive(Debug, Default)]
+pub struct RejectionCounts {
+    pub unknown_key: AtomicU64,
+    pub out_of_window: AtomicU64,
+    pub wrong_direction: AtomicU64,
+}
+
+impl RejectionCounts {
+    pub fn total(&self) -> u64 {
+        self.unknown_key.load(Ordering::Relaxed)
+            + self.out_of_window.load(Ordering::Relaxed)
+            + self.wrong_direction.load(Ordering::Relaxed)
+    }
+}
+
+/// The live grants of one transport endpoint.
+pub struct CapabilityTable {
+    entries: Mutex<HashMap<Key, Entry>>,
+    rng: SystemRandom,
+    pub rejections: RejectionCounts,
+}
+
+/// A live grant; revoked on drop.
+pub struct Capability {
+    table: Arc<CapabilityTable>,
+    pub key: Key,
+    /// Base "address" of the window as the remote sees it.
+    pub base: u64,
+    pub len: u64,
+}
+
+impl std::fmt::Debug for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capability").field("len", &self.len).finish_non_exhaustive()
+    }
+}
+
+impl Drop for Capability {
+    fn drop(&mut self) {
+        self.table.entries.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+    }
+}
+
+/// The window a checked access may touch.
+pub struct Checked {
+    pub memory: Arc<dyn RegionMemory>,
+    /// Offset within `memory` where the access starts.
+    pub offset: u64,
+}
+
+impl CapabilityTable {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self { entries: Mutex::default(), rng: SystemRandom::new(), rejections: RejectionCounts::default() })
+    }
+
+    fn random_u64(&self) -> u64 {
+        let mut b = [0u8; 8];
+        // getrandom failing is not recoverable (ring documents it as
+        // practically impossible on Linux).
+        self.rng.fill(&mut b).expect("system random number generator failed");
+        u64::from_le_bytes(b)
+    }
+
+    /// Grants access; the capability lives until dropped.
+    pub fn grant(self: &Arc<Self>, grant: Grant) -> Capability {
+        let len = grant.len;
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let r = self.random_u64();
+            let key = Key { rkey: r as u32, dct: ((r >> 32) as u32) & 0xff_ffff };
+            // Page-aligned random base, with room for the window below 2^64.
+            let base = (self.random_u64() & !0xfff) >> 1;
+            if key.rkey == 0 || entries.contains_key(&key) {
+                continue;
+            }
+            entries.insert(key, Entry { grant, base });
+            return Capability { table: self.clone(), key, base, len };
+        }
+    }
+
+    /// Checks one access of `len` bytes at remote address `addr`.
+    pub fn check(&self, key: Key, addr: u64, len: u64, access: Access) -> Result<Checked, Rejection> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let result = match entries.get(&key) {
+            None => Err(Rejection::UnknownKey),
+            Some(e) if e.grant.access != access => Err(Rejection::WrongDirection),
+            Some(e) => {
+                let inside = addr >= e.base
+                    && addr.checked_add(len).is_some_and(|end| end <= e.base + e.grant.len);
+                if inside {
+                    Ok(Checked { memory: e.grant.memory.clone(), offset: e.grant.offset + (addr - e.base) })
+                } else {
+                    Err(Rejection::OutOfWindow)
+                }
+            }
+        };
+        if let Err(r) = &result {
+            let c = match r {
+                Rejection::UnknownKey => &self.rejections.unknown_key,
+                Rejection::OutOfWindow => &self.rejections.out_of_window,
+                Rejection::WrongDirection => &self.rejections.wrong_direction,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(reason = r.as_str(), addr, len, "descriptor access rejected");
+        }
+        result
+    }
+
+    /// Live grants (for metrics and tests).
+    pub fn live(&self) -> usize {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::SharedRegion;
+
+    fn region() -> Arc<dyn RegionMemory> {
+        Arc::new(SharedRegion(sluice_shm::MappedRegion::create("t", 1 << 16).unwrap()))
+    }
+
+    fn grant(access: Access) -> Grant {
+        Grant { memory: region(), offset: 4096, len: 1000, access, tenant: "a".into(), request_id: "r".into() }
+    }
+
+    #[test]
+    fn checks_key_bounds_and_direction() {
+        let t = CapabilityTable::new();
+        let cap = t.grant(grant(Access::RemoteWrite));
+        let ok = t.check(cap.key, cap.base + 10, 990, Access::RemoteWrite).unwrap();
+        assert_eq!(ok.offset, 4106);
+        assert_eq!(t.check(cap.key, cap.base + 10, 991, Access::RemoteWrite).err(), Some(Rejection::OutOfWindow));
+        assert_eq!(t.check(cap.key, cap.base - 1, 1, Access::RemoteWrite).err(), Some(Rejection::OutOfWindow));
+        assert_eq!(t.check(cap.key, u64::MAX, 2, Access::RemoteWrite).err(), Some(Rejection::OutOfWindow));
+        assert_eq!(t.check(cap.key, cap.base, 1, Access::RemoteRead).err(), Some(Rejection::WrongDirection));
+        let forged = Key { rkey: cap.key.rkey ^ 1, dct: cap.key.dct };
+        assert_eq!(t.check(forged, cap.base, 1, Access::RemoteWrite).err(), Some(Rejection::UnknownKey));
+        assert_eq!(t.rejections.total(), 5);
+    }
+
+    #[test]
+    fn dropping_revokes() {
+        let t = CapabilityTable::new();
+        let cap = t.grant(grant(Access::RemoteRead));
+        let (key, base) = (cap.key, cap.base);
+        assert_eq!(t.live(), 1);
+        drop(cap);
+        assert_eq!(t.live(), 0);
+        assert_eq!(t.check(key, base, 1, Access::RemoteRead).err(), Some(Rejection::UnknownKey));
+    }
+
+    #[test]
+    fn keys_are_distinct() {
+        let t = CapabilityTable::new();
+        let caps: Vec<_> = (0..100).map(|_| t.grant(grant(Access::RemoteRead))).collect();
+        let keys: std::collections::HashSet<_> = caps.iter().map(|c| c.key).collect();
+        assert_eq!(keys.len(), 100);
+    }
+}

@@ -1,0 +1,100 @@
+//! Memory a transport can place bytes into or take them from: a host region
+//! (direct placement) or an agent-side staging buffer.
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+/// Errors reaching a region.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemError {
+    #[error("access of {len} bytes at offset {offset} is outside the {region_len}-byte region")]
+    OutOfBounds { offset: u64, len: u64, region_len: u64 },
+    #[error("unknown or expired memory ticket; hand the fd over the memory socket first")]
+    UnknownTicket,
+    #[error("cannot map the region: {0}")]
+    Map(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl From<sluice_shm::ShmError> for MemError {
+    fn from(e: sluice_shm::ShmError) -> Self {
+        match e {
+            sluice_shm::ShmError::OutOfBounds { offset, len, region_len } => Self::OutOfBounds { offset, len, region_len },
+            other => Self::Map(other.to_string()),
+        }
+    }
+}
+
+/// A region the data plane writes object bytes into (GET) and reads them
+/// from (PUT). Every access is bounds-checked.
+pub trait RegionMemory: Send + Sync + std::fmt::Debug {
+    fn len(&self) -> u64;
+    /// Regions are never empty (zero-length registration is refused).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError>;
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError>;
+
+    /// Fails unless `[offset, offset+len)` lies inside the region.
+    fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(MemError::OutOfBounds { offset, len, region_len: self.len() }),
+        }
+    }
+
+    /// One read from `fd` into the region at `offset`, at most `len` bytes.
+    /// Implementations backed by a mapping read straight into it; this
+    /// default goes through a bounce buffer.
+    fn read_from_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        self.check(offset, len as u64).map_err(io::Error::other)?;
+        let mut buf = vec![0u8; len.min(1 << 20)];
+        let n = nix_read(fd, &mut buf)?;
+        self.write_at(offset, &buf[..n]).map_err(io::Error::other)?;
+        Ok(n)
+    }
+
+    /// One write of up to `len` bytes at `offset` to `fd`.
+    fn write_to_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        let mut buf = vec![0u8; len.min(1 << 20)];
+        self.read_at(offset, &mut buf).map_err(io::Error::other)?;
+        nix_write(fd, &buf)
+    }
+}
+
+// The defaults work on a duplicate of the descriptor (closed on return).
+fn nix_read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    let mut f = std::fs::File::from(fd.try_clone_to_owned()?);
+    io::Read::read(&mut f, buf)
+}
+
+fn nix_write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    let mut f = std::fs::File::from(fd.try_clone_to_owned()?);
+    io::Write::write(&mut f, buf)
+}
+
+/// A mapped shared-memory region (memfd): the co-located host region, and
+/// the agent's staging buffers.
+#[derive(Debug)]
+pub struct SharedRegion(pub sluice_shm::MappedRegion);
+
+impl RegionMemory for SharedRegion {
+    fn len(&self) -> u64 {
+        self.0.len()
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
+        Ok(self.0.write_at(offset, data)?)
+    }
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+        Ok(self.0.read_at(offset, out)?)
+    }
+    fn read_from_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        self.0.read_from_fd(offset, len, fd)
+    }
+    fn write_to_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
+        self.0.write_to_fd(offset, len, fd)
+    }
+}

@@ -1,0 +1,170 @@
+//! The memory owner's side of the `tcp` transport: listens for remote
+//! WRITE/READ operations and serves them against its capability table,
+//! moving bytes between the socket and the registered memory directly.
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
+
+use super::wire::{self, Header, Op, Status};
+use crate::capability::{Access, CapabilityTable, Grant};
+use crate::token::Token;
+use crate::transport::{Capabilities, Exposure, Transport, TransportError, TransportKind, MAX_OP_BYTES, MAX_WINDOW_BYTES};
+
+/// Bytes moved per read/write syscall.
+const IO_CHUNK: usize = 4 << 20;
+
+/// The `tcp` provider, owner side.
+pub struct TcpOwner {
+    table: Arc<CapabilityTable>,
+    advertised: SocketAddr,
+}
+
+impl TcpOwner {
+    /// Binds the data-plane listener. `advertise` is the address remotes
+    /// should connect to (default: the bound address).
+    pub async fn bind(listen: SocketAddr, advertise: Option<IpAddr>) -> std::io::Result<(Arc<Self>, TcpListener)> {
+        let listener = TcpListener::bind(listen).await?;
+        let mut advertised = listener.local_addr()?;
+        if let Some(ip) = advertise {
+            advertised.set_ip(ip);
+        }
+        Ok((Arc::new(Self { table: CapabilityTable::new(), advertised }), listener))
+    }
+
+    pub fn table(&self) -> &Arc<CapabilityTable> {
+        &self.table
+    }
+
+    pub fn advertised(&self) -> SocketAddr {
+        self.advertised
+    }
+
+    /// Serves remote operations until the listener fails.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let me = self.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = me.connection(stream).await {
+                            debug!(%peer, error = %e, "data-plane connection ended");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "data-plane accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn connection(&self, mut s: TcpStream) -> std::io::Result<()> {
+        loop {
+            let mut hb = [0u8; wire::HEADER_LEN];
+            match s.read_exact(&mut hb).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            let h = match Header::decode(&hb) {
+                Ok(h) => h,
+                Err(m) => return refuse(&mut s, Status::Protocol, &m).await,
+            };
+            let access = match h.op {
+                Op::Write => Access::RemoteWrite,
+                Op::Read => Access::RemoteRead,
+            };
+            let checked = match self.table.check(h.key, h.addr, h.len, access) {
+                Ok(c) => c,
+                // The payload of a refused WRITE is never read: close instead.
+                Err(r) => return refuse(&mut s, Status::Rejected, &r.to_string()).await,
+            };
+            let (mem, mut off) = (checked.memory, checked.offset);
+            let mut left = h.len;
+            match h.op {
+                Op::Write => {
+                    while left > 0 {
+                        let want = left.min(IO_CHUNK as u64) as usize;
+                        s.readable().await?;
+                        let n = match s.try_io(Interest::READABLE, || mem.read_from_fd(off, want, s.as_fd())) {
+                            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                            Ok(n) => n,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                            Err(e) => return Err(e),
+                        };
+                        off += n as u64;
+                        left -= n as u64;
+                    }
+                    s.write_all(&wire::reply(Status::Ok, 0)).await?;
+                }
+                Op::Read => {
+                    s.write_all(&wire::reply(Status::Ok, h.len)).await?;
+                    while left > 0 {
+                        let want = left.min(IO_CHUNK as u64) as usize;
+                        s.writable().await?;
+                        let n = match s.try_io(Interest::WRITABLE, || mem.write_to_fd(off, want, s.as_fd())) {
+                            Ok(n) => n,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                            Err(e) => return Err(e),
+                        };
+                        off += n as u64;
+                        left -= n as u64;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn refuse(s: &mut TcpStream, status: Status, msg: &str) -> std::io::Result<()> {
+    let _ = s.write_all(&wire::reply(status, msg.len() as u64)).await;
+    let _ = s.write_all(msg.as_bytes()).await;
+    let _ = s.shutdown().await;
+    Ok(())
+}
+
+/// The owner's address as a GID: IPv4-mapped for IPv4 (as RoCE does).
+fn gid_of(addr: SocketAddr) -> [u8; 16] {
+    match addr.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Where a `tcp` descriptor says the owner listens.
+pub fn owner_addr(token: &Token) -> Option<SocketAddr> {
+    let gid = std::net::Ipv6Addr::from(token.gid?);
+    let ip = gid.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(gid));
+    Some(SocketAddr::new(ip, token.lid))
+}
+
+impl Transport for TcpOwner {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            kind: TransportKind::Tcp,
+            standard_token: false,
+            max_op_bytes: MAX_OP_BYTES,
+            max_window_bytes: MAX_WINDOW_BYTES,
+        }
+    }
+
+    fn expose(&self, grant: Grant) -> Result<Exposure, TransportError> {
+        if grant.len > MAX_WINDOW_BYTES {
+            return Err(TransportError::WindowTooLarge(grant.len));
+        }
+        grant.memory.check(grant.offset, grant.len).map_err(|e| TransportError::Rejected(e.to_string()))?;
+        let cap = self.table.grant(grant);
+        // The descriptor: GID = owner IP, LID = owner port, rkey + DCT +
+        // base address = the capability key.
+        let token = Token::new(cap.base, cap.len as u32, cap.key.rkey, self.advertised.port(), cap.key.dct, Some(gid_of(self.advertised)))
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        Ok(Exposure { token, capability: cap })
+    }
+}

@@ -1,0 +1,104 @@
+//! The one-sided transport abstraction.
+//!
+//! The **memory owner** (the agent, for a host region or a staging buffer)
+//! exposes a window and gets a descriptor ([`Token`]) to send in
+//! `x-amz-rdma-token`; the **remote** (the storage gateway) performs WRITE
+//! (for a GET) or READ (for a PUT) against that descriptor. Providers: `tcp`
+//! (software, any machine), verbs RC and mlx5 DC (hardware, later).
+
+use crate::capability::{Capability, Grant};
+use crate::token::Token;
+
+/// Largest single one-sided operation (the protocol's limit); larger
+/// transfers are split into pieces of at most this size.
+pub const MAX_OP_BYTES: u64 = 1 << 30;
+/// Largest window one descriptor can describe (32-bit size field, minus the
+/// 64 KiB peers reserve).
+pub const MAX_WINDOW_BYTES: u64 = (4 << 30) - (64 << 10);
+
+/// Which provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Software one-sided semantics over TCP. Its descriptors look like
+    /// standard tokens but only Sluice gateways configured for `tcp` can
+    /// serve them; they are sent with `x-sluice-rdma-transport: tcp`.
+    Tcp,
+    /// Verbs reliable connection (Soft-RoCE and real NICs).
+    VerbsRc,
+    /// mlx5 Dynamically Connected: the standard token every peer speaks.
+    Dc,
+}
+
+impl TransportKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::VerbsRc => "verbs-rc",
+            Self::Dc => "dc",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "tcp" => Some(Self::Tcp),
+            "verbs-rc" => Some(Self::VerbsRc),
+            "dc" => Some(Self::Dc),
+            _ => None,
+        }
+    }
+
+    /// The value of `x-sluice-rdma-transport` that marks a non-standard
+    /// descriptor, or `None` for the standard DC token.
+    pub fn marker(&self) -> Option<&'static str> {
+        match self {
+            Self::Dc => None,
+            other => Some(other.as_str()),
+        }
+    }
+}
+
+/// The request header naming a non-standard transport (signed with SigV4).
+pub const TRANSPORT_HEADER: &str = "x-sluice-rdma-transport";
+
+/// What a provider can do, so the agent knows what it may offer an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    pub kind: TransportKind,
+    /// Whether standard S3-over-RDMA servers understand its descriptors.
+    pub standard_token: bool,
+    /// Largest single operation.
+    pub max_op_bytes: u64,
+    /// Largest window per descriptor.
+    pub max_window_bytes: u64,
+}
+
+/// Errors of the transport layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    #[error("window of {0} bytes exceeds what one descriptor can describe")]
+    WindowTooLarge(u64),
+    #[error("the memory owner refused the access: {0}")]
+    Rejected(String),
+    #[error("transport I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("transport protocol: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// A window made reachable: the descriptor to send, and the grant behind it
+/// (revoked when this is dropped).
+#[derive(Debug)]
+pub struct Exposure {
+    pub token: Token,
+    pub capability: Capability,
+}
+
+/// The owner side of a transport.
+pub trait Transport: Send + Sync {
+    fn capabilities(&self) -> Capabilities;
+    /// Exposes `grant` to remote one-sided access.
+    fn expose(&self, grant: Grant) -> Result<Exposure, TransportError>;
+}
