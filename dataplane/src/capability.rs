@@ -156,8 +156,7 @@ impl CapabilityTable {
             None => Err(Rejection::UnknownKey),
             Some(e) if e.grant.access != access => Err(Rejection::WrongDirection),
             Some(e) => {
-                let inside = addr >= e.base
-                    && addr.checked_add(len).is_some_and(|end| end <= e.base + e.grant.len);
+                let inside = addr >= e.base && addr.checked_add(len).is_some_and(|end| end <= e.base + e.grant.len);
                 if inside {
                     Ok(Checked { memory: e.grant.memory.clone(), offset: e.grant.offset + (addr - e.base) })
                 } else {

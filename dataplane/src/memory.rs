@@ -21,7 +21,9 @@ pub enum MemError {
 impl From<sluice_shm::ShmError> for MemError {
     fn from(e: sluice_shm::ShmError) -> Self {
         match e {
-            sluice_shm::ShmError::OutOfBounds { offset, len, region_len } => Self::OutOfBounds { offset, len, region_len },
+            sluice_shm::ShmError::OutOfBounds { offset, len, region_len } => {
+                Self::OutOfBounds { offset, len, region_len }
+            }
             other => Self::Map(other.to_string()),
         }
     }

@@ -42,7 +42,7 @@ impl AgentError {
             Self::RegionTooSmall { .. } => ErrorCode::RegionTooSmall,
             Self::BadRequest(_) => ErrorCode::BadRequest,
             Self::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
-            Self::Memory(e) => e.code(),
+            Self::Memory(e) => crate::hostmem::mem_code(e),
             Self::S3(e) => e.code(),
         }
     }

@@ -7,6 +7,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod rdma;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -68,6 +70,26 @@ pub struct GatewayConfig {
     /// If set, the bound address (`host:port`) is written here once listening.
     #[serde(default)]
     pub addr_file: Option<PathBuf>,
+    /// The S3-over-RDMA data path.
+    #[serde(default)]
+    pub rdma: RdmaConfig,
+}
+
+/// Which one-sided transports the gateway serves for `x-amz-rdma-token`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RdmaConfig {
+    /// Serve Sluice's `tcp` software transport.
+    pub tcp: bool,
+    /// Largest single one-sided operation; transfers are split into pieces
+    /// of at most this size (the protocol's limit is 1 GiB).
+    pub max_op_bytes: u64,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        Self { tcp: true, max_op_bytes: sluice_dataplane::MAX_OP_BYTES }
+    }
 }
 
 impl GatewayConfig {
@@ -132,7 +154,11 @@ impl Gateway {
         for c in &cfg.credentials {
             auth.register(c.access_key.clone(), c.secret_key.clone().into());
         }
-        let mut builder = S3ServiceBuilder::new(fs);
+        if cfg.rdma.max_op_bytes == 0 || cfg.rdma.max_op_bytes > sluice_dataplane::MAX_OP_BYTES {
+            return Err(GatewayError::Invalid("rdma.max_op_bytes must be between 1 and 1 GiB".into()));
+        }
+        let rdma = rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes);
+        let mut builder = S3ServiceBuilder::new(rdma);
         builder.set_auth(auth);
         let service = builder.build();
 
@@ -143,7 +169,7 @@ impl Gateway {
             write_atomically(path, &local.to_string())
                 .map_err(|source| GatewayError::AddrFile { path: path.clone(), source })?;
         }
-        info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, "gateway listening");
+        info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, rdma_tcp = cfg.rdma.tcp, "gateway listening");
         Ok(Self { listener, service })
     }
 

@@ -39,7 +39,8 @@ mod tests {
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let exp = o.expose(grant(mem.clone(), 1000, data.len() as u64, Access::RemoteWrite)).unwrap();
         let remote = TcpRemote::new(64 << 10); // many ops per transfer
-        let chunks: Vec<Result<Bytes, std::io::Error>> = data.chunks(7777).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+        let chunks: Vec<Result<Bytes, std::io::Error>> =
+            data.chunks(7777).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
         let n = remote.write_stream(&exp.token, data.len() as u64, futures::stream::iter(chunks)).await.unwrap();
         assert_eq!(n, data.len() as u64);
         assert_eq!(&mem.0.as_slice()[1000..1000 + data.len()], &data[..]);

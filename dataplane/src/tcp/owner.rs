@@ -13,7 +13,9 @@ use tracing::{debug, warn};
 use super::wire::{self, Header, Op, Status};
 use crate::capability::{Access, CapabilityTable, Grant};
 use crate::token::Token;
-use crate::transport::{Capabilities, Exposure, Transport, TransportError, TransportKind, MAX_OP_BYTES, MAX_WINDOW_BYTES};
+use crate::transport::{
+    Capabilities, Exposure, Transport, TransportError, TransportKind, MAX_OP_BYTES, MAX_WINDOW_BYTES,
+};
 
 /// Bytes moved per read/write syscall.
 const IO_CHUNK: usize = 4 << 20;
@@ -163,8 +165,15 @@ impl Transport for TcpOwner {
         let cap = self.table.grant(grant);
         // The descriptor: GID = owner IP, LID = owner port, rkey + DCT +
         // base address = the capability key.
-        let token = Token::new(cap.base, cap.len as u32, cap.key.rkey, self.advertised.port(), cap.key.dct, Some(gid_of(self.advertised)))
-            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let token = Token::new(
+            cap.base,
+            cap.len as u32,
+            cap.key.rkey,
+            self.advertised.port(),
+            cap.key.dct,
+            Some(gid_of(self.advertised)),
+        )
+        .map_err(|e| TransportError::Protocol(e.to_string()))?;
         Ok(Exposure { token, capability: cap })
     }
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
@@ -21,16 +21,22 @@ use crate::transport::TransportError;
 const READ_CHUNK: usize = 1 << 20;
 
 /// Remote-side `tcp` transport with a small connection pool per owner.
-#[derive(Default)]
+/// Cheap to clone; clones share the pool.
+#[derive(Clone)]
 pub struct TcpRemote {
-    pool: Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+    pool: Arc<Mutex<HashMap<SocketAddr, Vec<TcpStream>>>>,
     /// Largest single operation; transfers are split into pieces this size.
     max_op: u64,
 }
 
 impl TcpRemote {
     pub fn new(max_op: u64) -> Self {
-        Self { pool: Mutex::default(), max_op: max_op.max(1) }
+        Self { pool: Arc::default(), max_op: max_op.max(1) }
+    }
+
+    /// Largest single operation.
+    pub fn max_op(&self) -> u64 {
+        self.max_op
     }
 
     async fn conn(&self, addr: SocketAddr) -> Result<TcpStream, TransportError> {
@@ -51,7 +57,8 @@ impl TcpRemote {
     }
 
     fn target(token: &Token) -> Result<(SocketAddr, Key), TransportError> {
-        let addr = owner_addr(token).ok_or_else(|| TransportError::Protocol("tcp descriptor without an owner address (GID)".into()))?;
+        let addr = owner_addr(token)
+            .ok_or_else(|| TransportError::Protocol("tcp descriptor without an owner address (GID)".into()))?;
         Ok((addr, Key { rkey: token.rkey, dct: token.dct }))
     }
 
@@ -93,7 +100,12 @@ impl TcpRemote {
                     pending = match body.next().await {
                         Some(Ok(b)) => b,
                         Some(Err(e)) => return Err(TransportError::Protocol(format!("source failed: {e}"))),
-                        None => return Err(TransportError::Protocol(format!("source ended after {} of {len} bytes", done + piece - left))),
+                        None => {
+                            return Err(TransportError::Protocol(format!(
+                                "source ended after {} of {len} bytes",
+                                done + piece - left
+                            )))
+                        }
                     };
                 }
                 let take = (pending.len() as u64).min(left) as usize;
@@ -109,7 +121,12 @@ impl TcpRemote {
 
     /// READs `len` bytes from the start of the descriptor's window, as a
     /// stream of chunks (for a PUT body), in operations of at most `max_op`.
-    pub fn read_stream<'a>(&'a self, token: &Token, len: u64) -> impl Stream<Item = Result<Bytes, TransportError>> + Send + 'a {
+    pub fn read_stream(
+        &self,
+        token: &Token,
+        len: u64,
+    ) -> impl Stream<Item = Result<Bytes, TransportError>> + Send + 'static {
+        let this = self.clone();
         struct St {
             conn: Option<TcpStream>,
             addr: Option<SocketAddr>,
@@ -127,37 +144,48 @@ impl TcpRemote {
             Err(_) => (None, Key { rkey: 0, dct: 0 }),
         };
         let st = St { conn: None, addr, key, base: token.addr, done: 0, left_in_op: 0, len };
-        futures::stream::try_unfold(st, move |mut st| async move {
-            if oversize {
-                return Err(TransportError::Rejected(format!("{} bytes do not fit the {window}-byte window", st.len)));
-            }
-            let addr = st.addr.ok_or_else(|| TransportError::Protocol("tcp descriptor without an owner address (GID)".into()))?;
-            if st.done >= st.len {
-                if let Some(c) = st.conn.take() {
-                    self.give_back(addr, c);
+        futures::stream::try_unfold(st, move |mut st| {
+            let this = this.clone();
+            async move {
+                if oversize {
+                    return Err(TransportError::Rejected(format!(
+                        "{} bytes do not fit the {window}-byte window",
+                        st.len
+                    )));
                 }
-                return Ok(None);
-            }
-            let mut c = match st.conn.take() {
-                Some(c) => c,
-                None => self.conn(addr).await?,
-            };
-            if st.left_in_op == 0 {
-                let piece = (st.len - st.done).min(self.max_op);
-                c.write_all(&Header { op: Op::Read, key: st.key, addr: st.base + st.done, len: piece }.encode()).await?;
-                let n = Self::reply(&mut c).await?;
-                if n != piece {
-                    return Err(TransportError::Protocol(format!("owner answered {n} bytes for a {piece}-byte READ")));
+                let addr = st
+                    .addr
+                    .ok_or_else(|| TransportError::Protocol("tcp descriptor without an owner address (GID)".into()))?;
+                if st.done >= st.len {
+                    if let Some(c) = st.conn.take() {
+                        this.give_back(addr, c);
+                    }
+                    return Ok(None);
                 }
-                st.left_in_op = piece;
+                let mut c = match st.conn.take() {
+                    Some(c) => c,
+                    None => this.conn(addr).await?,
+                };
+                if st.left_in_op == 0 {
+                    let piece = (st.len - st.done).min(this.max_op);
+                    c.write_all(&Header { op: Op::Read, key: st.key, addr: st.base + st.done, len: piece }.encode())
+                        .await?;
+                    let n = Self::reply(&mut c).await?;
+                    if n != piece {
+                        return Err(TransportError::Protocol(format!(
+                            "owner answered {n} bytes for a {piece}-byte READ"
+                        )));
+                    }
+                    st.left_in_op = piece;
+                }
+                let want = st.left_in_op.min(READ_CHUNK as u64) as usize;
+                let mut buf = BytesMut::zeroed(want);
+                c.read_exact(&mut buf).await?;
+                st.left_in_op -= want as u64;
+                st.done += want as u64;
+                st.conn = Some(c);
+                Ok(Some((buf.freeze(), st)))
             }
-            let want = st.left_in_op.min(READ_CHUNK as u64) as usize;
-            let mut buf = BytesMut::zeroed(want);
-            c.read_exact(&mut buf).await?;
-            st.left_in_op -= want as u64;
-            st.done += want as u64;
-            st.conn = Some(c);
-            Ok(Some((buf.freeze(), st)))
         })
     }
 }

@@ -11,6 +11,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use sluice_dataplane::SharedRegion;
 use sluice_shm::MappedRegion;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{UnixListener, UnixStream};
@@ -114,23 +115,7 @@ impl HostMemory for ColocatedMemory {
             return Err(MemError::UnknownTicket);
         }
         let region = MappedRegion::map(pending.fd, len)?;
-        Ok(Arc::new(ColocatedRegion(region)))
-    }
-}
-
-/// A memfd mapped into the agent.
-#[derive(Debug)]
-pub struct ColocatedRegion(MappedRegion);
-
-impl HostRegion for ColocatedRegion {
-    fn len(&self) -> u64 {
-        self.0.len()
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
-        Ok(self.0.write_at(offset, data)?)
-    }
-    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
-        Ok(self.0.read_at(offset, out)?)
+        Ok(Arc::new(SharedRegion(region)))
     }
 }
 

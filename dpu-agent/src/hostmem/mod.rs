@@ -13,57 +13,13 @@ use std::sync::Arc;
 
 use sluice_proto::common::ErrorCode;
 
-/// Errors reaching host memory.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum MemError {
-    #[error("access of {len} bytes at offset {offset} is outside the {region_len}-byte region")]
-    OutOfBounds { offset: u64, len: u64, region_len: u64 },
-    #[error("unknown or expired memory ticket; hand the fd over the memory socket first")]
-    UnknownTicket,
-    #[error("cannot map the region: {0}")]
-    Map(String),
-    #[error("{0}")]
-    Unsupported(String),
-}
+pub use sluice_dataplane::{MemError, RegionMemory as HostRegion};
 
-impl MemError {
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Self::OutOfBounds { .. } => ErrorCode::OutOfBounds,
-            Self::UnknownTicket | Self::Map(_) | Self::Unsupported(_) => ErrorCode::BadRequest,
-        }
-    }
-}
-
-impl From<sluice_shm::ShmError> for MemError {
-    fn from(e: sluice_shm::ShmError) -> Self {
-        match e {
-            sluice_shm::ShmError::OutOfBounds { offset, len, region_len } => {
-                Self::OutOfBounds { offset, len, region_len }
-            }
-            other => Self::Map(other.to_string()),
-        }
-    }
-}
-
-/// A host memory region the agent can write object bytes into (GET) and
-/// read them from (PUT).
-pub trait HostRegion: Send + Sync + std::fmt::Debug {
-    fn len(&self) -> u64;
-    /// Regions are never empty (zero-length registration is refused).
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError>;
-    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError>;
-
-    /// Fails unless `[offset, offset+len)` lies inside the region.
-    fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len() => Ok(()),
-            _ => Err(MemError::OutOfBounds { offset, len, region_len: self.len() }),
-        }
+/// The typed code for a memory error.
+pub fn mem_code(e: &MemError) -> ErrorCode {
+    match e {
+        MemError::OutOfBounds { .. } => ErrorCode::OutOfBounds,
+        _ => ErrorCode::BadRequest,
     }
 }
 

@@ -1,0 +1,267 @@
+//! The server side of S3 over RDMA, wrapped around any `s3s` backend.
+//!
+//! A GetObject, PutObject or UploadPart that carries `x-amz-rdma-token` is
+//! served by moving the bytes one-sidedly: GET WRITEs the object into the
+//! client's window, PUT/UploadPart READs the body from it. The HTTP bodies
+//! are empty; the reply carries `x-amz-rdma-reply`,
+//! `x-amz-rdma-bytes-transferred` and the older `x-amz-rdma-bytes`.
+//! Every other request passes through untouched.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use s3s::dto::*;
+use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
+use sluice_dataplane::tcp::TcpRemote;
+use sluice_dataplane::{Token, TransportKind, TRANSPORT_HEADER};
+use tracing::{info, warn};
+
+pub const TOKEN_HEADER: &str = "x-amz-rdma-token";
+pub const REPLY_HEADER: &str = "x-amz-rdma-reply";
+pub const BYTES_HEADER: &str = "x-amz-rdma-bytes-transferred";
+pub const OLD_BYTES_HEADER: &str = "x-amz-rdma-bytes";
+
+/// Counters of RDMA-path requests, for logs and tests.
+#[derive(Debug, Default)]
+pub struct RdmaStats {
+    pub gets: AtomicU64,
+    pub puts: AtomicU64,
+    pub bytes: AtomicU64,
+    pub declined: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// The RDMA-capable wrapper.
+pub struct RdmaGateway<S> {
+    inner: S,
+    tcp: Option<TcpRemote>,
+    pub stats: Arc<RdmaStats>,
+}
+
+impl<S: S3> RdmaGateway<S> {
+    /// `tcp`: serve Sluice's `tcp` software transport, with operations of at
+    /// most `max_op` bytes. Standard (mlx5 DC) tokens need an RDMA device,
+    /// which this build does not drive yet: they are declined with 501.
+    pub fn new(inner: S, tcp: bool, max_op: u64) -> Self {
+        Self { inner, tcp: tcp.then(|| TcpRemote::new(max_op)), stats: Arc::default() }
+    }
+}
+
+fn error(code: &str, status: StatusCode, msg: impl Into<String>) -> S3Error {
+    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.to_owned().into()), msg.into());
+    e.set_status_code(status);
+    e
+}
+
+/// The client must retry over plain HTTP.
+fn decline(msg: &str) -> S3Error {
+    let mut e = error("RDMANotSupported", StatusCode::NOT_IMPLEMENTED, msg);
+    let mut h = HeaderMap::new();
+    h.insert(REPLY_HEADER, HeaderValue::from_static("501"));
+    e.set_headers(h);
+    e
+}
+
+/// Names the signed headers of a SigV4 request (header or query auth).
+fn signed_headers(headers: &HeaderMap, uri: &http::Uri) -> Vec<String> {
+    if let Some(auth) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        if let Some(rest) = auth.split("SignedHeaders=").nth(1) {
+            return rest.split([',', ' ']).next().unwrap_or("").split(';').map(str::to_owned).collect();
+        }
+    }
+    uri.query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("X-Amz-SignedHeaders=")))
+        .map(|v| v.replace("%3B", ";").split(';').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// What an RDMA request asks for.
+struct RdmaAsk {
+    token: Token,
+}
+
+impl<S: S3> RdmaGateway<S> {
+    /// `None` for a plain request; an error for a bad, unsigned or
+    /// unservable token.
+    fn rdma_ask(&self, headers: &HeaderMap, uri: &http::Uri) -> S3Result<Option<RdmaAsk>> {
+        let Some(raw) = headers.get(TOKEN_HEADER) else { return Ok(None) };
+        let raw = raw.to_str().map_err(|_| error("InvalidRDMAToken", StatusCode::BAD_REQUEST, "token is not ASCII"))?;
+        let token = Token::parse(raw.trim()).map_err(|e| error("InvalidRDMAToken", StatusCode::BAD_REQUEST, e.to_string()))?;
+        let signed = signed_headers(headers, uri);
+        if !signed.iter().any(|h| h == TOKEN_HEADER) {
+            return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-amz-rdma-token must be a SigV4 signed header"));
+        }
+        let transport = headers.get(TRANSPORT_HEADER).and_then(|v| v.to_str().ok());
+        match transport.map(TransportKind::parse) {
+            None => {
+                self.stats.declined.fetch_add(1, Ordering::Relaxed);
+                Err(decline("standard (mlx5 DC) tokens need an RDMA device; none is available here"))
+            }
+            Some(Some(TransportKind::Tcp)) if self.tcp.is_some() => {
+                if !signed.iter().any(|h| h == TRANSPORT_HEADER) {
+                    return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-sluice-rdma-transport must be signed"));
+                }
+                Ok(Some(RdmaAsk { token }))
+            }
+            Some(_) => {
+                self.stats.declined.fetch_add(1, Ordering::Relaxed);
+                Err(decline(&format!("transport {:?} is not served by this gateway", transport.unwrap_or_default())))
+            }
+        }
+    }
+
+    fn tcp(&self) -> &TcpRemote {
+        // rdma_ask only admits tcp requests when the remote exists.
+        self.tcp.as_ref().expect("tcp transport configured")
+    }
+
+    fn reply_headers(status: u16, bytes: u64) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(REPLY_HEADER, HeaderValue::from(status));
+        h.insert(BYTES_HEADER, HeaderValue::from(bytes));
+        h.insert(OLD_BYTES_HEADER, HeaderValue::from(bytes));
+        h
+    }
+
+    async fn rdma_get(&self, req: S3Request<GetObjectInput>, ask: RdmaAsk) -> S3Result<S3Response<GetObjectOutput>> {
+        let mut resp = self.inner.get_object(req).await?;
+        let out = &mut resp.output;
+        let len = out.content_length.unwrap_or(0).max(0) as u64;
+        // Never more than the client's window; a short window makes this a
+        // partial transfer, said in bytes-transferred and Content-Range.
+        let n = len.min(ask.token.size);
+        let body = out.body.take().map(|b| b.boxed()).unwrap_or_else(|| futures::stream::empty().boxed());
+        let moved = self.tcp().write_stream(&ask.token, n, body).await;
+        let moved = match moved {
+            Ok(m) => m,
+            Err(e) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                warn!(error = %e, "RDMA WRITE failed");
+                return Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+            }
+        };
+        self.stats.gets.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(moved, Ordering::Relaxed);
+        let partial = out.content_range.is_some() || moved < len;
+        if moved < len {
+            let start = out.content_range.as_deref().and_then(parse_range_start).unwrap_or(0);
+            let total = out
+                .content_range
+                .as_deref()
+                .and_then(|r| r.rsplit('/').next())
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(len);
+            out.content_range = Some(format!("bytes {start}-{}/{total}", start + moved.max(1) - 1));
+        }
+        out.content_length = Some(0);
+        resp.status = Some(if partial { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK });
+        resp.headers.extend(Self::reply_headers(if partial { 206 } else { 200 }, moved));
+        info!(bytes = moved, "served GET over RDMA (tcp)");
+        Ok(resp)
+    }
+
+    /// The body of an RDMA PUT/UploadPart: READ from the client's window.
+    fn rdma_body(&self, token: &Token, failed: Arc<AtomicBool>) -> StreamingBlob {
+        let stream = self.tcp().read_stream(token, token.size).map(move |r| {
+            if r.is_err() {
+                failed.store(true, Ordering::Relaxed);
+            }
+            r
+        });
+        StreamingBlob::wrap(stream)
+    }
+
+    fn check_empty_body(content_length: Option<i64>) -> S3Result<()> {
+        if content_length.unwrap_or(0) != 0 {
+            return Err(error("InvalidRequest", StatusCode::BAD_REQUEST, "an RDMA PUT must have an empty body (Content-Length: 0)"));
+        }
+        Ok(())
+    }
+
+    fn finish_put<T>(&self, res: S3Result<S3Response<T>>, failed: &AtomicBool, len: u64) -> S3Result<S3Response<T>> {
+        match res {
+            Err(_) if failed.load(Ordering::Relaxed) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, "RDMA READ from the client failed"))
+            }
+            Err(e) => Err(e),
+            Ok(mut resp) => {
+                self.stats.puts.fetch_add(1, Ordering::Relaxed);
+                self.stats.bytes.fetch_add(len, Ordering::Relaxed);
+                resp.headers.extend(Self::reply_headers(200, len));
+                info!(bytes = len, "served PUT over RDMA (tcp)");
+                Ok(resp)
+            }
+        }
+    }
+}
+
+fn parse_range_start(cr: &str) -> Option<u64> {
+    cr.strip_prefix("bytes ")?.split('-').next()?.parse().ok()
+}
+
+type Fut<'a, T> = Pin<Box<dyn Future<Output = S3Result<S3Response<T>>> + Send + 'a>>;
+
+macro_rules! delegate {
+    ($($name:ident: $input:ty => $output:ty;)*) => {
+        $(
+            fn $name<'life0, 'async_trait>(&'life0 self, req: S3Request<$input>) -> Fut<'async_trait, $output>
+            where 'life0: 'async_trait, Self: 'async_trait {
+                self.inner.$name(req)
+            }
+        )*
+    };
+}
+
+#[async_trait::async_trait]
+impl<S: S3> S3 for RdmaGateway<S> {
+    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
+        match self.rdma_ask(&req.headers, &req.uri)? {
+            None => self.inner.get_object(req).await,
+            Some(ask) => self.rdma_get(req, ask).await,
+        }
+    }
+
+    async fn put_object(&self, mut req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
+        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else { return self.inner.put_object(req).await };
+        Self::check_empty_body(req.input.content_length)?;
+        let failed = Arc::new(AtomicBool::new(false));
+        req.input.body = Some(self.rdma_body(&ask.token, failed.clone()));
+        req.input.content_length = Some(ask.token.size as i64);
+        let res = self.inner.put_object(req).await;
+        self.finish_put(res, &failed, ask.token.size)
+    }
+
+    async fn upload_part(&self, mut req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
+        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else { return self.inner.upload_part(req).await };
+        Self::check_empty_body(req.input.content_length)?;
+        let failed = Arc::new(AtomicBool::new(false));
+        req.input.body = Some(self.rdma_body(&ask.token, failed.clone()));
+        req.input.content_length = Some(ask.token.size as i64);
+        let res = self.inner.upload_part(req).await;
+        self.finish_put(res, &failed, ask.token.size)
+    }
+
+    delegate! {
+        abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
+        complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
+        copy_object: CopyObjectInput => CopyObjectOutput;
+        create_bucket: CreateBucketInput => CreateBucketOutput;
+        create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
+        delete_bucket: DeleteBucketInput => DeleteBucketOutput;
+        delete_object: DeleteObjectInput => DeleteObjectOutput;
+        delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
+        get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
+        head_bucket: HeadBucketInput => HeadBucketOutput;
+        head_object: HeadObjectInput => HeadObjectOutput;
+        list_buckets: ListBucketsInput => ListBucketsOutput;
+        list_objects: ListObjectsInput => ListObjectsOutput;
+        list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
+        list_parts: ListPartsInput => ListPartsOutput;
+        upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
+    }
+}
