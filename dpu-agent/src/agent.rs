@@ -8,19 +8,33 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, Instrument};
 
-use crate::config::{AgentConfig, Limits};
+use crate::config::{AgentConfig, DataPathMode, Limits, Placement};
 use crate::error::AgentError;
 use crate::hostmem::{HostMemory, HostRegion, RegionExport};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
+use crate::s3::rdma::{Fallback, RdmaPath};
 use crate::s3::{ListPage, ObjectMeta, ObjectStore};
+use sluice_dataplane::tcp::TcpOwner;
+use sluice_dataplane::TransportKind;
 
-/// The only data path this build moves bytes on; RDMA paths come with the
-/// data-plane crate.
+/// Data path labels (metrics and reports).
 pub const DATA_PATH_HTTP: &str = "http";
+pub const DATA_PATH_RDMA: &str = "rdma";
+pub const DATA_PATH_RDMA_STAGED: &str = "rdma-staged";
 
 struct Tenant {
     namespaces: HashMap<String, Arc<ObjectStore>>,
+}
+
+/// The path label and fallback summary for a transfer.
+fn path_of(rdma_parts: u32, fallbacks: &[Fallback], placement: Placement) -> (&'static str, String) {
+    let reason = fallbacks.first().map(|f| format!("{}: {}", f.kind, f.message)).unwrap_or_default();
+    if rdma_parts > 0 && fallbacks.is_empty() {
+        (if placement == Placement::Staged { DATA_PATH_RDMA_STAGED } else { DATA_PATH_RDMA }, reason)
+    } else {
+        (DATA_PATH_HTTP, reason)
+    }
 }
 
 /// Per-session counters reported by Stats.
@@ -82,7 +96,12 @@ pub struct Agent {
 impl Agent {
     /// Builds the agent from its config: one S3 client per namespace, sharing
     /// one connection pool. Secrets are read here and kept only in memory.
-    pub fn new(cfg: &AgentConfig, memory: Arc<dyn HostMemory>, metrics: Arc<Metrics>) -> Result<Self, AgentError> {
+    pub fn new(
+        cfg: &AgentConfig,
+        memory: Arc<dyn HostMemory>,
+        metrics: Arc<Metrics>,
+        tcp: Option<Arc<TcpOwner>>,
+    ) -> Result<Self, AgentError> {
         let http = crate::s3::http_client(&cfg.s3)?;
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
@@ -93,13 +112,31 @@ impl Agent {
                     .get(&ns.credentials)
                     .ok_or_else(|| AgentError::BadRequest(format!("credentials {:?} missing", ns.credentials)))?;
                 let secret = cred.load_secret().map_err(|e| AgentError::BadRequest(e.to_string()))?;
+                let rdma = match (ns.data_path, &tcp) {
+                    (DataPathMode::Http, _) => None,
+                    (mode, Some(tcp)) => Some(RdmaPath {
+                        transport: tcp.clone(),
+                        kind: TransportKind::Tcp,
+                        mode,
+                        placement: ns.placement,
+                        min_bytes: ns.rdma_min_bytes,
+                    }),
+                    (_, None) => {
+                        return Err(AgentError::BadRequest(format!(
+                            "namespace {:?} wants RDMA but no data-plane transport is running",
+                            ns.name
+                        )))
+                    }
+                };
                 let store = ObjectStore::new(
                     http.clone(),
                     ns,
+                    &t.name,
                     cred.access_key.clone(),
                     secret,
                     cfg.s3.clone(),
                     metrics.s3_retries.clone(),
+                    rdma,
                 );
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
@@ -200,7 +237,7 @@ impl Agent {
         request_id: &str,
         namespace: &str,
         op: &'static str,
-        bytes_of: impl Fn(&T) -> u64,
+        info_of: impl Fn(&T) -> (u64, &'static str),
         f: F,
     ) -> Result<T, AgentError>
     where
@@ -214,22 +251,38 @@ impl Agent {
         let _g = span.enter();
         match &result {
             Ok(v) => {
-                let n = bytes_of(v);
+                let (n, path) = info_of(v);
                 match op {
                     "get" => s.stats.bytes_read.fetch_add(n, Ordering::Relaxed),
                     "put" => s.stats.bytes_written.fetch_add(n, Ordering::Relaxed),
                     _ => 0,
                 };
-                self.metrics.observe(&s.tenant, namespace, op, DATA_PATH_HTTP, elapsed, Ok(n));
-                tracing::debug!(bytes = n, elapsed_us = elapsed.as_micros() as u64, "request done");
+                self.metrics.observe(&s.tenant, namespace, op, path, elapsed, Ok(n));
+                tracing::debug!(bytes = n, data_path = path, elapsed_us = elapsed.as_micros() as u64, "request done");
             }
             Err(e) => {
                 s.stats.errors.fetch_add(1, Ordering::Relaxed);
-                self.metrics.observe(&s.tenant, namespace, op, DATA_PATH_HTTP, elapsed, Err(e.kind()));
+                let path = self
+                    .tenants
+                    .get(&s.tenant)
+                    .and_then(|t| t.namespaces.get(namespace))
+                    .map_or(DATA_PATH_HTTP, |st| st.data_path_label());
+                self.metrics.observe(&s.tenant, namespace, op, path, elapsed, Err(e.kind()));
                 tracing::info!(error = %e, "request failed");
             }
         }
         result
+    }
+
+    /// Fallbacks are loud: a warning (logged where they happen), a counter by
+    /// reason, and the session's count.
+    fn record_fallbacks(&self, s: &Session, namespace: &str, op: &str, fallbacks: &[Fallback]) {
+        for f in fallbacks {
+            self.metrics.fallbacks.with_label_values(&[&s.tenant, namespace, op, f.kind]).inc();
+        }
+        if !fallbacks.is_empty() {
+            s.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -251,17 +304,19 @@ impl Agent {
             let (start, len) = range.unwrap_or((0, None));
             let t0 = Instant::now();
             let out = store.get_into(key, start, len, &region, offset, request_id).await?;
+            self.record_fallbacks(&s, namespace, "get", &out.fallbacks);
+            let (data_path, fallback_reason) = path_of(out.rdma_parts, &out.fallbacks, store.placement());
             Ok(TransferReport {
                 bytes: out.bytes,
-                data_path: DATA_PATH_HTTP,
-                fallback_reason: String::new(),
+                data_path,
+                fallback_reason,
                 elapsed: t0.elapsed(),
                 parts: out.parts,
                 etag: out.etag,
                 object_size: out.object_size,
             })
         };
-        self.run(&s, request_id, namespace, "get", |r: &TransferReport| r.bytes, work).await
+        self.run(&s, request_id, namespace, "get", |r: &TransferReport| (r.bytes, r.data_path), work).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -284,17 +339,19 @@ impl Agent {
             region.check(offset, length)?;
             let t0 = Instant::now();
             let out = store.put_from(key, &region, offset, length, content_type, request_id).await?;
+            self.record_fallbacks(&s, namespace, "put", &out.fallbacks);
+            let (data_path, fallback_reason) = path_of(out.rdma_parts, &out.fallbacks, store.placement());
             Ok(TransferReport {
                 bytes: length,
-                data_path: DATA_PATH_HTTP,
-                fallback_reason: String::new(),
+                data_path,
+                fallback_reason,
                 elapsed: t0.elapsed(),
                 parts: out.parts,
                 etag: out.etag,
                 object_size: length,
             })
         };
-        self.run(&s, request_id, namespace, "put", |r: &TransferReport| r.bytes, work).await
+        self.run(&s, request_id, namespace, "put", |r: &TransferReport| (r.bytes, r.data_path), work).await
     }
 
     pub async fn head(
@@ -310,7 +367,7 @@ impl Agent {
             check_key(key)?;
             Ok(store.head(key, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "head", |_| 0, work).await
+        self.run(&s, request_id, namespace, "head", |_| (0, DATA_PATH_HTTP), work).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -329,7 +386,7 @@ impl Agent {
             let store = self.store(&s, namespace)?;
             Ok(store.list_page(prefix, continuation_token, max_keys, delimiter, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "list", |_| 0, work).await
+        self.run(&s, request_id, namespace, "list", |_| (0, DATA_PATH_HTTP), work).await
     }
 
     pub async fn delete(
@@ -345,7 +402,7 @@ impl Agent {
             check_key(key)?;
             Ok(store.delete(key, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "delete", |_| 0, work).await
+        self.run(&s, request_id, namespace, "delete", |_| (0, DATA_PATH_HTTP), work).await
     }
 
     pub fn stats(&self, session_id: &str) -> Result<StatsSnapshot, AgentError> {

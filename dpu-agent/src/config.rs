@@ -41,6 +41,8 @@ pub struct AgentConfig {
     pub s3: S3Tuning,
     #[serde(default)]
     pub limits: Limits,
+    #[serde(default)]
+    pub dataplane: DataplaneConfig,
     /// Named S3 credentials, referenced by namespaces.
     #[serde(default)]
     pub credentials: BTreeMap<String, CredentialConfig>,
@@ -144,6 +146,65 @@ pub struct NamespaceConfig {
     pub region: String,
     /// Name of an entry in `[credentials]`.
     pub credentials: String,
+    /// How object bytes move: `http` (the body), `rdma` (x-amz-rdma-token on
+    /// every GET part and PUT), or `auto` (RDMA for parts of at least
+    /// `rdma_min_bytes`, HTTP below; the first GET part, which learns the
+    /// object's size, goes over HTTP). RDMA falls back to HTTP loudly.
+    #[serde(default)]
+    pub data_path: DataPathMode,
+    /// The one-sided transport the endpoints serve (`tcp` for now). Tokens
+    /// are only ever sent to endpoints configured for their transport.
+    #[serde(default = "default_transport")]
+    pub transport: String,
+    /// `direct`: the store writes into / reads from the host region itself.
+    /// `staged`: through an agent-side buffer (needed to decrypt).
+    #[serde(default)]
+    pub placement: Placement,
+    /// In `auto` mode, parts smaller than this go over HTTP.
+    #[serde(default = "default_rdma_min")]
+    pub rdma_min_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataPathMode {
+    #[default]
+    Http,
+    Rdma,
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    #[default]
+    Direct,
+    Staged,
+}
+
+fn default_transport() -> String {
+    "tcp".into()
+}
+
+fn default_rdma_min() -> u64 {
+    1 << 20
+}
+
+/// The agent's side of the one-sided data plane.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataplaneConfig {
+    /// Where the `tcp` transport listens for the stores' WRITE/READ
+    /// operations. Port 0 picks one.
+    pub tcp_listen: std::net::SocketAddr,
+    /// Address put in descriptors (default: the bound address).
+    pub tcp_advertise: Option<std::net::IpAddr>,
+}
+
+impl Default for DataplaneConfig {
+    fn default() -> Self {
+        Self { tcp_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)), tcp_advertise: None }
+    }
 }
 
 fn default_region() -> String {
@@ -202,6 +263,12 @@ impl AgentConfig {
                 }
                 if ns.bucket.is_empty() {
                     return bad(format!("namespace {:?}: bucket is empty", ns.name));
+                }
+                if ns.data_path != DataPathMode::Http && ns.transport != "tcp" {
+                    return bad(format!(
+                        "namespace {:?}: transport {:?} is not available in this build (use \"tcp\")",
+                        ns.name, ns.transport
+                    ));
                 }
                 if !self.credentials.contains_key(&ns.credentials) {
                     return bad(format!(

@@ -30,6 +30,8 @@ fn report(request_id: &str, r: &agent::TransferReport) -> TransferReport {
         bytes: r.bytes,
         data_path: match r.data_path {
             agent::DATA_PATH_HTTP => DataPath::Http as i32,
+            agent::DATA_PATH_RDMA => DataPath::Rdma as i32,
+            agent::DATA_PATH_RDMA_STAGED => DataPath::RdmaStaged as i32,
             _ => DataPath::Unspecified as i32,
         },
         fallback_reason: r.fallback_reason.clone(),

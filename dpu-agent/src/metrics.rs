@@ -105,6 +105,34 @@ impl Metrics {
         }
     }
 
+    /// Exposes the transport's descriptor rejections (wrong key, out of
+    /// window, wrong direction) as `sluice_agent_descriptor_rejections_total`.
+    pub fn watch_rejections(&self, table: std::sync::Arc<sluice_dataplane::CapabilityTable>) {
+        let c = prometheus::IntCounterVec::new(
+            Opts::new("descriptor_rejections_total", "Remote accesses refused by descriptor checks"),
+            &["reason"],
+        );
+        let Ok(c) = c else { return };
+        if self.registry.register(Box::new(c.clone())).is_err() {
+            return;
+        }
+        tokio::spawn(async move {
+            use std::sync::atomic::Ordering::Relaxed;
+            let r = &table.rejections;
+            loop {
+                for (reason, v) in [
+                    ("unknown_key", r.unknown_key.load(Relaxed)),
+                    ("out_of_window", r.out_of_window.load(Relaxed)),
+                    ("wrong_direction", r.wrong_direction.load(Relaxed)),
+                ] {
+                    let cur = c.with_label_values(&[reason]);
+                    cur.inc_by(v.saturating_sub(cur.get()));
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
+
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
         TextEncoder::new()

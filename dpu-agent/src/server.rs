@@ -11,10 +11,11 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tracing::info;
 
 use crate::agent::Agent;
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, DataPathMode};
 use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::metrics::Metrics;
+use sluice_dataplane::tcp::TcpOwner;
 
 /// Errors starting the agent.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +59,21 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
     let memory = ColocatedMemory::new();
-    let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone())?);
+    // The tcp data-plane transport runs when any namespace may use RDMA.
+    let wants_rdma = cfg.tenants.iter().flat_map(|t| &t.namespaces).any(|n| n.data_path != DataPathMode::Http);
+    let tcp = if wants_rdma {
+        let (owner, listener) =
+            TcpOwner::bind(cfg.dataplane.tcp_listen, cfg.dataplane.tcp_advertise).await.map_err(|source| {
+                ServeError::Bind { what: "tcp data plane", at: cfg.dataplane.tcp_listen.to_string(), source }
+            })?;
+        info!(addr = %owner.advertised(), "tcp data-plane transport listening");
+        metrics.watch_rejections(owner.table().clone());
+        tokio::spawn(owner.clone().serve(listener));
+        Some(owner)
+    } else {
+        None
+    };
+    let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone(), tcp)?);
 
     let mem_listener = bind_unix("memory socket", &cfg.memory_socket)?;
     tokio::spawn(memory.serve(mem_listener));

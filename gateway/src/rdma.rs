@@ -90,7 +90,8 @@ impl<S: S3> RdmaGateway<S> {
     fn rdma_ask(&self, headers: &HeaderMap, uri: &http::Uri) -> S3Result<Option<RdmaAsk>> {
         let Some(raw) = headers.get(TOKEN_HEADER) else { return Ok(None) };
         let raw = raw.to_str().map_err(|_| error("InvalidRDMAToken", StatusCode::BAD_REQUEST, "token is not ASCII"))?;
-        let token = Token::parse(raw.trim()).map_err(|e| error("InvalidRDMAToken", StatusCode::BAD_REQUEST, e.to_string()))?;
+        let token =
+            Token::parse(raw.trim()).map_err(|e| error("InvalidRDMAToken", StatusCode::BAD_REQUEST, e.to_string()))?;
         let signed = signed_headers(headers, uri);
         if !signed.iter().any(|h| h == TOKEN_HEADER) {
             return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-amz-rdma-token must be a SigV4 signed header"));
@@ -177,7 +178,11 @@ impl<S: S3> RdmaGateway<S> {
 
     fn check_empty_body(content_length: Option<i64>) -> S3Result<()> {
         if content_length.unwrap_or(0) != 0 {
-            return Err(error("InvalidRequest", StatusCode::BAD_REQUEST, "an RDMA PUT must have an empty body (Content-Length: 0)"));
+            return Err(error(
+                "InvalidRequest",
+                StatusCode::BAD_REQUEST,
+                "an RDMA PUT must have an empty body (Content-Length: 0)",
+            ));
         }
         Ok(())
     }

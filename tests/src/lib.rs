@@ -49,6 +49,10 @@ pub struct Options {
     /// Connect the shim to the agent over TCP (the DPU layout) instead of
     /// the agent's Unix socket.
     pub grpc_over_tcp: bool,
+    /// Extra settings for namespace "data" (e.g. `data_path = "rdma"`).
+    pub data_ns: String,
+    /// `[rdma]` section of the gateway config.
+    pub gateway_rdma: String,
 }
 
 impl Default for Options {
@@ -60,6 +64,8 @@ impl Default for Options {
             callers: None,
             gateway: true,
             grpc_over_tcp: false,
+            data_ns: String::new(),
+            gateway_rdma: String::new(),
         }
     }
 }
@@ -130,8 +136,8 @@ impl Stack {
         if opts.gateway {
             let cfg = d.join("gateway.toml");
             std::fs::write(&cfg, format!(
-                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
-                data_dir.display(), d.display())).expect("write config");
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n[rdma]\n{}\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
+                data_dir.display(), d.display(), opts.gateway_rdma)).expect("write config");
             let mut gw = spawn(&d, "sluice-gateway", &["--config", cfg.to_str().expect("utf8")]);
             let addr = wait_file(&d.join("gw.addr"), &mut gw, "sluice-gateway", &d.join("sluice-gateway.log"));
             gateway_addr = Some(addr.trim().parse().expect("gateway addr"));
@@ -145,8 +151,8 @@ impl Stack {
         let (ak, sk) = &opts.agent_credentials;
         let cfg = d.join("agent.toml");
         std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
-            opts.s3, endpoints.join(", "), d = d.display())).expect("write config");
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            opts.s3, endpoints.join(", "), opts.data_ns, endpoints.join(", "), d = d.display())).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs
@@ -166,7 +172,7 @@ impl Stack {
         let socket = d.join("shim.sock");
         let cfg = d.join("shim.toml");
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 1073741824\n{callers}",
+            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{callers}",
             socket.display(), d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
         let mut shim = spawn(&d, "sluice-shim", &["--config", cfg.to_str().expect("utf8")]);
         let t0 = Instant::now();

@@ -79,7 +79,7 @@ async fn namespaces_keys_and_regions_are_checked() {
     assert_eq!(c.get("data/two-mib", &r, 0, Some((0, Some(10)))).await.unwrap().bytes, 10);
 
     assert_eq!(code(c.register(0).await.unwrap_err()), Code::BadRequest);
-    assert_eq!(code(c.register(2 << 30).await.unwrap_err()), Code::ResourceExhausted);
+    assert_eq!(code(c.register(5 << 30).await.unwrap_err()), Code::ResourceExhausted);
 }
 
 #[tokio::test]

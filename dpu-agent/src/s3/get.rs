@@ -9,8 +9,10 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
+use super::rdma::{Fallback, Via};
 use super::request::Spec;
 use super::{error, ObjectStore, S3Error};
+use crate::config::DataPathMode;
 use crate::hostmem::HostRegion;
 
 /// What a GET moved.
@@ -23,9 +25,22 @@ pub struct GetOutcome {
     pub etag: String,
     /// S3 requests that carried data.
     pub parts: u32,
+    /// Parts that moved over RDMA.
+    pub rdma_parts: u32,
+    /// Parts that were meant for RDMA but went over HTTP, and why.
+    pub fallbacks: Vec<Fallback>,
 }
 
-type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<(), S3Error>> + Send + 'a>>;
+impl GetOutcome {
+    fn from_parts(bytes: u64, object_size: u64, etag: String, vias: Vec<Via>) -> Self {
+        let rdma_parts = vias.iter().filter(|v| matches!(v, Via::Rdma)).count() as u32;
+        let fallbacks =
+            vias.iter().filter_map(|v| if let Via::Fallback(f) = v { Some(f.clone()) } else { None }).collect();
+        Self { bytes, object_size, etag, parts: vias.len() as u32, rdma_parts, fallbacks }
+    }
+}
+
+type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<Via, S3Error>> + Send + 'a>>;
 
 /// Parses `Content-Range: bytes a-b/total`.
 fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
@@ -33,6 +48,14 @@ fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
     let (span, total) = rest.split_once('/')?;
     let (a, b) = span.split_once('-')?;
     Some((a.parse().ok()?, b.parse().ok()?, total.parse().ok()?))
+}
+
+/// The first HTTP response of a GET, which carries the first part.
+struct FirstPart {
+    resp: reqwest::Response,
+    body_start: u64,
+    /// End (exclusive) of what was asked for.
+    asked_end: u64,
 }
 
 impl ObjectStore {
@@ -53,20 +76,100 @@ impl ObjectStore {
         }
         let full = self.full_key(key);
         let part = self.tuning.get_part_size;
-        let first_len = length.unwrap_or(u64::MAX).min(part);
-        let first_end = start.saturating_add(first_len - 1);
         let base = self.next_base();
+        let rdma = self.rdma.as_ref();
 
-        // First request: learns the size and the ETag, and carries the first part.
-        let first = self
-            .retrying(|attempt| {
-                let full = &full;
-                async move {
-                    let spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
-                        .key(full)
-                        .header("range", format!("bytes={start}-{first_end}"));
-                    error::check(self.send(spec, request_id).await?, Some(full)).await
+        // Learn the size and ETag: with data_path = "rdma" from a HEAD (every
+        // byte then moves over RDMA), otherwise from a first ranged GET that
+        // also carries the first part.
+        let (object_size, etag, first) = if rdma.is_some_and(|r| r.mode == DataPathMode::Rdma) {
+            let meta = self.head(key, request_id).await?;
+            if start >= meta.size && !(start == 0 && meta.size == 0) {
+                return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
+            }
+            (meta.size, meta.etag, None)
+        } else {
+            match self.first_part(key, &full, start, length, base, request_id).await? {
+                Ok((size, etag, first)) => (size, etag, Some(first)),
+                Err(empty_etag) => (0, empty_etag, None),
+            }
+        };
+        let end = match length {
+            Some(l) => start.saturating_add(l).min(object_size),
+            None => object_size,
+        };
+        let needed = end.saturating_sub(start);
+        if region.check(offset, needed).is_err() || offset > region.len() {
+            return Err(S3Error::DoesNotFit { needed, offset, region_len: region.len() });
+        }
+        if needed == 0 {
+            return Ok(GetOutcome::from_parts(0, object_size, etag, vec![Via::Http]));
+        }
+
+        let (full, etag) = (&full, &etag);
+        let mut futs: Vec<PartFuture<'_>> = Vec::new();
+        let mut pos = start;
+        if let Some(FirstPart { resp, body_start, asked_end }) = first {
+            let cover = asked_end.min(end);
+            futs.push(Box::pin(async move {
+                match stream_body(resp, region, offset, cover - body_start).await {
+                    Ok(()) => Ok(Via::Http),
+                    Err(e) if e.is_retryable() => {
+                        tracing::warn!(error = %e, "first part broke; re-fetching it");
+                        self.fetch_range(full, start, cover, etag, region, offset, base, request_id)
+                            .await
+                            .map(|()| Via::Http)
+                    }
+                    Err(e) => Err(e),
                 }
+            }));
+            pos = cover;
+        }
+        let mut i = 1usize;
+        while pos < end {
+            let stop = pos.saturating_add(part).min(end);
+            let use_rdma = rdma.filter(|r| r.mode == DataPathMode::Rdma || stop - pos >= r.min_bytes);
+            let (from, dst) = (pos, offset + (pos - start));
+            futs.push(Box::pin(async move {
+                if let Some(r) = use_rdma {
+                    match self.get_part_rdma(r, full, from, stop, etag, region, dst, base + i, request_id).await? {
+                        None => return Ok(Via::Rdma),
+                        Some(f) => {
+                            tracing::warn!(kind = f.kind, reason = %f.message, from, to = stop, "RDMA GET part fell back to HTTP");
+                            self.fetch_range(full, from, stop, etag, region, dst, base + i, request_id).await?;
+                            return Ok(Via::Fallback(f));
+                        }
+                    }
+                }
+                self.fetch_range(full, from, stop, etag, region, dst, base + i, request_id).await.map(|()| Via::Http)
+            }));
+            pos = stop;
+            i += 1;
+        }
+        let vias: Vec<Via> =
+            futures::stream::iter(futs).buffer_unordered(self.tuning.max_concurrency).try_collect().await?;
+        Ok(GetOutcome::from_parts(needed, object_size, etag.clone(), vias))
+    }
+
+    /// The first ranged GET. `Ok(Err(etag))` for an empty object (whose
+    /// range is unsatisfiable), confirmed by HEAD.
+    async fn first_part(
+        &self,
+        key: &str,
+        full: &str,
+        start: u64,
+        length: Option<u64>,
+        base: usize,
+        request_id: &str,
+    ) -> Result<Result<(u64, String, FirstPart), String>, S3Error> {
+        let first_len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size);
+        let first_end = start.saturating_add(first_len - 1);
+        let first = self
+            .retrying(|attempt| async move {
+                let spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
+                    .key(full)
+                    .header("range", format!("bytes={start}-{first_end}"));
+                error::check(self.send(spec, request_id).await?, Some(full)).await
             })
             .await;
         let resp = match first {
@@ -77,14 +180,10 @@ impl ObjectStore {
                 if meta.size != 0 {
                     return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
                 }
-                if offset > region.len() {
-                    return Err(S3Error::DoesNotFit { needed: 0, offset, region_len: region.len() });
-                }
-                return Ok(GetOutcome { bytes: 0, object_size: 0, etag: meta.etag, parts: 1 });
+                return Ok(Err(meta.etag));
             }
             Err(e) => return Err(e),
         };
-
         let headers = resp.headers();
         let etag = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
         let content_length: Option<u64> =
@@ -105,44 +204,7 @@ impl ObjectStore {
             let len = content_length.ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
             (0, len)
         };
-        let end = match length {
-            Some(l) => start.saturating_add(l).min(object_size),
-            None => object_size,
-        };
-        let needed = end - start;
-        if region.check(offset, needed).is_err() {
-            return Err(S3Error::DoesNotFit { needed, offset, region_len: region.len() });
-        }
-        let first_cover = (first_end + 1).min(end);
-        let (full, etag) = (&full, &etag);
-
-        // The first body streams while the other parts run.
-        let first_fut: PartFuture<'_> = Box::pin(async move {
-            match stream_body(resp, region, offset, first_cover - body_start).await {
-                Ok(()) => Ok(()),
-                Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e, "first part broke; re-fetching it");
-                    self.fetch_range(full, start, first_cover, etag, region, offset, base, request_id).await
-                }
-                Err(e) => Err(e),
-            }
-        });
-        let mut futs = vec![first_fut];
-        let mut pos = first_cover;
-        let mut i = 1usize;
-        while pos < end {
-            let stop = pos.saturating_add(part).min(end);
-            let dst = offset + (pos - start);
-            let from = pos;
-            futs.push(Box::pin(async move {
-                self.fetch_range(full, from, stop, etag, region, dst, base + i, request_id).await
-            }));
-            pos = stop;
-            i += 1;
-        }
-        let parts = futs.len() as u32;
-        futures::stream::iter(futs).buffer_unordered(self.tuning.max_concurrency).try_collect::<Vec<()>>().await?;
-        Ok(GetOutcome { bytes: needed, object_size, etag: etag.clone(), parts })
+        Ok(Ok((object_size, etag, FirstPart { resp, body_start, asked_end: first_end + 1 })))
     }
 
     /// Fetches `[from, to)` into `region` at `dst`, with retries. `If-Match`

@@ -5,6 +5,7 @@
 mod error;
 mod get;
 mod put;
+pub mod rdma;
 mod request;
 mod xml;
 
@@ -30,6 +31,10 @@ pub struct ObjectStore {
     tuning: S3Tuning,
     next_endpoint: AtomicUsize,
     retries: prometheus::IntCounter,
+    /// The tenant this store serves (descriptors are bound to it).
+    tenant: String,
+    /// The RDMA data path, when the namespace uses one.
+    rdma: Option<rdma::RdmaPath>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -54,13 +59,16 @@ pub fn http_client(tuning: &S3Tuning) -> Result<reqwest::Client, S3Error> {
 }
 
 impl ObjectStore {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         http: reqwest::Client,
         ns: &NamespaceConfig,
+        tenant: &str,
         access_key: String,
         secret_key: String,
         tuning: S3Tuning,
         retries: prometheus::IntCounter,
+        rdma: Option<rdma::RdmaPath>,
     ) -> Self {
         Self {
             http,
@@ -72,7 +80,28 @@ impl ObjectStore {
             tuning,
             next_endpoint: AtomicUsize::new(0),
             retries,
+            tenant: tenant.to_owned(),
+            rdma,
         }
+    }
+
+    /// Where bytes go: the host region itself or a staging buffer.
+    pub fn placement(&self) -> crate::config::Placement {
+        self.rdma.as_ref().map_or(crate::config::Placement::Direct, |r| r.placement)
+    }
+
+    /// The configured data path, as a metrics label.
+    pub fn data_path_label(&self) -> &'static str {
+        if self.rdma.is_some() {
+            crate::agent::DATA_PATH_RDMA
+        } else {
+            crate::agent::DATA_PATH_HTTP
+        }
+    }
+
+    /// The RDMA path to use for a transfer of `len` bytes, if any.
+    fn rdma_for(&self, len: u64) -> Option<&rdma::RdmaPath> {
+        self.rdma.as_ref().filter(|r| len > 0 && (r.mode == crate::config::DataPathMode::Rdma || len >= r.min_bytes))
     }
 
     /// The key as stored: the namespace prefix plus the tenant's key.

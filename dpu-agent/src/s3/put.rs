@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 
+use super::rdma::{Fallback, Via};
 use super::request::{Payload, Spec};
 use super::{error, xml, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
@@ -20,6 +21,24 @@ pub struct PutOutcome {
     pub etag: String,
     /// S3 requests that carried data (1, or the number of parts).
     pub parts: u32,
+    /// Parts that moved over RDMA.
+    pub rdma_parts: u32,
+    /// Parts meant for RDMA that went over HTTP, and why.
+    pub fallbacks: Vec<Fallback>,
+}
+
+impl PutOutcome {
+    fn from_parts(etag: String, vias: &[Via]) -> Self {
+        Self {
+            etag,
+            parts: vias.len() as u32,
+            rdma_parts: vias.iter().filter(|v| matches!(v, Via::Rdma)).count() as u32,
+            fallbacks: vias
+                .iter()
+                .filter_map(|v| if let Via::Fallback(f) = v { Some(f.clone()) } else { None })
+                .collect(),
+        }
+    }
 }
 
 /// A streamed body over `[offset, offset+len)` of the region.
@@ -60,6 +79,16 @@ impl ObjectStore {
             return self.put_multipart(&full, region, offset, len, content_type, request_id).await;
         }
         let base = self.next_base();
+        let mut via = Via::Http;
+        if let Some(r) = self.rdma_for(len) {
+            match self.put_rdma(r, &full, None, region, offset, len, content_type, base, request_id).await? {
+                Ok(etag) => return Ok(PutOutcome::from_parts(etag, &[Via::Rdma])),
+                Err(f) => {
+                    tracing::warn!(kind = f.kind, reason = %f.message, "RDMA PUT fell back to HTTP");
+                    via = Via::Fallback(f);
+                }
+            }
+        }
         let etag = self
             .retrying(|attempt| {
                 let full = &full;
@@ -75,7 +104,7 @@ impl ObjectStore {
                 }
             })
             .await?;
-        Ok(PutOutcome { etag, parts: 1 })
+        Ok(PutOutcome::from_parts(etag, &[via]))
     }
 
     async fn put_multipart(
@@ -107,6 +136,16 @@ impl ObjectStore {
             let from = i * part;
             let n = part.min(len - from);
             let number = (i + 1).to_string();
+            let mut via = Via::Http;
+            if let Some(r) = self.rdma_for(n) {
+                match self.put_rdma(r, full, Some((i + 1, upload)), region, offset + from, n, "", base + i as usize, request_id).await? {
+                    Ok(etag) => return Ok((i, etag, Via::Rdma)),
+                    Err(f) => {
+                        tracing::warn!(kind = f.kind, reason = %f.message, part = i + 1, "RDMA UploadPart fell back to HTTP");
+                        via = Via::Fallback(f);
+                    }
+                }
+            }
             let etag = self
                 .retrying(|attempt| {
                     let number = number.clone();
@@ -121,9 +160,9 @@ impl ObjectStore {
                     }
                 })
                 .await?;
-            Ok::<_, S3Error>((i, etag))
+            Ok::<_, S3Error>((i, etag, via))
         });
-        let result: Result<Vec<(u64, String)>, S3Error> =
+        let result: Result<Vec<(u64, String, Via)>, S3Error> =
             futures::stream::iter(uploads).buffer_unordered(self.tuning.max_concurrency).try_collect().await;
         let mut etags = match result {
             Ok(v) => v,
@@ -132,8 +171,9 @@ impl ObjectStore {
                 return Err(e);
             }
         };
-        etags.sort_by_key(|(i, _)| *i);
-        let etags: Vec<String> = etags.into_iter().map(|(_, e)| e).collect();
+        etags.sort_by_key(|(i, _, _)| *i);
+        let vias: Vec<Via> = etags.iter().map(|(_, _, v)| v.clone()).collect();
+        let etags: Vec<String> = etags.into_iter().map(|(_, e, _)| e).collect();
         let body = Bytes::from(xml::complete_body(&etags));
         let done = self
             .retrying(|attempt| {
@@ -150,7 +190,7 @@ impl ObjectStore {
             })
             .await;
         match done {
-            Ok(etag) => Ok(PutOutcome { etag, parts: count as u32 }),
+            Ok(etag) => Ok(PutOutcome::from_parts(etag, &vias)),
             Err(e) => {
                 self.abort_multipart(full, upload, base, request_id).await;
                 Err(e)
