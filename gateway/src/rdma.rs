@@ -17,7 +17,8 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 use sluice_dataplane::tcp::TcpRemote;
-use sluice_dataplane::{Token, TransportKind, TRANSPORT_HEADER};
+use base64::Engine;
+use sluice_dataplane::{Token, TransportError, TransportKind, TRANSPORT_HEADER};
 use tracing::{info, warn};
 
 pub const TOKEN_HEADER: &str = "x-amz-rdma-token";
@@ -33,6 +34,13 @@ pub struct RdmaStats {
     pub bytes: AtomicU64,
     pub declined: AtomicU64,
     pub failed: AtomicU64,
+}
+
+/// What went wrong while an RDMA PUT body streamed.
+#[derive(Debug, Default)]
+struct PutFlags {
+    transport_failed: AtomicBool,
+    bad_digest: AtomicBool,
 }
 
 /// The RDMA-capable wrapper.
@@ -166,14 +174,53 @@ impl<S: S3> RdmaGateway<S> {
     }
 
     /// The body of an RDMA PUT/UploadPart: READ from the client's window.
-    fn rdma_body(&self, token: &Token, failed: Arc<AtomicBool>) -> StreamingBlob {
-        let stream = self.tcp().read_stream(token, token.size).map(move |r| {
-            if r.is_err() {
-                failed.store(true, Ordering::Relaxed);
+    /// With `x-amz-checksum-crc64nvme`, the CRC is checked as the bytes pass
+    /// and a mismatch fails the body at its end, so the backend never commits
+    /// the object.
+    fn rdma_body(&self, token: &Token, expected_crc: Option<String>, flags: Arc<PutFlags>) -> StreamingBlob {
+        struct St {
+            inner: Pin<Box<dyn futures::Stream<Item = Result<bytes::Bytes, TransportError>> + Send + Sync>>,
+            digest: crc64fast_nvme::Digest,
+            expected: Option<String>,
+            done: bool,
+            flags: Arc<PutFlags>,
+        }
+        let st = St {
+            inner: Box::pin(self.tcp().read_stream(token, token.size)),
+            digest: crc64fast_nvme::Digest::new(),
+            expected: expected_crc,
+            done: false,
+            flags,
+        };
+        let checked = futures::stream::unfold(st, |mut st| async move {
+            if st.done {
+                return None;
             }
-            r
+            match st.inner.next().await {
+                Some(Ok(b)) => {
+                    st.digest.write(&b);
+                    Some((Ok(b), st))
+                }
+                Some(Err(e)) => {
+                    st.flags.transport_failed.store(true, Ordering::Relaxed);
+                    st.done = true;
+                    Some((Err(e), st))
+                }
+                None => {
+                    st.done = true;
+                    let got = base64::engine::general_purpose::STANDARD.encode(st.digest.sum64().to_be_bytes());
+                    match &st.expected {
+                        Some(want) if *want != got => {
+                            st.flags.bad_digest.store(true, Ordering::Relaxed);
+                            let e = TransportError::Protocol(format!("crc64nvme mismatch: sent {want}, read {got}"));
+                            Some((Err(e), st))
+                        }
+                        _ => None,
+                    }
+                }
+            }
         });
-        StreamingBlob::wrap(stream)
+        StreamingBlob::wrap(checked)
     }
 
     fn check_empty_body(content_length: Option<i64>) -> S3Result<()> {
@@ -187,9 +234,12 @@ impl<S: S3> RdmaGateway<S> {
         Ok(())
     }
 
-    fn finish_put<T>(&self, res: S3Result<S3Response<T>>, failed: &AtomicBool, len: u64) -> S3Result<S3Response<T>> {
+    fn finish_put<T>(&self, res: S3Result<S3Response<T>>, flags: &PutFlags, len: u64) -> S3Result<S3Response<T>> {
         match res {
-            Err(_) if failed.load(Ordering::Relaxed) => {
+            Err(_) if flags.bad_digest.load(Ordering::Relaxed) => {
+                Err(error("BadDigest", StatusCode::BAD_REQUEST, "x-amz-checksum-crc64nvme does not match the bytes read"))
+            }
+            Err(_) if flags.transport_failed.load(Ordering::Relaxed) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, "RDMA READ from the client failed"))
             }
@@ -234,21 +284,25 @@ impl<S: S3> S3 for RdmaGateway<S> {
     async fn put_object(&self, mut req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
         let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else { return self.inner.put_object(req).await };
         Self::check_empty_body(req.input.content_length)?;
-        let failed = Arc::new(AtomicBool::new(false));
-        req.input.body = Some(self.rdma_body(&ask.token, failed.clone()));
+        let flags = Arc::new(PutFlags::default());
+        // Checked here, as the bytes stream; the backend need not hash again.
+        let crc = req.input.checksum_crc64nvme.take();
+        req.input.body = Some(self.rdma_body(&ask.token, crc, flags.clone()));
         req.input.content_length = Some(ask.token.size as i64);
         let res = self.inner.put_object(req).await;
-        self.finish_put(res, &failed, ask.token.size)
+        self.finish_put(res, &flags, ask.token.size)
     }
 
     async fn upload_part(&self, mut req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
         let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else { return self.inner.upload_part(req).await };
         Self::check_empty_body(req.input.content_length)?;
-        let failed = Arc::new(AtomicBool::new(false));
-        req.input.body = Some(self.rdma_body(&ask.token, failed.clone()));
+        let flags = Arc::new(PutFlags::default());
+        // Checked here, as the bytes stream; the backend need not hash again.
+        let crc = req.input.checksum_crc64nvme.take();
+        req.input.body = Some(self.rdma_body(&ask.token, crc, flags.clone()));
         req.input.content_length = Some(ask.token.size as i64);
         let res = self.inner.upload_part(req).await;
-        self.finish_put(res, &failed, ask.token.size)
+        self.finish_put(res, &flags, ask.token.size)
     }
 
     delegate! {

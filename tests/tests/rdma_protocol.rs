@@ -1,0 +1,205 @@
+//! The gateway's side of the S3-over-RDMA protocol, probed with a plain
+//! SigV4-signed HTTP client and a memory owner in this test process.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use aws_sigv4::http_request::{sign, PayloadChecksumKind, SignableBody, SignableRequest, SigningSettings};
+use aws_sigv4::sign::v4;
+use sluice_dataplane::tcp::TcpOwner;
+use sluice_dataplane::{Access, Grant, SharedRegion, Token, Transport};
+use sluice_tests::{boto3, pattern, sha256, Stack, ACCESS_KEY, SECRET_KEY};
+
+struct Probe {
+    base: String,
+    host: String,
+    http: reqwest::Client,
+}
+
+impl Probe {
+    fn new(stack: &Stack) -> Self {
+        let gw = stack.gateway_addr.unwrap();
+        Self { base: format!("http://{gw}"), host: gw.to_string(), http: reqwest::Client::new() }
+    }
+
+    /// Sends a request signed over `signed` headers; `unsigned` headers are
+    /// added after signing.
+    async fn send(&self, method: &str, path: &str, signed: &[(&str, String)], unsigned: &[(&str, String)], body: Vec<u8>) -> reqwest::Response {
+        let url = format!("{}{path}", self.base);
+        let mut headers: Vec<(&str, String)> = vec![("host", self.host.clone()), ("content-length", body.len().to_string())];
+        headers.extend(signed.iter().cloned());
+        let identity = aws_credential_types::Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test").into();
+        let mut settings = SigningSettings::default();
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region("us-east-1")
+            .name("s3")
+            .time(SystemTime::now())
+            .settings(settings)
+            .build()
+            .unwrap()
+            .into();
+        let signable = SignableRequest::new(method, url.as_str(), headers.iter().map(|(n, v)| (*n, v.as_str())), SignableBody::UnsignedPayload).unwrap();
+        let (instructions, _) = sign(signable, &params).unwrap().into_parts();
+        let mut rb = self.http.request(method.parse().unwrap(), &url);
+        for (n, v) in headers.iter().chain(unsigned.iter()) {
+            if *n != "host" {
+                rb = rb.header(*n, v);
+            }
+        }
+        for (n, v) in instructions.headers() {
+            rb = rb.header(n, v);
+        }
+        rb.body(body).send().await.unwrap()
+    }
+}
+
+fn h(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers().get(name).map(|v| v.to_str().unwrap().to_owned())
+}
+
+async fn owner() -> (Arc<TcpOwner>, Arc<SharedRegion>) {
+    let (o, l) = TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
+    tokio::spawn(o.clone().serve(l));
+    (o, Arc::new(SharedRegion(sluice_shm::MappedRegion::create("probe", 64 << 10).unwrap())))
+}
+
+fn grant(mem: &Arc<SharedRegion>, offset: u64, len: u64, access: Access) -> Grant {
+    Grant { memory: mem.clone(), offset, len, access, tenant: "t".into(), request_id: "probe".into() }
+}
+
+fn tcp(token: &Token) -> Vec<(&'static str, String)> {
+    vec![("x-amz-rdma-token", token.to_string()), ("x-sluice-rdma-transport", "tcp".into())]
+}
+
+#[tokio::test]
+async fn gateway_speaks_the_protocol() {
+    let stack = Stack::start();
+    let p = Probe::new(&stack);
+    let (o, mem) = owner().await;
+    let obj = pattern(5000, 1);
+    let src = stack.dir.path().join("obj");
+    std::fs::write(&src, &obj).unwrap();
+    boto3(stack.gateway_addr.unwrap(), &["put", "data", "proto/obj", src.to_str().unwrap()]);
+    let untouched = |mem: &SharedRegion, from: usize, to: usize| mem.0.as_slice()[from..to].iter().all(|&b| b == 0);
+
+    // A good GET: the object lands in the window, the body is empty.
+    let exp = o.expose(grant(&mem, 4096, 8192, Access::RemoteWrite)).unwrap();
+    let r = p.send("GET", "/data/proto/obj", &tcp(&exp.token), &[], vec![]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h(&r, "x-amz-rdma-reply").as_deref(), Some("200"));
+    assert_eq!(h(&r, "x-amz-rdma-bytes-transferred").as_deref(), Some("5000"));
+    assert_eq!(h(&r, "x-amz-rdma-bytes").as_deref(), Some("5000"));
+    assert!(h(&r, "etag").is_some());
+    assert_eq!(r.bytes().await.unwrap().len(), 0);
+    assert_eq!(&mem.0.as_slice()[4096..9096], &obj[..]);
+    assert!(untouched(&mem, 0, 4096) && untouched(&mem, 9096, 64 << 10));
+    drop(exp);
+
+    // A ranged GET answers 206.
+    mem.0.fill(0, 64 << 10, 0).unwrap();
+    let exp = o.expose(grant(&mem, 0, 100, Access::RemoteWrite)).unwrap();
+    let mut signed = tcp(&exp.token);
+    signed.push(("range", "bytes=10-109".into()));
+    let r = p.send("GET", "/data/proto/obj", &signed, &[], vec![]).await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(h(&r, "x-amz-rdma-reply").as_deref(), Some("206"));
+    assert_eq!(h(&r, "content-range").as_deref(), Some("bytes 10-109/5000"));
+    assert_eq!(&mem.0.as_slice()[..100], &obj[10..110]);
+    drop(exp);
+
+    // A window smaller than the object: only the window is written.
+    mem.0.fill(0, 64 << 10, 0).unwrap();
+    let exp = o.expose(grant(&mem, 1000, 1000, Access::RemoteWrite)).unwrap();
+    let r = p.send("GET", "/data/proto/obj", &tcp(&exp.token), &[], vec![]).await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(h(&r, "x-amz-rdma-bytes-transferred").as_deref(), Some("1000"));
+    assert_eq!(&mem.0.as_slice()[1000..2000], &obj[..1000]);
+    assert!(untouched(&mem, 0, 1000) && untouched(&mem, 2000, 64 << 10));
+
+    // Forged descriptors: a suffix outside the window, a wrong key, a
+    // direction the grant does not allow. All refused; nothing written.
+    mem.0.fill(0, 64 << 10, 0).unwrap();
+    let before = o.table().rejections.total();
+    let forged = exp.token.with_transfer(exp.token.addr + 500, 5000);
+    let r = p.send("GET", "/data/proto/obj", &tcp(&forged), &[], vec![]).await;
+    assert_eq!(r.status(), 500);
+    assert!(r.text().await.unwrap().contains("RDMATransferFailed"));
+    let mut wrong = exp.token;
+    wrong.rkey ^= 1;
+    assert_eq!(p.send("GET", "/data/proto/obj", &tcp(&wrong), &[], vec![]).await.status(), 500);
+    let reader = o.expose(grant(&mem, 0, 8192, Access::RemoteRead)).unwrap();
+    assert_eq!(p.send("GET", "/data/proto/obj", &tcp(&reader.token), &[], vec![]).await.status(), 500);
+    assert!(untouched(&mem, 0, 64 << 10), "refused accesses wrote nothing");
+    assert_eq!(o.table().rejections.total() - before, 3);
+    drop(exp);
+    // A revoked descriptor (replay) is refused too.
+    let exp = o.expose(grant(&mem, 0, 8192, Access::RemoteWrite)).unwrap();
+    let replay = exp.token;
+    drop(exp);
+    assert_eq!(p.send("GET", "/data/proto/obj", &tcp(&replay), &[], vec![]).await.status(), 500);
+
+    // Malformed token: 400 InvalidRDMAToken, no reply header.
+    let r = p.send("GET", "/data/proto/obj", &[("x-amz-rdma-token", "not-a-token".into())], &[], vec![]).await;
+    assert_eq!(r.status(), 400);
+    assert!(h(&r, "x-amz-rdma-reply").is_none());
+    assert!(r.text().await.unwrap().contains("InvalidRDMAToken"));
+
+    // Token header outside SignedHeaders: 403.
+    let r = p.send("GET", "/data/proto/obj", &[], &tcp(&replay), vec![]).await;
+    assert_eq!(r.status(), 403);
+
+    // A standard (DC) token on a machine without RDMA: 501, retry over HTTP.
+    let std_token = vec![("x-amz-rdma-token", replay.to_string())];
+    let r = p.send("GET", "/data/proto/obj", &std_token, &[], vec![]).await;
+    assert_eq!(r.status(), 501);
+    assert_eq!(h(&r, "x-amz-rdma-reply").as_deref(), Some("501"));
+    let r = p.send("PUT", "/data/proto/dc-put", &std_token, &[], vec![]).await;
+    assert_eq!(h(&r, "x-amz-rdma-reply").as_deref(), Some("501"));
+    assert!(!stack.stored_file("data", "proto/dc-put").exists(), "a declined PUT stores nothing");
+}
+
+#[tokio::test]
+async fn rdma_put_reads_the_window_and_verifies_crc64nvme() {
+    let stack = Stack::start();
+    let p = Probe::new(&stack);
+    let (o, mem) = owner().await;
+    let data = pattern(30_000, 5);
+    mem.0.write_at(100, &data).unwrap();
+    let exp = o.expose(grant(&mem, 100, data.len() as u64, Access::RemoteRead)).unwrap();
+
+    // The right CRC-64/NVME: stored.
+    let crc = {
+        use base64::Engine;
+        let mut d = crc64fast_nvme::Digest::new();
+        d.write(&data);
+        base64::engine::general_purpose::STANDARD.encode(d.sum64().to_be_bytes())
+    };
+    let mut signed = tcp(&exp.token);
+    signed.push(("x-amz-checksum-crc64nvme", crc.clone()));
+    let r = p.send("PUT", "/data/proto/put", &signed, &[], vec![]).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let r = p.send("PUT", "/data/proto/put", &signed, &[], vec![]).await;
+    assert_eq!(h(&r, "x-amz-rdma-reply").as_deref(), Some("200"));
+    assert_eq!(h(&r, "x-amz-rdma-bytes-transferred").as_deref(), Some("30000"));
+    assert_eq!(sha256(&std::fs::read(stack.stored_file("data", "proto/put")).unwrap()), sha256(&data));
+
+    // A wrong CRC: rejected, nothing stored.
+    let mut signed = tcp(&exp.token);
+    signed.push(("x-amz-checksum-crc64nvme", "AAAAAAAAAAA=".into()));
+    let r = p.send("PUT", "/data/proto/bad-crc", &signed, &[], vec![]).await;
+    assert_eq!(r.status(), 400);
+    assert!(!stack.stored_file("data", "proto/bad-crc").exists());
+
+    // A body alongside a token: refused.
+    let r = p.send("PUT", "/data/proto/body", &tcp(&exp.token), &[], vec![1, 2, 3]).await;
+    assert_eq!(r.status(), 400);
+    assert!(!stack.stored_file("data", "proto/body").exists());
+
+    // A write-only grant cannot be read.
+    let w = o.expose(grant(&mem, 0, 1000, Access::RemoteWrite)).unwrap();
+    let r = p.send("PUT", "/data/proto/wrong-dir", &tcp(&w.token), &[], vec![]).await;
+    assert_eq!(r.status(), 500);
+    assert!(!stack.stored_file("data", "proto/wrong-dir").exists());
+}
