@@ -3,10 +3,13 @@
 Sluice's own S3 client, reads and writes the gateway directly.
 
 usage: s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY sha256 BUCKET KEY
+       s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY rdma-get BUCKET KEY TOKEN
+       s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY rdma-put BUCKET KEY TOKEN
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY put BUCKET KEY FILE
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY count BUCKET PREFIX
 """
 import hashlib
+import json
 import sys
 
 import boto3
@@ -32,6 +35,31 @@ def main() -> int:
         with open(rest[0], "rb") as f:
             s3.put_object(Bucket=bucket, Key=key, Body=f.read())
         print("ok")
+    elif cmd in ("rdma-get", "rdma-put"):
+        # A third-party client's view of S3 over RDMA: the token (and the
+        # tcp-transport marker) are added in a before-sign hook, so they are
+        # part of the SigV4 signature like any other header.
+        token = rest[0]
+
+        def add_token(request, **_):
+            request.headers["x-amz-rdma-token"] = token
+            request.headers["x-sluice-rdma-transport"] = "tcp"
+
+        op = "GetObject" if cmd == "rdma-get" else "PutObject"
+        s3.meta.events.register(f"before-sign.s3.{op}", add_token)
+        if cmd == "rdma-get":
+            resp = s3.get_object(Bucket=bucket, Key=key)
+            body_len = len(resp["Body"].read())
+        else:
+            resp = s3.put_object(Bucket=bucket, Key=key, Body=b"")
+            body_len = 0
+        h = resp["ResponseMetadata"]["HTTPHeaders"]
+        print(json.dumps({
+            "status": resp["ResponseMetadata"]["HTTPStatusCode"],
+            "reply": h.get("x-amz-rdma-reply"),
+            "bytes": h.get("x-amz-rdma-bytes-transferred"),
+            "body_len": body_len,
+        }))
     elif cmd == "count":
         n = 0
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):

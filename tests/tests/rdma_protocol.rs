@@ -203,3 +203,30 @@ async fn rdma_put_reads_the_window_and_verifies_crc64nvme() {
     assert_eq!(r.status(), 500);
     assert!(!stack.stored_file("data", "proto/wrong-dir").exists());
 }
+
+// Multi-threaded: boto3 runs as a blocking child process while this
+// process's memory owner serves the gateway's WRITE/READ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boto3_with_a_before_sign_hook_speaks_it_too() {
+    let stack = Stack::start();
+    let gw = stack.gateway_addr.unwrap();
+    let (o, mem) = owner().await;
+    let obj = pattern(20_000, 3);
+    let src = stack.dir.path().join("obj");
+    std::fs::write(&src, &obj).unwrap();
+    boto3(gw, &["put", "data", "b3/obj", src.to_str().unwrap()]);
+
+    let exp = o.expose(grant(&mem, 512, 20_000, Access::RemoteWrite)).unwrap();
+    let out: serde_json::Value = serde_json::from_str(&boto3(gw, &["rdma-get", "data", "b3/obj", &exp.token.to_string()])).unwrap();
+    assert_eq!(out["status"], 200);
+    assert_eq!(out["reply"], "200");
+    assert_eq!(out["bytes"], "20000");
+    assert_eq!(out["body_len"], 0);
+    assert_eq!(&mem.0.as_slice()[512..20_512], &obj[..]);
+    drop(exp);
+
+    let exp = o.expose(grant(&mem, 512, 20_000, Access::RemoteRead)).unwrap();
+    let out: serde_json::Value = serde_json::from_str(&boto3(gw, &["rdma-put", "data", "b3/copy", &exp.token.to_string()])).unwrap();
+    assert_eq!(out["reply"], "200");
+    assert_eq!(std::fs::read(stack.stored_file("data", "b3/copy")).unwrap(), obj);
+}
