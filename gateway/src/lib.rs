@@ -157,7 +157,11 @@ impl Gateway {
         if cfg.rdma.max_op_bytes == 0 || cfg.rdma.max_op_bytes > sluice_dataplane::MAX_OP_BYTES {
             return Err(GatewayError::Invalid("rdma.max_op_bytes must be between 1 and 1 GiB".into()));
         }
-        let rdma = rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes);
+        let root = cfg
+            .data_dir
+            .canonicalize()
+            .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
+        let rdma = rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes, Some(root));
         let mut builder = S3ServiceBuilder::new(rdma);
         builder.set_auth(auth);
         let service = builder.build();

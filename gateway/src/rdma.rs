@@ -8,18 +8,19 @@
 //! Every other request passes through untouched.
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use base64::Engine;
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 use sluice_dataplane::tcp::TcpRemote;
-use base64::Engine;
 use sluice_dataplane::{Token, TransportError, TransportKind, TRANSPORT_HEADER};
-use tracing::{info, warn};
+use tracing::warn;
 
 pub const TOKEN_HEADER: &str = "x-amz-rdma-token";
 pub const REPLY_HEADER: &str = "x-amz-rdma-reply";
@@ -47,6 +48,9 @@ struct PutFlags {
 pub struct RdmaGateway<S> {
     inner: S,
     tcp: Option<TcpRemote>,
+    /// When the backend is the local directory store: its root, for reading
+    /// object files directly (large reads; `sendfile` for RDMA WRITEs).
+    local_root: Option<PathBuf>,
     pub stats: Arc<RdmaStats>,
 }
 
@@ -54,9 +58,49 @@ impl<S: S3> RdmaGateway<S> {
     /// `tcp`: serve Sluice's `tcp` software transport, with operations of at
     /// most `max_op` bytes. Standard (mlx5 DC) tokens need an RDMA device,
     /// which this build does not drive yet: they are declined with 501.
-    pub fn new(inner: S, tcp: bool, max_op: u64) -> Self {
-        Self { inner, tcp: tcp.then(|| TcpRemote::new(max_op)), stats: Arc::default() }
+    pub fn new(inner: S, tcp: bool, max_op: u64, local_root: Option<PathBuf>) -> Self {
+        Self { inner, tcp: tcp.then(|| TcpRemote::new(max_op)), local_root, stats: Arc::default() }
     }
+
+    /// The object's file in the local store, if it is the one the backend
+    /// just described (same length), with the span to read.
+    fn local_file(&self, bucket: &str, key: &str, out: &GetObjectOutput) -> Option<(std::fs::File, u64, u64)> {
+        let root = self.local_root.as_ref()?;
+        let file = std::fs::File::open(root.join(bucket).join(key)).ok()?;
+        let file_len = file.metadata().ok()?.len();
+        let len = out.content_length? as u64;
+        let (start, total) = match out.content_range.as_deref() {
+            Some(cr) => (parse_range_start(cr)?, cr.rsplit('/').next()?.parse().ok()?),
+            None => (0, len),
+        };
+        // A file replaced since the backend opened it: use the backend's body.
+        (file_len == total).then_some((file, start, len))
+    }
+}
+
+/// A file span as a body stream, read in large blocks off the async threads.
+fn file_stream(
+    file: std::fs::File,
+    start: u64,
+    len: u64,
+) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send + Sync + 'static {
+    const BLOCK: u64 = 1 << 20;
+    let file = Arc::new(file);
+    futures::stream::try_unfold((file, start, len), |(file, pos, left)| async move {
+        if left == 0 {
+            return Ok(None);
+        }
+        let n = left.min(BLOCK) as usize;
+        let f = file.clone();
+        let buf = tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::FileExt;
+            let mut b = vec![0u8; n];
+            f.read_exact_at(&mut b, pos).map(|()| b)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        Ok(Some((bytes::Bytes::from(buf), (file, pos + n as u64, left - n as u64))))
+    })
 }
 
 fn error(code: &str, status: StatusCode, msg: impl Into<String>) -> S3Error {
@@ -136,15 +180,25 @@ impl<S: S3> RdmaGateway<S> {
         h
     }
 
-    async fn rdma_get(&self, req: S3Request<GetObjectInput>, ask: RdmaAsk) -> S3Result<S3Response<GetObjectOutput>> {
-        let mut resp = self.inner.get_object(req).await?;
+    async fn rdma_get(
+        &self,
+        mut resp: S3Response<GetObjectOutput>,
+        local: Option<(std::fs::File, u64, u64)>,
+        ask: RdmaAsk,
+    ) -> S3Result<S3Response<GetObjectOutput>> {
         let out = &mut resp.output;
         let len = out.content_length.unwrap_or(0).max(0) as u64;
         // Never more than the client's window; a short window makes this a
         // partial transfer, said in bytes-transferred and Content-Range.
         let n = len.min(ask.token.size);
         let body = out.body.take().map(|b| b.boxed()).unwrap_or_else(|| futures::stream::empty().boxed());
-        let moved = self.tcp().write_stream(&ask.token, n, body).await;
+        let moved = match local {
+            Some((file, start, _)) => {
+                drop(body);
+                self.tcp().write_file(&ask.token, &file, start, n).await
+            }
+            None => self.tcp().write_stream(&ask.token, n, body).await,
+        };
         let moved = match moved {
             Ok(m) => m,
             Err(e) => {
@@ -169,7 +223,7 @@ impl<S: S3> RdmaGateway<S> {
         out.content_length = Some(0);
         resp.status = Some(if partial { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK });
         resp.headers.extend(Self::reply_headers(if partial { 206 } else { 200 }, moved));
-        info!(bytes = moved, "served GET over RDMA (tcp)");
+        tracing::debug!(bytes = moved, "served GET over RDMA (tcp)");
         Ok(resp)
     }
 
@@ -236,9 +290,11 @@ impl<S: S3> RdmaGateway<S> {
 
     fn finish_put<T>(&self, res: S3Result<S3Response<T>>, flags: &PutFlags, len: u64) -> S3Result<S3Response<T>> {
         match res {
-            Err(_) if flags.bad_digest.load(Ordering::Relaxed) => {
-                Err(error("BadDigest", StatusCode::BAD_REQUEST, "x-amz-checksum-crc64nvme does not match the bytes read"))
-            }
+            Err(_) if flags.bad_digest.load(Ordering::Relaxed) => Err(error(
+                "BadDigest",
+                StatusCode::BAD_REQUEST,
+                "x-amz-checksum-crc64nvme does not match the bytes read",
+            )),
             Err(_) if flags.transport_failed.load(Ordering::Relaxed) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, "RDMA READ from the client failed"))
@@ -248,7 +304,7 @@ impl<S: S3> RdmaGateway<S> {
                 self.stats.puts.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes.fetch_add(len, Ordering::Relaxed);
                 resp.headers.extend(Self::reply_headers(200, len));
-                info!(bytes = len, "served PUT over RDMA (tcp)");
+                tracing::debug!(bytes = len, "served PUT over RDMA (tcp)");
                 Ok(resp)
             }
         }
@@ -275,9 +331,18 @@ macro_rules! delegate {
 #[async_trait::async_trait]
 impl<S: S3> S3 for RdmaGateway<S> {
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
-        match self.rdma_ask(&req.headers, &req.uri)? {
-            None => self.inner.get_object(req).await,
-            Some(ask) => self.rdma_get(req, ask).await,
+        let ask = self.rdma_ask(&req.headers, &req.uri)?;
+        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
+        let mut resp = self.inner.get_object(req).await?;
+        let local = self.local_file(&bucket, &key, &resp.output);
+        match ask {
+            Some(ask) => self.rdma_get(resp, local, ask).await,
+            None => {
+                if let Some((file, start, len)) = local {
+                    resp.output.body = Some(StreamingBlob::wrap(file_stream(file, start, len)));
+                }
+                Ok(resp)
+            }
         }
     }
 

@@ -13,11 +13,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Directory holding the workspace binaries (next to the test executable).
+/// Directory holding the workspace binaries: next to this executable
+/// (target/<profile>/deps/<test> -> target/<profile>; a benchmark binary
+/// already lives in target/<profile>). `SLUICE_BIN_DIR` overrides.
 pub fn bin_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("SLUICE_BIN_DIR") {
+        return PathBuf::from(d);
+    }
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/<test> -> target/<profile>
-    exe.parent().and_then(Path::parent).expect("test executable lives in target/<profile>/deps").to_owned()
+    let dir = exe.parent().expect("executable has a directory");
+    if dir.ends_with("deps") {
+        dir.parent().expect("target/<profile>").to_owned()
+    } else {
+        dir.to_owned()
+    }
 }
 
 /// Path of a workspace binary; panics with a clear message if not built.

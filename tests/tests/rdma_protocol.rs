@@ -24,9 +24,17 @@ impl Probe {
 
     /// Sends a request signed over `signed` headers; `unsigned` headers are
     /// added after signing.
-    async fn send(&self, method: &str, path: &str, signed: &[(&str, String)], unsigned: &[(&str, String)], body: Vec<u8>) -> reqwest::Response {
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        signed: &[(&str, String)],
+        unsigned: &[(&str, String)],
+        body: Vec<u8>,
+    ) -> reqwest::Response {
         let url = format!("{}{path}", self.base);
-        let mut headers: Vec<(&str, String)> = vec![("host", self.host.clone()), ("content-length", body.len().to_string())];
+        let mut headers: Vec<(&str, String)> =
+            vec![("host", self.host.clone()), ("content-length", body.len().to_string())];
         headers.extend(signed.iter().cloned());
         let identity = aws_credential_types::Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test").into();
         let mut settings = SigningSettings::default();
@@ -40,7 +48,13 @@ impl Probe {
             .build()
             .unwrap()
             .into();
-        let signable = SignableRequest::new(method, url.as_str(), headers.iter().map(|(n, v)| (*n, v.as_str())), SignableBody::UnsignedPayload).unwrap();
+        let signable = SignableRequest::new(
+            method,
+            url.as_str(),
+            headers.iter().map(|(n, v)| (*n, v.as_str())),
+            SignableBody::UnsignedPayload,
+        )
+        .unwrap();
         let (instructions, _) = sign(signable, &params).unwrap().into_parts();
         let mut rb = self.http.request(method.parse().unwrap(), &url);
         for (n, v) in headers.iter().chain(unsigned.iter()) {
@@ -217,7 +231,8 @@ async fn boto3_with_a_before_sign_hook_speaks_it_too() {
     boto3(gw, &["put", "data", "b3/obj", src.to_str().unwrap()]);
 
     let exp = o.expose(grant(&mem, 512, 20_000, Access::RemoteWrite)).unwrap();
-    let out: serde_json::Value = serde_json::from_str(&boto3(gw, &["rdma-get", "data", "b3/obj", &exp.token.to_string()])).unwrap();
+    let out: serde_json::Value =
+        serde_json::from_str(&boto3(gw, &["rdma-get", "data", "b3/obj", &exp.token.to_string()])).unwrap();
     assert_eq!(out["status"], 200);
     assert_eq!(out["reply"], "200");
     assert_eq!(out["bytes"], "20000");
@@ -226,7 +241,8 @@ async fn boto3_with_a_before_sign_hook_speaks_it_too() {
     drop(exp);
 
     let exp = o.expose(grant(&mem, 512, 20_000, Access::RemoteRead)).unwrap();
-    let out: serde_json::Value = serde_json::from_str(&boto3(gw, &["rdma-put", "data", "b3/copy", &exp.token.to_string()])).unwrap();
+    let out: serde_json::Value =
+        serde_json::from_str(&boto3(gw, &["rdma-put", "data", "b3/copy", &exp.token.to_string()])).unwrap();
     assert_eq!(out["reply"], "200");
     assert_eq!(std::fs::read(stack.stored_file("data", "b3/copy")).unwrap(), obj);
 }

@@ -119,6 +119,49 @@ impl TcpRemote {
         Ok(done)
     }
 
+    /// WRITEs `len` bytes of `file` from `file_offset` into the descriptor's
+    /// window with `sendfile(2)`: the bytes go from the page cache to the
+    /// socket without passing through this process.
+    pub async fn write_file(
+        &self,
+        token: &Token,
+        file: &std::fs::File,
+        file_offset: u64,
+        len: u64,
+    ) -> Result<u64, TransportError> {
+        use std::os::fd::AsFd;
+        if len > token.size {
+            return Err(TransportError::Rejected(format!("{len} bytes do not fit the {}-byte window", token.size)));
+        }
+        let (addr, key) = Self::target(token)?;
+        let mut s = self.conn(addr).await?;
+        let mut done = 0u64;
+        while done < len {
+            let piece = (len - done).min(self.max_op);
+            s.write_all(&Header { op: Op::Write, key, addr: token.addr + done, len: piece }.encode()).await?;
+            let mut left = piece;
+            while left > 0 {
+                s.writable().await?;
+                let mut off = (file_offset + done + piece - left) as nix::libc::off_t;
+                let want = left.min(8 << 20) as usize;
+                let res = s.try_io(tokio::io::Interest::WRITABLE, || {
+                    nix::sys::sendfile::sendfile64(s.as_fd(), file.as_fd(), Some(&mut off), want)
+                        .map_err(std::io::Error::from)
+                });
+                match res {
+                    Ok(0) => return Err(TransportError::Protocol(format!("file ended {left} bytes early"))),
+                    Ok(n) => left -= n as u64,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Self::reply(&mut s).await?;
+            done += piece;
+        }
+        self.give_back(addr, s);
+        Ok(done)
+    }
+
     /// READs `len` bytes from the start of the descriptor's window, as a
     /// stream of chunks (for a PUT body), in operations of at most `max_op`.
     pub fn read_stream(
