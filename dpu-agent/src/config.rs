@@ -290,6 +290,13 @@ impl AgentConfig {
         if s.multipart_threshold < s.put_part_size {
             return bad("s3: multipart_threshold must be >= put_part_size".into());
         }
+        // One descriptor describes at most 4 GiB - 64 KiB: RDMA parts and
+        // single PUTs must fit, larger objects go as a series of parts.
+        let rdma = self.tenants.iter().flat_map(|t| &t.namespaces).any(|n| n.data_path != DataPathMode::Http);
+        let window = sluice_dataplane::transport::MAX_WINDOW_BYTES;
+        if rdma && (s.get_part_size > window || s.multipart_threshold > window) {
+            return bad(format!("s3: with RDMA namespaces, get_part_size and multipart_threshold must be <= {window} (one descriptor)"));
+        }
         Ok(())
     }
 }
