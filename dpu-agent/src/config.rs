@@ -295,7 +295,9 @@ impl AgentConfig {
         let rdma = self.tenants.iter().flat_map(|t| &t.namespaces).any(|n| n.data_path != DataPathMode::Http);
         let window = sluice_dataplane::transport::MAX_WINDOW_BYTES;
         if rdma && (s.get_part_size > window || s.multipart_threshold > window) {
-            return bad(format!("s3: with RDMA namespaces, get_part_size and multipart_threshold must be <= {window} (one descriptor)"));
+            return bad(format!(
+                "s3: with RDMA namespaces, get_part_size and multipart_threshold must be <= {window} (one descriptor)"
+            ));
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod rdma;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -73,6 +74,48 @@ pub struct GatewayConfig {
     /// The S3-over-RDMA data path.
     #[serde(default)]
     pub rdma: RdmaConfig,
+    /// What the gateway serves: its local directory (default) or another S3
+    /// endpoint, which thereby gains an RDMA data path.
+    #[serde(default)]
+    pub backend: BackendConfig,
+}
+
+/// The store behind the gateway.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
+pub enum BackendConfig {
+    /// Objects are files under `data_dir/<bucket>/`.
+    #[default]
+    Directory,
+    /// Proxy to another S3 endpoint; bucket names pass through.
+    Upstream {
+        endpoint: String,
+        #[serde(default = "default_region")]
+        region: String,
+        access_key: String,
+        #[serde(default)]
+        secret_key: Option<String>,
+        #[serde(default)]
+        secret_key_file: Option<PathBuf>,
+    },
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+impl std::fmt::Debug for BackendConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Directory => f.write_str("Directory"),
+            Self::Upstream { endpoint, region, access_key, .. } => f
+                .debug_struct("Upstream")
+                .field("endpoint", endpoint)
+                .field("region", region)
+                .field("access_key", access_key)
+                .finish_non_exhaustive(),
+        }
+    }
 }
 
 /// Which one-sided transports the gateway serves for `x-amz-rdma-token`.
@@ -149,7 +192,6 @@ impl Gateway {
             let dir = cfg.data_dir.join(b);
             std::fs::create_dir_all(&dir).map_err(|source| GatewayError::DataDir { path: dir, source })?;
         }
-        let fs = s3s_fs::FileSystem::new(&cfg.data_dir).map_err(|e| GatewayError::Store(format!("{e:?}")))?;
         let mut auth = SimpleAuth::new();
         for c in &cfg.credentials {
             auth.register(c.access_key.clone(), c.secret_key.clone().into());
@@ -157,14 +199,35 @@ impl Gateway {
         if cfg.rdma.max_op_bytes == 0 || cfg.rdma.max_op_bytes > sluice_dataplane::MAX_OP_BYTES {
             return Err(GatewayError::Invalid("rdma.max_op_bytes must be between 1 and 1 GiB".into()));
         }
-        let root = cfg
-            .data_dir
-            .canonicalize()
-            .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
-        let rdma = rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes, Some(root));
-        let mut builder = S3ServiceBuilder::new(rdma);
-        builder.set_auth(auth);
-        let service = builder.build();
+        let service = match &cfg.backend {
+            BackendConfig::Directory => {
+                let fs = s3s_fs::FileSystem::new(&cfg.data_dir).map_err(|e| GatewayError::Store(format!("{e:?}")))?;
+                let root = cfg
+                    .data_dir
+                    .canonicalize()
+                    .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
+                let mut b =
+                    S3ServiceBuilder::new(rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes, Some(root)));
+                b.set_auth(auth);
+                b.build()
+            }
+            BackendConfig::Upstream { endpoint, region, access_key, secret_key, secret_key_file } => {
+                let secret = match (secret_key, secret_key_file) {
+                    (Some(s), _) => s.clone(),
+                    (None, Some(p)) => std::fs::read_to_string(p)
+                        .map(|s| s.trim().to_owned())
+                        .map_err(|source| GatewayError::ReadConfig { path: p.clone(), source })?,
+                    (None, None) => {
+                        return Err(GatewayError::Invalid("backend: set secret_key or secret_key_file".into()))
+                    }
+                };
+                let proxy = upstream::proxy(endpoint, region, access_key, &secret)?;
+                let mut b =
+                    S3ServiceBuilder::new(rdma::RdmaGateway::new(proxy, cfg.rdma.tcp, cfg.rdma.max_op_bytes, None));
+                b.set_auth(auth);
+                b.build()
+            }
+        };
 
         let listener =
             TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
@@ -173,7 +236,8 @@ impl Gateway {
             write_atomically(path, &local.to_string())
                 .map_err(|source| GatewayError::AddrFile { path: path.clone(), source })?;
         }
-        info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, rdma_tcp = cfg.rdma.tcp, "gateway listening");
+        info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, backend = ?cfg.backend,
+              rdma_tcp = cfg.rdma.tcp, "gateway listening");
         Ok(Self { listener, service })
     }
 

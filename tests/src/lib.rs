@@ -62,6 +62,8 @@ pub struct Options {
     pub data_ns: String,
     /// `[rdma]` section of the gateway config.
     pub gateway_rdma: String,
+    /// `[backend]` section of the gateway config (default: its directory).
+    pub gateway_backend: String,
 }
 
 impl Default for Options {
@@ -75,6 +77,7 @@ impl Default for Options {
             grpc_over_tcp: false,
             data_ns: String::new(),
             gateway_rdma: String::new(),
+            gateway_backend: String::new(),
         }
     }
 }
@@ -145,8 +148,8 @@ impl Stack {
         if opts.gateway {
             let cfg = d.join("gateway.toml");
             std::fs::write(&cfg, format!(
-                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n[rdma]\n{}\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
-                data_dir.display(), d.display(), opts.gateway_rdma)).expect("write config");
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n[rdma]\n{}\n{}\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
+                data_dir.display(), d.display(), opts.gateway_rdma, opts.gateway_backend)).expect("write config");
             let mut gw = spawn(&d, "sluice-gateway", &["--config", cfg.to_str().expect("utf8")]);
             let addr = wait_file(&d.join("gw.addr"), &mut gw, "sluice-gateway", &d.join("sluice-gateway.log"));
             gateway_addr = Some(addr.trim().parse().expect("gateway addr"));

@@ -33,8 +33,8 @@ impl Drop for S3sFs {
     }
 }
 
-#[tokio::test]
-async fn agent_works_against_s3s_fs() {
+/// Starts s3s-fs on a free port with buckets "data" and "other".
+fn start_s3s_fs() -> (tempfile::TempDir, S3sFs, u16) {
     let root = tempfile::tempdir().unwrap();
     for b in ["data", "other"] {
         std::fs::create_dir_all(root.path().join(b)).unwrap();
@@ -60,7 +60,7 @@ async fn agent_works_against_s3s_fs() {
         .stderr(Stdio::null())
         .spawn()
         .expect("start s3s-fs");
-    let _guard = S3sFs(child);
+    let guard = S3sFs(child);
     let t0 = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -70,7 +70,12 @@ async fn agent_works_against_s3s_fs() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    (root, guard, port)
+}
 
+#[tokio::test]
+async fn agent_works_against_s3s_fs() {
+    let (root, _guard, port) = start_s3s_fs();
     let stack = Stack::with(Options {
         endpoints: vec![format!("http://127.0.0.1:{port}")],
         gateway: false,
@@ -104,4 +109,32 @@ async fn agent_works_against_s3s_fs() {
     c.delete("data/tp/ü 1000").await.unwrap();
     assert_eq!(c.head("data/tp/ü 1000").await.unwrap_err().code(), Some(Code::NoSuchKey));
     assert_eq!(c.get("data/tp/none", &r, 0, None).await.unwrap_err().code(), Some(Code::NoSuchKey));
+}
+
+#[tokio::test]
+async fn a_community_store_gains_an_rdma_data_path_through_the_gateway() {
+    // s3s-fs knows nothing of RDMA; our gateway in front of it serves the
+    // tokens and moves the upstream's bytes one-sidedly.
+    let (root, _guard, port) = start_s3s_fs();
+    let backend = format!(
+        "[backend]\nkind = \"upstream\"\nendpoint = \"http://127.0.0.1:{port}\"\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n"
+    );
+    let stack =
+        Stack::with(Options { gateway_backend: backend, data_ns: "data_path = \"rdma\"".into(), ..Default::default() });
+    let c = stack.client().await;
+    let r = c.register(12 << 20).await.unwrap();
+    for (i, n) in [5000usize, (3 << 20) + 1, (11 << 20) + 3].into_iter().enumerate() {
+        let data = pattern(n, 90 + i as u64);
+        r.write_at(0, &data).unwrap();
+        let t = c.put(&format!("data/up/{n}"), &r, 0, n as u64).await.unwrap();
+        assert_eq!((t.data_path, t.fallback_reason.as_str()), ("rdma", ""), "{}", stack.log("sluice-gateway"));
+        let on_disk = std::fs::read(root.path().join("data").join(format!("up/{n}"))).unwrap();
+        assert_eq!(sha256(&on_disk), sha256(&data), "stored in the upstream");
+        r.write_at(0, &vec![0; n]).unwrap();
+        let g = c.get(&format!("data/up/{n}"), &r, 0, None).await.unwrap();
+        assert_eq!((g.bytes, g.data_path), (n as u64, "rdma"));
+        assert_eq!(sha256(&r.as_slice()[..n]), sha256(&data));
+    }
+    assert_eq!(c.list_all("data/up/").await.unwrap().len(), 3);
+    assert!(!stack.stored_file("data", "up/5000").exists(), "nothing landed in the gateway's own directory");
 }
