@@ -301,6 +301,32 @@ credentials = []"#,
     }
 
     #[test]
+    fn example_config_and_backends_parse() {
+        let cfg: GatewayConfig = toml::from_str(include_str!("../../deploy/gateway.example.toml")).unwrap();
+        cfg.validate().unwrap();
+        assert!(matches!(cfg.backend, BackendConfig::Directory));
+        assert!(cfg.rdma.tcp);
+        let up: GatewayConfig = toml::from_str(
+            r#"listen = "127.0.0.1:0"
+data_dir = "/tmp/x"
+[[credentials]]
+access_key = "a"
+secret_key = "b"
+[backend]
+kind = "upstream"
+endpoint = "http://127.0.0.1:1"
+access_key = "u"
+secret_key = "SECRET"
+"#,
+        )
+        .unwrap();
+        assert!(matches!(up.backend, BackendConfig::Upstream { .. }));
+        assert!(!format!("{:?}", up.backend).contains("SECRET"));
+        let bad = toml::from_str::<GatewayConfig>("listen = \"127.0.0.1:0\"\ndata_dir = \"/x\"\ncredentials = []\n[backend]\nkind = \"ftp\"\n");
+        assert!(bad.is_err());
+    }
+
+    #[test]
     fn bucket_names() {
         assert!(valid_bucket_name("data"));
         assert!(valid_bucket_name("my-bucket.1"));
