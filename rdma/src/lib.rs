@@ -1,0 +1,33 @@
+//! A safe wrapper over rdma-core verbs and rdma_cm for Sluice's verbs
+//! transport: device list, context, protection domain, memory regions that
+//! own or pin their memory, completion queues driven by tokio, and RC queue
+//! pairs connected with rdma_cm that post one-sided WRITE and READ.
+//!
+//! On a kernel without RDMA every entry point fails with
+//! [`RdmaError::NoDevice`] instead of crashing.
+
+mod cq;
+mod device;
+mod error;
+mod memory;
+mod qp;
+
+pub use cq::CompletionQueue;
+pub use device::{devices, DeviceInfo};
+pub use error::{RdmaError, Result};
+pub use memory::{Access, Buffer, Context, MemoryRegion, PinnedMemory, ProtectionDomain};
+pub use qp::{Listener, QueuePair};
+
+#[cfg(test)]
+mod tests {
+    /// Outside the Soft-RoCE VM (no RDMA in the kernel) the device list is a
+    /// clear error, never a crash. Inside it, rxe0 is listed.
+    #[test]
+    fn no_device_is_a_clear_error_or_devices_are_listed() {
+        match super::devices() {
+            Ok(list) => assert!(!list.is_empty()),
+            Err(super::RdmaError::NoDevice(why)) => assert!(!why.is_empty()),
+            Err(e) => panic!("unexpected error: {e}"),
+        }
+    }
+}
