@@ -44,7 +44,9 @@ fn main() {
     bindings.write_to_file(out.join("bindings.rs")).expect("write bindings");
 
     let mut cc = cc::Build::new();
-    cc.file(&wrap_c).include(env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).flag_if_supported("-Wno-unused-parameter");
+    cc.file(&wrap_c)
+        .include(env::var("CARGO_MANIFEST_DIR").expect("manifest dir"))
+        .flag_if_supported("-Wno-unused-parameter");
     if let Some(dir) = &include {
         cc.include(dir);
     }

@@ -322,7 +322,9 @@ secret_key = "SECRET"
         .unwrap();
         assert!(matches!(up.backend, BackendConfig::Upstream { .. }));
         assert!(!format!("{:?}", up.backend).contains("SECRET"));
-        let bad = toml::from_str::<GatewayConfig>("listen = \"127.0.0.1:0\"\ndata_dir = \"/x\"\ncredentials = []\n[backend]\nkind = \"ftp\"\n");
+        let bad = toml::from_str::<GatewayConfig>(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"/x\"\ncredentials = []\n[backend]\nkind = \"ftp\"\n",
+        );
         assert!(bad.is_err());
     }
 

@@ -39,7 +39,10 @@ pub fn devices() -> Result<Vec<DeviceInfo>> {
         // SAFETY: `dev` is a valid device from the list; the name is a
         // NUL-terminated string owned by it.
         let (name, guid) = unsafe {
-            (CStr::from_ptr(sys::ibv_get_device_name(dev)).to_string_lossy().into_owned(), u64::from_be(sys::ibv_get_device_guid(dev)))
+            (
+                CStr::from_ptr(sys::ibv_get_device_name(dev)).to_string_lossy().into_owned(),
+                u64::from_be(sys::ibv_get_device_guid(dev)),
+            )
         };
         out.push(DeviceInfo { name, guid });
     }

@@ -62,7 +62,10 @@ impl Context {
     }
 
     /// A context rdma_cm opened for a cm id; valid while `keep` lives.
-    pub(crate) fn borrowed(ptr: *mut sys::ibv_context, keep: Arc<dyn std::any::Any + Send + Sync>) -> Result<Arc<Self>> {
+    pub(crate) fn borrowed(
+        ptr: *mut sys::ibv_context,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Arc<Self>> {
         let ptr = NonNull::new(ptr).ok_or_else(|| RdmaError::Invalid("cm id has no device context".into()))?;
         Ok(Arc::new(Self { ptr, owned: false, _keep: Some(keep) }))
     }

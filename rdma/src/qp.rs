@@ -79,13 +79,12 @@ pub struct QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        // SAFETY: the id is live (we hold it); disconnect then destroy its QP
-        // before the CQ and PD (fields) are released. Outstanding requests
-        // complete with a flush error.
-        unsafe {
-            sys::rdma_disconnect(self.id.0.as_ptr());
-            sys::rdma_destroy_qp(self.id.0.as_ptr());
-        }
+        // SAFETY: the id is live (we hold it); its QP is destroyed before the
+        // CQ and PD (fields) are released. No rdma_disconnect here: on a
+        // synchronous id it waits for the peer's DISCONNECTED event, which
+        // never comes if the peer went first; destroying the id tears the
+        // connection down anyway.
+        unsafe { sys::rdma_destroy_qp(self.id.0.as_ptr()) };
     }
 }
 
@@ -93,7 +92,13 @@ fn create_qp(id: &CmId, pd: &ProtectionDomain, cq: &CompletionQueue) -> Result<(
     let mut attr = sys::ibv_qp_init_attr {
         send_cq: cq.as_ptr(),
         recv_cq: cq.as_ptr(),
-        cap: sys::ibv_qp_cap { max_send_wr: SEND_DEPTH, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+        cap: sys::ibv_qp_cap {
+            max_send_wr: SEND_DEPTH,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
         qp_type: sys::IBV_QPT_RC,
         sq_sig_all: 0,
         ..Default::default()
@@ -116,7 +121,10 @@ impl QueuePair {
             let raw = raw;
             let mut dst = sockaddr(addr);
             // SAFETY: synchronous id; `dst` outlives the call.
-            if unsafe { sys::rdma_resolve_addr(raw.0, std::ptr::null_mut(), (&mut dst as *mut libc::sockaddr_in).cast(), 2000) } != 0 {
+            if unsafe {
+                sys::rdma_resolve_addr(raw.0, std::ptr::null_mut(), (&mut dst as *mut libc::sockaddr_in).cast(), 2000)
+            } != 0
+            {
                 return Err(RdmaError::last_os("rdma_resolve_addr"));
             }
             // SAFETY: as above.
@@ -145,6 +153,19 @@ impl QueuePair {
         })
         .await?;
         Ok(qp)
+    }
+
+    /// Moves the queue pair to the error state: every outstanding request
+    /// completes promptly with a flush error, and later posts fail. Used to
+    /// tear a connection down under load without waiting on the peer.
+    pub fn close(&self) -> Result<()> {
+        let mut attr = sys::ibv_qp_attr { qp_state: sys::IBV_QPS_ERR, ..Default::default() };
+        // SAFETY: the id's QP is live; only the state attribute is applied.
+        let r = unsafe { sys::ibv_modify_qp((*self.id.0.as_ptr()).qp, &mut attr, sys::IBV_QP_STATE as i32) };
+        if r != 0 {
+            return Err(RdmaError::from_ret("ibv_modify_qp(ERR)", r));
+        }
+        Ok(())
     }
 
     /// The PD local memory must be registered in to be posted here.
@@ -187,7 +208,8 @@ impl QueuePair {
         rkey: u32,
     ) -> std::result::Result<Arc<MemoryRegion>, (RdmaError, Arc<MemoryRegion>)> {
         if local_off.checked_add(u64::from(len)).is_none_or(|end| end > local.len()) {
-            let e = RdmaError::Invalid(format!("{len} bytes at {local_off} outside the {}-byte local region", local.len()));
+            let e =
+                RdmaError::Invalid(format!("{len} bytes at {local_off} outside the {}-byte local region", local.len()));
             return Err((e, local));
         }
         let (wr_id, rx) = self.cq.expect();

@@ -6,7 +6,9 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice_rdma::{devices, Access, Buffer, CompletionQueue, Context, Listener, MemoryRegion, ProtectionDomain, QueuePair, RdmaError};
+use sluice_rdma::{
+    devices, Access, Buffer, CompletionQueue, Context, Listener, MemoryRegion, ProtectionDomain, QueuePair, RdmaError,
+};
 
 fn device() -> String {
     std::env::var("SLUICE_RXE_DEVICE").unwrap_or_else(|_| "rxe0".into())
@@ -34,11 +36,16 @@ async fn pair(len: usize) -> Pair {
     let listener = Arc::new(Listener::bind(SocketAddrV4::new(ip(), 0)).expect("rdma_cm listen (is rxe0 up?)"));
     let port = listener.port();
     let owner_buf = Buffer::zeroed(len);
-    let owner_mr = MemoryRegion::register(listener.pd(), owner_buf.clone(), Access::REMOTE_ALL).expect("register owner MR");
+    let owner_mr =
+        MemoryRegion::register(listener.pd(), owner_buf.clone(), Access::REMOTE_ALL).expect("register owner MR");
     let l = listener.clone();
     let accept = tokio::spawn(async move { l.accept().await });
     let qp = QueuePair::connect(SocketAddrV4::new(ip(), port)).await.expect("rdma_cm connect");
-    let owner_qp = tokio::time::timeout(Duration::from_secs(20), accept).await.expect("accept in time").expect("join").expect("accept");
+    let owner_qp = tokio::time::timeout(Duration::from_secs(20), accept)
+        .await
+        .expect("accept in time")
+        .expect("join")
+        .expect("accept");
     Pair { _listener: listener, owner_buf, owner_mr, _owner_qp: owner_qp, qp }
 }
 
@@ -69,7 +76,11 @@ async fn rc_write_and_read() {
     let p = pair(1 << 20).await;
     let data = pattern(300_000, 7);
     let src = local(&p.qp, &data);
-    let src = p.qp.write(src, 0, data.len() as u32, p.owner_mr.addr() + 4096, p.owner_mr.rkey()).await.map_err(|(e, _)| e).unwrap();
+    let src =
+        p.qp.write(src, 0, data.len() as u32, p.owner_mr.addr() + 4096, p.owner_mr.rkey())
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
     let got = p.owner_buf.to_vec();
     assert_eq!(&got[4096..4096 + data.len()], &data[..]);
     assert!(got[..4096].iter().all(|&b| b == 0), "nothing written before the target");
@@ -78,7 +89,10 @@ async fn rc_write_and_read() {
 
     let back = Buffer::zeroed(data.len());
     let dst = MemoryRegion::register(p.qp.pd(), back.clone(), Access::LOCAL).unwrap();
-    p.qp.read(dst, 0, data.len() as u32, p.owner_mr.addr() + 4096, p.owner_mr.rkey()).await.map_err(|(e, _)| e).unwrap();
+    p.qp.read(dst, 0, data.len() as u32, p.owner_mr.addr() + 4096, p.owner_mr.rkey())
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
     assert_eq!(back.to_vec(), data, "READ returns what WRITE placed");
 }
 
@@ -97,23 +111,36 @@ async fn read_lands_in_local_memory() {
 async fn bad_rkey_is_an_error_completion() {
     let p = pair(64 << 10).await;
     let src = local(&p.qp, &[9u8; 1000]);
-    let (err, _src) = p.qp.write(src, 0, 1000, p.owner_mr.addr(), p.owner_mr.rkey() ^ 0x5a5a).await.expect_err("bad rkey must fail");
+    let (err, _src) =
+        p.qp.write(src, 0, 1000, p.owner_mr.addr(), p.owner_mr.rkey() ^ 0x5a5a).await.expect_err("bad rkey must fail");
     assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
     assert!(p.owner_buf.to_vec().iter().all(|&b| b == 0), "nothing written");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remote_out_of_bounds_is_an_error() {
+async fn remote_write_past_the_end_is_an_error() {
     let p = pair(64 << 10).await;
     let src = local(&p.qp, &[1u8; 4096]);
     let end = p.owner_mr.addr() + p.owner_mr.len();
-    let (err, _) = p.qp.write(src, 0, 4096, end - 100, p.owner_mr.rkey()).await.expect_err("past the end must fail");
+    let op = p.qp.write(src, 0, 4096, end - 100, p.owner_mr.rkey());
+    let (err, _) = tokio::time::timeout(Duration::from_secs(30), op)
+        .await
+        .expect("completes")
+        .expect_err("past the end must fail");
     assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
+    assert!(p.owner_buf.to_vec().iter().all(|&b| b == 0), "nothing written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_read_before_the_start_is_an_error() {
+    let p = pair(64 << 10).await;
     let dst = local(&p.qp, &[0u8; 10]);
-    // A fresh pair: the failed QP is in the error state.
-    let p2 = pair(4096).await;
-    let (err, _) = p2.qp.read(dst, 0, 10, p2.owner_mr.addr() - 4096, p2.owner_mr.rkey()).await.expect_err("before the start must fail");
-    let _ = (err, p);
+    let op = p.qp.read(dst, 0, 10, p.owner_mr.addr() - 4096, p.owner_mr.rkey());
+    let (err, _) = tokio::time::timeout(Duration::from_secs(30), op)
+        .await
+        .expect("completes")
+        .expect_err("before the start must fail");
+    assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,11 +164,19 @@ async fn teardown_under_load_completes_every_request() {
         let src = local(&qp, &[i as u8; 8192]);
         tasks.push(tokio::spawn(async move { qp.write(src, 0, 8192, addr + (i % 128) * 8192, rkey).await.is_ok() }));
     }
-    // Tear the owner side down while writes are in flight.
-    drop(p._owner_qp);
-    drop(p.owner_mr);
-    let results = tokio::time::timeout(Duration::from_secs(60), futures_join(tasks)).await.expect("every request completes (no hang)");
+    // Tear the connection down while writes are in flight: each request
+    // completes (done, or flushed with an error) instead of hanging.
+    qp.close().unwrap();
+    let results = tokio::time::timeout(Duration::from_secs(60), futures_join(tasks))
+        .await
+        .expect("every request completes (no hang)");
     assert_eq!(results.len(), 64);
+    let src = local(&qp, &[0u8; 16]);
+    let late =
+        tokio::time::timeout(Duration::from_secs(30), qp.write(src, 0, 16, p.owner_mr.addr(), p.owner_mr.rkey()))
+            .await
+            .expect("no hang");
+    assert!(late.is_err(), "a closed queue pair accepts no work");
 }
 
 async fn futures_join(tasks: Vec<tokio::task::JoinHandle<bool>>) -> Vec<bool> {

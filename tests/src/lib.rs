@@ -188,7 +188,9 @@ impl Stack {
             socket.display(), d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
         let mut shim = spawn(&d, "sluice-shim", &["--config", cfg.to_str().expect("utf8")]);
         let t0 = Instant::now();
-        while !socket.exists() {
+        // The socket file appears at bind(), a moment before listen(): wait
+        // until a connection is accepted, not just for the file.
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             if let Ok(Some(s)) = shim.try_wait() {
                 panic!(
                     "sluice-shim exited with {s}:\n{}",

@@ -205,7 +205,8 @@ pub async fn up(args: &UpArgs, json_out: bool) -> anyhow::Result<()> {
     let mut shim = spawn(&dir, &bin_dir.join("sluice-shim"), &["--config", &shim_cfg.to_string_lossy()])?;
     pids.push(("sluice-shim", shim.id()));
     std::fs::write(dir.join("pids"), started(&pids))?;
-    wait_for(&mut shim, &dir, "sluice-shim", timeout, || shim_sock.exists())?;
+    // The socket file appears at bind(), a moment before listen().
+    wait_for(&mut shim, &dir, "sluice-shim", timeout, || std::os::unix::net::UnixStream::connect(&shim_sock).is_ok())?;
     // End to end: the handshake reaches the agent.
     let client = sluice_client::Client::connect(&shim_sock).await.context("connecting to the new shim")?;
 
