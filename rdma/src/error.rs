@@ -15,6 +15,9 @@ pub enum RdmaError {
     Completion { status: String, vendor_err: u32 },
     #[error("{0}")]
     Invalid(String),
+    /// The device lacks a feature (e.g. mlx5 DC on Soft-RoCE).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("the queue pair is closed")]
     Closed,
 }

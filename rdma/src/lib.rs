@@ -7,6 +7,7 @@
 //! [`RdmaError::NoDevice`] instead of crashing.
 
 mod cq;
+pub mod dc;
 mod device;
 mod error;
 mod memory;

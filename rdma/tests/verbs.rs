@@ -186,3 +186,16 @@ async fn futures_join(tasks: Vec<tokio::task::JoinHandle<bool>>) -> Vec<bool> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dc_on_a_device_without_dc_is_a_clear_error() {
+    // Soft-RoCE has no mlx5 DC: creating a DC target must say so.
+    let ctx = Context::open(&device()).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let cq = CompletionQueue::new(&ctx, 16).unwrap();
+    match sluice_rdma::dc::DcTarget::create(&pd, &cq, sluice_rdma::dc::DEFAULT_DC_KEY, 1, 1) {
+        Err(RdmaError::Unsupported(msg)) => assert!(msg.contains("Dynamically Connected"), "{msg}"),
+        Err(e) => panic!("expected Unsupported, got {e}"),
+        Ok(_) => panic!("rxe unexpectedly created a DC target"),
+    }
+}
