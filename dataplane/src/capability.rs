@@ -188,7 +188,7 @@ mod tests {
     use crate::memory::SharedRegion;
 
     fn region() -> Arc<dyn RegionMemory> {
-        Arc::new(SharedRegion(sluice_shm::MappedRegion::create("t", 1 << 16).unwrap()))
+        Arc::new(SharedRegion::new(sluice_shm::MappedRegion::create("t", 1 << 16).unwrap()))
     }
 
     fn grant(access: Access) -> Grant {

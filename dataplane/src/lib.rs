@@ -9,6 +9,7 @@ pub mod memory;
 pub mod tcp;
 pub mod token;
 pub mod transport;
+pub mod verbs;
 
 pub use capability::{Access, Capability, CapabilityTable, Grant, Rejection};
 pub use memory::{MemError, RegionMemory, SharedRegion};

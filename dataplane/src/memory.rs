@@ -65,6 +65,12 @@ pub trait RegionMemory: Send + Sync + std::fmt::Debug {
         self.read_at(offset, &mut buf).map_err(io::Error::other)?;
         nix_write(fd, &buf)
     }
+
+    /// The memory as something a NIC can register (verbs transport), if it
+    /// is pinned at a fixed address.
+    fn pinned(&self) -> Option<std::sync::Arc<dyn sluice_rdma::PinnedMemory>> {
+        None
+    }
 }
 
 // The defaults work on a duplicate of the descriptor (closed on return).
@@ -81,7 +87,13 @@ fn nix_write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
 /// A mapped shared-memory region (memfd): the co-located host region, and
 /// the agent's staging buffers.
 #[derive(Debug)]
-pub struct SharedRegion(pub sluice_shm::MappedRegion);
+pub struct SharedRegion(pub std::sync::Arc<sluice_shm::MappedRegion>);
+
+impl SharedRegion {
+    pub fn new(region: sluice_shm::MappedRegion) -> Self {
+        Self(std::sync::Arc::new(region))
+    }
+}
 
 impl RegionMemory for SharedRegion {
     fn len(&self) -> u64 {
@@ -98,5 +110,8 @@ impl RegionMemory for SharedRegion {
     }
     fn write_to_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
         self.0.write_to_fd(offset, len, fd)
+    }
+    fn pinned(&self) -> Option<std::sync::Arc<dyn sluice_rdma::PinnedMemory>> {
+        Some(self.0.clone())
     }
 }

@@ -6,7 +6,7 @@
 //! (for a GET) or READ (for a PUT) against that descriptor. Providers: `tcp`
 //! (software, any machine), verbs RC and mlx5 DC (hardware, later).
 
-use crate::capability::{Capability, Grant};
+use crate::capability::Grant;
 use crate::token::Token;
 
 /// Largest single one-sided operation (the protocol's limit); larger
@@ -89,11 +89,17 @@ pub enum TransportError {
 }
 
 /// A window made reachable: the descriptor to send, and the grant behind it
-/// (revoked when this is dropped).
-#[derive(Debug)]
+/// (revoked when this is dropped: a capability-table entry for `tcp`, the
+/// window's own memory registration for verbs).
 pub struct Exposure {
     pub token: Token,
-    pub capability: Capability,
+    pub guard: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Exposure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exposure").field("token", &self.token).finish_non_exhaustive()
+    }
 }
 
 /// The owner side of a transport.

@@ -16,6 +16,7 @@ use crate::metrics::Metrics;
 use crate::s3::rdma::{Fallback, RdmaPath};
 use crate::s3::{ListPage, ObjectMeta, ObjectStore};
 use sluice_dataplane::tcp::TcpOwner;
+use sluice_dataplane::verbs::VerbsOwner;
 use sluice_dataplane::TransportKind;
 
 /// Data path labels (metrics and reports).
@@ -101,6 +102,7 @@ impl Agent {
         memory: Arc<dyn HostMemory>,
         metrics: Arc<Metrics>,
         tcp: Option<Arc<TcpOwner>>,
+        verbs: Option<Arc<VerbsOwner>>,
     ) -> Result<Self, AgentError> {
         let http = crate::s3::http_client(&cfg.s3)?;
         let mut tenants = HashMap::new();
@@ -112,15 +114,18 @@ impl Agent {
                     .get(&ns.credentials)
                     .ok_or_else(|| AgentError::BadRequest(format!("credentials {:?} missing", ns.credentials)))?;
                 let secret = cred.load_secret().map_err(|e| AgentError::BadRequest(e.to_string()))?;
-                let rdma = match (ns.data_path, &tcp) {
+                let transport: Option<(Arc<dyn sluice_dataplane::Transport>, TransportKind)> =
+                    match ns.transport.as_str() {
+                        "verbs-rc" => {
+                            verbs.clone().map(|v| (v as Arc<dyn sluice_dataplane::Transport>, TransportKind::VerbsRc))
+                        }
+                        _ => tcp.clone().map(|t| (t as Arc<dyn sluice_dataplane::Transport>, TransportKind::Tcp)),
+                    };
+                let rdma = match (ns.data_path, transport) {
                     (DataPathMode::Http, _) => None,
-                    (mode, Some(tcp)) => Some(RdmaPath {
-                        transport: tcp.clone(),
-                        kind: TransportKind::Tcp,
-                        mode,
-                        placement: ns.placement,
-                        min_bytes: ns.rdma_min_bytes,
-                    }),
+                    (mode, Some((transport, kind))) => {
+                        Some(RdmaPath { transport, kind, mode, placement: ns.placement, min_bytes: ns.rdma_min_bytes })
+                    }
                     (_, None) => {
                         return Err(AgentError::BadRequest(format!(
                             "namespace {:?} wants RDMA but no data-plane transport is running",

@@ -199,11 +199,14 @@ pub struct DataplaneConfig {
     pub tcp_listen: std::net::SocketAddr,
     /// Address put in descriptors (default: the bound address).
     pub tcp_advertise: Option<std::net::IpAddr>,
+    /// IP address of the RDMA device the verbs RC transport listens on
+    /// (rdma_cm); required when a namespace uses `transport = "verbs-rc"`.
+    pub verbs_listen: Option<std::net::Ipv4Addr>,
 }
 
 impl Default for DataplaneConfig {
     fn default() -> Self {
-        Self { tcp_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)), tcp_advertise: None }
+        Self { tcp_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)), tcp_advertise: None, verbs_listen: None }
     }
 }
 
@@ -264,10 +267,19 @@ impl AgentConfig {
                 if ns.bucket.is_empty() {
                     return bad(format!("namespace {:?}: bucket is empty", ns.name));
                 }
-                if ns.data_path != DataPathMode::Http && ns.transport != "tcp" {
+                if ns.data_path != DataPathMode::Http && ns.transport != "tcp" && ns.transport != "verbs-rc" {
                     return bad(format!(
-                        "namespace {:?}: transport {:?} is not available in this build (use \"tcp\")",
+                        "namespace {:?}: transport {:?} is not available in this build (use \"tcp\" or \"verbs-rc\")",
                         ns.name, ns.transport
+                    ));
+                }
+                if ns.data_path != DataPathMode::Http
+                    && ns.transport == "verbs-rc"
+                    && self.dataplane.verbs_listen.is_none()
+                {
+                    return bad(format!(
+                        "namespace {:?}: transport \"verbs-rc\" needs [dataplane] verbs_listen",
+                        ns.name
                     ));
                 }
                 if !self.credentials.contains_key(&ns.credentials) {

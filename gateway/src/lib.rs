@@ -127,11 +127,13 @@ pub struct RdmaConfig {
     /// Largest single one-sided operation; transfers are split into pieces
     /// of at most this size (the protocol's limit is 1 GiB).
     pub max_op_bytes: u64,
+    /// Serve the verbs RC transport (needs an RDMA device on this machine).
+    pub verbs: bool,
 }
 
 impl Default for RdmaConfig {
     fn default() -> Self {
-        Self { tcp: true, max_op_bytes: sluice_dataplane::MAX_OP_BYTES }
+        Self { tcp: true, max_op_bytes: sluice_dataplane::MAX_OP_BYTES, verbs: false }
     }
 }
 
@@ -206,8 +208,11 @@ impl Gateway {
                     .data_dir
                     .canonicalize()
                     .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
-                let mut b =
-                    S3ServiceBuilder::new(rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes, Some(root)));
+                let mut g = rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes, Some(root));
+                if cfg.rdma.verbs {
+                    g = g.with_verbs();
+                }
+                let mut b = S3ServiceBuilder::new(g);
                 b.set_auth(auth);
                 b.build()
             }
@@ -222,8 +227,11 @@ impl Gateway {
                     }
                 };
                 let proxy = upstream::proxy(endpoint, region, access_key, &secret)?;
-                let mut b =
-                    S3ServiceBuilder::new(rdma::RdmaGateway::new(proxy, cfg.rdma.tcp, cfg.rdma.max_op_bytes, None));
+                let mut g = rdma::RdmaGateway::new(proxy, cfg.rdma.tcp, cfg.rdma.max_op_bytes, None);
+                if cfg.rdma.verbs {
+                    g = g.with_verbs();
+                }
+                let mut b = S3ServiceBuilder::new(g);
                 b.set_auth(auth);
                 b.build()
             }

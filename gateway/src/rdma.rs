@@ -48,6 +48,7 @@ struct PutFlags {
 pub struct RdmaGateway<S> {
     inner: S,
     tcp: Option<TcpRemote>,
+    verbs: Option<sluice_dataplane::verbs::VerbsRemote>,
     /// When the backend is the local directory store: its root, for reading
     /// object files directly (large reads; `sendfile` for RDMA WRITEs).
     local_root: Option<PathBuf>,
@@ -59,7 +60,13 @@ impl<S: S3> RdmaGateway<S> {
     /// most `max_op` bytes. Standard (mlx5 DC) tokens need an RDMA device,
     /// which this build does not drive yet: they are declined with 501.
     pub fn new(inner: S, tcp: bool, max_op: u64, local_root: Option<PathBuf>) -> Self {
-        Self { inner, tcp: tcp.then(|| TcpRemote::new(max_op)), local_root, stats: Arc::default() }
+        Self { inner, tcp: tcp.then(|| TcpRemote::new(max_op)), verbs: None, local_root, stats: Arc::default() }
+    }
+
+    /// Also serve the verbs RC transport (needs an RDMA device).
+    pub fn with_verbs(mut self) -> Self {
+        self.verbs = Some(sluice_dataplane::verbs::VerbsRemote::new());
+        self
     }
 
     /// The object's file in the local store, if it is the one the backend
@@ -134,6 +141,7 @@ fn signed_headers(headers: &HeaderMap, uri: &http::Uri) -> Vec<String> {
 /// What an RDMA request asks for.
 struct RdmaAsk {
     token: Token,
+    kind: TransportKind,
 }
 
 impl<S: S3> RdmaGateway<S> {
@@ -154,11 +162,14 @@ impl<S: S3> RdmaGateway<S> {
                 self.stats.declined.fetch_add(1, Ordering::Relaxed);
                 Err(decline("standard (mlx5 DC) tokens need an RDMA device; none is available here"))
             }
-            Some(Some(TransportKind::Tcp)) if self.tcp.is_some() => {
+            Some(Some(kind @ (TransportKind::Tcp | TransportKind::VerbsRc)))
+                if (kind == TransportKind::Tcp && self.tcp.is_some())
+                    || (kind == TransportKind::VerbsRc && self.verbs.is_some()) =>
+            {
                 if !signed.iter().any(|h| h == TRANSPORT_HEADER) {
                     return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-sluice-rdma-transport must be signed"));
                 }
-                Ok(Some(RdmaAsk { token }))
+                Ok(Some(RdmaAsk { token, kind }))
             }
             Some(_) => {
                 self.stats.declined.fetch_add(1, Ordering::Relaxed);
@@ -192,12 +203,17 @@ impl<S: S3> RdmaGateway<S> {
         // partial transfer, said in bytes-transferred and Content-Range.
         let n = len.min(ask.token.size);
         let body = out.body.take().map(|b| b.boxed()).unwrap_or_else(|| futures::stream::empty().boxed());
-        let moved = match local {
-            Some((file, start, _)) => {
+        let moved = match (ask.kind, local, &self.verbs) {
+            (TransportKind::VerbsRc, Some((file, start, _)), Some(v)) => {
+                drop(body);
+                v.write_file(&ask.token, &file, start, n).await
+            }
+            (TransportKind::VerbsRc, None, Some(v)) => v.write_stream(&ask.token, n, body).await,
+            (_, Some((file, start, _)), _) => {
                 drop(body);
                 self.tcp().write_file(&ask.token, &file, start, n).await
             }
-            None => self.tcp().write_stream(&ask.token, n, body).await,
+            (_, None, _) => self.tcp().write_stream(&ask.token, n, body).await,
         };
         let moved = match moved {
             Ok(m) => m,
@@ -231,7 +247,8 @@ impl<S: S3> RdmaGateway<S> {
     /// With `x-amz-checksum-crc64nvme`, the CRC is checked as the bytes pass
     /// and a mismatch fails the body at its end, so the backend never commits
     /// the object.
-    fn rdma_body(&self, token: &Token, expected_crc: Option<String>, flags: Arc<PutFlags>) -> StreamingBlob {
+    fn rdma_body(&self, ask: &RdmaAsk, expected_crc: Option<String>, flags: Arc<PutFlags>) -> StreamingBlob {
+        let token = &ask.token;
         struct St {
             inner: Pin<Box<dyn futures::Stream<Item = Result<bytes::Bytes, TransportError>> + Send + Sync>>,
             digest: crc64fast_nvme::Digest,
@@ -240,7 +257,10 @@ impl<S: S3> RdmaGateway<S> {
             flags: Arc<PutFlags>,
         }
         let st = St {
-            inner: Box::pin(self.tcp().read_stream(token, token.size)),
+            inner: match (ask.kind, &self.verbs) {
+                (TransportKind::VerbsRc, Some(v)) => Box::pin(v.read_stream(token, token.size)),
+                _ => Box::pin(self.tcp().read_stream(token, token.size)),
+            },
             digest: crc64fast_nvme::Digest::new(),
             expected: expected_crc,
             done: false,
@@ -352,7 +372,7 @@ impl<S: S3> S3 for RdmaGateway<S> {
         let flags = Arc::new(PutFlags::default());
         // Checked here, as the bytes stream; the backend need not hash again.
         let crc = req.input.checksum_crc64nvme.take();
-        req.input.body = Some(self.rdma_body(&ask.token, crc, flags.clone()));
+        req.input.body = Some(self.rdma_body(&ask, crc, flags.clone()));
         req.input.content_length = Some(ask.token.size as i64);
         let res = self.inner.put_object(req).await;
         self.finish_put(res, &flags, ask.token.size)
@@ -364,7 +384,7 @@ impl<S: S3> S3 for RdmaGateway<S> {
         let flags = Arc::new(PutFlags::default());
         // Checked here, as the bytes stream; the backend need not hash again.
         let crc = req.input.checksum_crc64nvme.take();
-        req.input.body = Some(self.rdma_body(&ask.token, crc, flags.clone()));
+        req.input.body = Some(self.rdma_body(&ask, crc, flags.clone()));
         req.input.content_length = Some(ask.token.size as i64);
         let res = self.inner.upload_part(req).await;
         self.finish_put(res, &flags, ask.token.size)

@@ -191,6 +191,19 @@ unsafe impl PinnedMemory for Buffer {
     }
 }
 
+// SAFETY: a MappedRegion's mapping stays at the same address, valid and
+// writable (MAP_SHARED, PROT_READ|WRITE), until the value is dropped; its own
+// accessors copy through raw pointers, so NIC writes race with nothing Rust
+// assumes about the bytes.
+unsafe impl PinnedMemory for sluice_shm::MappedRegion {
+    fn as_ptr(&self) -> *mut u8 {
+        self.as_mut_ptr()
+    }
+    fn len(&self) -> usize {
+        sluice_shm::MappedRegion::len(self) as usize
+    }
+}
+
 /// Which remote operations a region allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Access {
@@ -228,6 +241,9 @@ pub struct MemoryRegion {
     ptr: NonNull<sys::ibv_mr>,
     mem: Arc<dyn PinnedMemory>,
     _pd: Arc<ProtectionDomain>,
+    /// The registered window within `mem`.
+    offset: usize,
+    len: usize,
 }
 
 // SAFETY: verbs are thread safe (rdma-core); the MR's keys are plain data.
@@ -242,7 +258,27 @@ impl MemoryRegion {
         // fixed while `mem` lives, and the MR holds `mem` until deregistered.
         let mr = unsafe { sys::ibv_reg_mr(pd.ptr.as_ptr(), mem.as_ptr().cast(), mem.len(), access.flags()) };
         let ptr = NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))?;
-        Ok(Arc::new(Self { ptr, mem, _pd: pd.clone() }))
+        let len = mem.len();
+        Ok(Arc::new(Self { ptr, mem, _pd: pd.clone(), offset: 0, len }))
+    }
+
+    /// Registers `[offset, offset+len)` of `mem` only: a remote holding this
+    /// region's rkey can reach nothing outside that window.
+    pub fn register_range(
+        pd: &Arc<ProtectionDomain>,
+        mem: Arc<dyn PinnedMemory>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Arc<Self>> {
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > mem.len()) {
+            return Err(RdmaError::Invalid(format!("window {offset}+{len} outside a {}-byte memory", mem.len())));
+        }
+        // SAFETY: the window lies inside `mem` (checked), which the PinnedMemory
+        // contract keeps valid and fixed while the MR holds it.
+        let mr = unsafe { sys::ibv_reg_mr(pd.ptr.as_ptr(), mem.as_ptr().add(offset).cast(), len, access.flags()) };
+        let ptr = NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))?;
+        Ok(Arc::new(Self { ptr, mem, _pd: pd.clone(), offset, len }))
     }
 
     pub fn lkey(&self) -> u32 {
@@ -253,15 +289,15 @@ impl MemoryRegion {
         // SAFETY: ptr is a live MR.
         unsafe { (*self.ptr.as_ptr()).rkey }
     }
-    /// Address of the first byte (what remotes use with the rkey).
+    /// Address of the first registered byte (what remotes use with the rkey).
     pub fn addr(&self) -> u64 {
-        self.mem.as_ptr() as u64
+        self.mem.as_ptr() as u64 + self.offset as u64
     }
     pub fn len(&self) -> u64 {
-        self.mem.len() as u64
+        self.len as u64
     }
     pub fn is_empty(&self) -> bool {
-        self.mem.is_empty()
+        self.len == 0
     }
 }
 

@@ -36,6 +36,9 @@ struct SendPtr<T>(*mut T);
 // SAFETY: only used to hand rdma_cm ids to a blocking thread that calls
 // thread-safe librdmacm functions on them.
 unsafe impl<T> Send for SendPtr<T> {}
+// SAFETY: shared references to it are never dereferenced concurrently; the
+// pointer is only read to pass to librdmacm on the blocking thread.
+unsafe impl<T> Sync for SendPtr<T> {}
 
 fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
     libc::sockaddr_in {

@@ -98,6 +98,12 @@ impl MappedRegion {
         Self::map(create_memfd(name, len)?, len)
     }
 
+    /// Start of the mapping (for registering it with a NIC; accessing the
+    /// memory through it is the caller's `unsafe` business).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     /// Length of the mapping in bytes.
     pub fn len(&self) -> u64 {
         self.len as u64

@@ -64,6 +64,8 @@ pub struct Options {
     pub gateway_rdma: String,
     /// `[backend]` section of the gateway config (default: its directory).
     pub gateway_backend: String,
+    /// `[dataplane]` section of the agent config.
+    pub agent_dataplane: String,
 }
 
 impl Default for Options {
@@ -78,6 +80,7 @@ impl Default for Options {
             data_ns: String::new(),
             gateway_rdma: String::new(),
             gateway_backend: String::new(),
+            agent_dataplane: String::new(),
         }
     }
 }
@@ -163,8 +166,8 @@ impl Stack {
         let (ak, sk) = &opts.agent_credentials;
         let cfg = d.join("agent.toml");
         std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
-            opts.s3, endpoints.join(", "), opts.data_ns, endpoints.join(", "), d = d.display())).expect("write config");
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[dataplane]\n{}\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            opts.agent_dataplane, opts.s3, endpoints.join(", "), opts.data_ns, endpoints.join(", "), d = d.display())).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs

@@ -76,7 +76,7 @@ fn h(resp: &reqwest::Response, name: &str) -> Option<String> {
 async fn owner() -> (Arc<TcpOwner>, Arc<SharedRegion>) {
     let (o, l) = TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
     tokio::spawn(o.clone().serve(l));
-    (o, Arc::new(SharedRegion(sluice_shm::MappedRegion::create("probe", 64 << 10).unwrap())))
+    (o, Arc::new(SharedRegion::new(sluice_shm::MappedRegion::create("probe", 64 << 10).unwrap())))
 }
 
 fn grant(mem: &Arc<SharedRegion>, offset: u64, len: u64, access: Access) -> Grant {

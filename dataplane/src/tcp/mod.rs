@@ -25,7 +25,7 @@ mod tests {
     }
 
     fn region(len: u64) -> Arc<SharedRegion> {
-        Arc::new(SharedRegion(sluice_shm::MappedRegion::create("t", len).unwrap()))
+        Arc::new(SharedRegion::new(sluice_shm::MappedRegion::create("t", len).unwrap()))
     }
 
     fn grant(mem: Arc<SharedRegion>, offset: u64, len: u64, access: Access) -> Grant {

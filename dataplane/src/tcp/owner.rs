@@ -174,6 +174,6 @@ impl Transport for TcpOwner {
             Some(gid_of(self.advertised)),
         )
         .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        Ok(Exposure { token, capability: cap })
+        Ok(Exposure { token, guard: Box::new(cap) })
     }
 }

@@ -115,7 +115,7 @@ impl HostMemory for ColocatedMemory {
             return Err(MemError::UnknownTicket);
         }
         let region = MappedRegion::map(pending.fd, len)?;
-        Ok(Arc::new(SharedRegion(region)))
+        Ok(Arc::new(SharedRegion::new(region)))
     }
 }
 

@@ -79,7 +79,7 @@ impl RdmaPath {
         match self.placement {
             Placement::Direct => Ok((region.clone(), dst)),
             Placement::Staged => sluice_shm::MappedRegion::create("sluice-stage", len.max(1))
-                .map(|m| (Arc::new(SharedRegion(m)) as Arc<dyn HostRegion>, 0))
+                .map(|m| (Arc::new(SharedRegion::new(m)) as Arc<dyn HostRegion>, 0))
                 .map_err(|e| Fallback::new("transport", format!("no staging buffer: {e}"))),
         }
     }
