@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod capability;
+pub mod dc;
 pub mod memory;
 pub mod tcp;
 pub mod token;
