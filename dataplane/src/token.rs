@@ -39,7 +39,7 @@ impl fmt::Debug for Token {
             .field("size", &self.size)
             .field("lid", &self.lid)
             .field("dct", &format_args!("{:#x}", self.dct))
-            .field("gid", &self.gid.map(|g| std::net::Ipv6Addr::from(g)))
+            .field("gid", &self.gid.map(std::net::Ipv6Addr::from))
             .finish_non_exhaustive()
     }
 }

@@ -113,6 +113,16 @@ impl CompletionQueue {
     }
 }
 
+/// A completion's outcome.
+fn wc_result(wc: &sys::ibv_wc) -> Result<()> {
+    if wc.status == sys::IBV_WC_SUCCESS {
+        return Ok(());
+    }
+    // SAFETY: ibv_wc_status_str returns a pointer to a static string.
+    let s = unsafe { std::ffi::CStr::from_ptr(sys::ibv_wc_status_str(wc.status)) };
+    Err(RdmaError::Completion { status: s.to_string_lossy().into_owned(), vendor_err: wc.vendor_err })
+}
+
 /// Drains completions, then arms the channel and waits for it.
 async fn drive(inner: Arc<Inner>, afd: AsyncFd<ChannelFd>) {
     let mut wcs: [sys::ibv_wc; 16] = Default::default();
@@ -125,15 +135,8 @@ async fn drive(inner: Arc<Inner>, afd: AsyncFd<ChannelFd>) {
             }
             let mut waiters = inner.waiters.lock().unwrap_or_else(|p| p.into_inner());
             for wc in &wcs[..n as usize] {
-                let res = if wc.status == sys::IBV_WC_SUCCESS {
-                    Ok(())
-                } else {
-                    // SAFETY: ibv_wc_status_str returns a static string.
-                    let s = unsafe { std::ffi::CStr::from_ptr(sys::ibv_wc_status_str(wc.status)) };
-                    Err(RdmaError::Completion { status: s.to_string_lossy().into_owned(), vendor_err: wc.vendor_err })
-                };
                 if let Some(tx) = waiters.remove(&wc.wr_id) {
-                    let _ = tx.send(res);
+                    let _ = tx.send(wc_result(wc));
                 }
             }
         }
@@ -143,19 +146,12 @@ async fn drive(inner: Arc<Inner>, afd: AsyncFd<ChannelFd>) {
             return;
         }
         // A completion may have landed between the last poll and arming.
-        // SAFETY: as above; a zero-entry peek is not possible, so poll one.
         let mut wc: sys::ibv_wc = Default::default();
+        // SAFETY: cq is live; `wc` has room for one entry.
         let n = unsafe { sys::ibv_poll_cq(inner.cq.as_ptr(), 1, &mut wc) };
         if n > 0 {
-            let res = if wc.status == sys::IBV_WC_SUCCESS {
-                Ok(())
-            } else {
-                // SAFETY: static string.
-                let s = unsafe { std::ffi::CStr::from_ptr(sys::ibv_wc_status_str(wc.status)) };
-                Err(RdmaError::Completion { status: s.to_string_lossy().into_owned(), vendor_err: wc.vendor_err })
-            };
             if let Some(tx) = inner.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&wc.wr_id) {
-                let _ = tx.send(res);
+                let _ = tx.send(wc_result(&wc));
             }
             continue;
         }

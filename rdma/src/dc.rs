@@ -121,7 +121,7 @@ impl DcTarget {
             qp_state: sys::IBV_QPS_INIT,
             pkey_index: 0,
             port_num: port,
-            qp_access_flags: (sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ) as u32,
+            qp_access_flags: sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ,
             ..Default::default()
         };
         let mask = sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_ACCESS_FLAGS;

@@ -73,6 +73,27 @@ fn conn_param() -> sys::rdma_conn_param {
     }
 }
 
+/// Runs rdma_connect or rdma_accept (same signature) on a blocking thread:
+/// on a synchronous id they block until the connection is established.
+async fn establish(
+    id: &CmId,
+    op: &'static str,
+    call: unsafe extern "C" fn(*mut sys::rdma_cm_id, *mut sys::rdma_conn_param) -> std::os::raw::c_int,
+) -> Result<()> {
+    let raw = SendPtr(id.0.as_ptr());
+    blocking(move || {
+        let raw = raw;
+        let mut p = conn_param();
+        // SAFETY: the id is live (the caller holds it across the await) and
+        // has a QP; `p` outlives the call.
+        if unsafe { call(raw.0, &mut p) } != 0 {
+            return Err(RdmaError::last_os(op));
+        }
+        Ok(())
+    })
+    .await
+}
+
 /// A connected RC queue pair.
 pub struct QueuePair {
     id: Arc<CmId>,
@@ -144,17 +165,7 @@ impl QueuePair {
         let cq = CompletionQueue::new(&ctx, SEND_DEPTH as i32 * 2)?;
         create_qp(&id, &pd, &cq)?;
         let qp = Self { id, cq, pd };
-        let raw = SendPtr(qp.id.0.as_ptr());
-        blocking(move || {
-            let raw = raw;
-            let mut p = conn_param();
-            // SAFETY: synchronous id with a QP; blocks until established or refused.
-            if unsafe { sys::rdma_connect(raw.0, &mut p) } != 0 {
-                return Err(RdmaError::last_os("rdma_connect"));
-            }
-            Ok(())
-        })
-        .await?;
+        establish(&qp.id, "rdma_connect", sys::rdma_connect).await?;
         Ok(qp)
     }
 
@@ -319,17 +330,7 @@ impl Listener {
         let cq = CompletionQueue::new(&self.ctx, 16)?;
         create_qp(&id, &self.pd, &cq)?;
         let qp = QueuePair { id, cq, pd: self.pd.clone() };
-        let raw = SendPtr(qp.id.0.as_ptr());
-        blocking(move || {
-            let raw = raw;
-            let mut p = conn_param();
-            // SAFETY: the request id has a QP; blocks until established.
-            if unsafe { sys::rdma_accept(raw.0, &mut p) } != 0 {
-                return Err(RdmaError::last_os("rdma_accept"));
-            }
-            Ok(())
-        })
-        .await?;
+        establish(&qp.id, "rdma_accept", sys::rdma_accept).await?;
         Ok(qp)
     }
 }
