@@ -11,7 +11,9 @@ ip addr add 10.0.2.15/24 dev eth0
 rdma link add rxe0 type rxe netdev eth0 || echo "guest: rdma link add failed"
 echo "guest: $(ibv_devices | tail -n +3 | awk '{print $1}' | tr '\n' ' ')"
 cd "$PROJECT"
-export HOME=/tmp TMPDIR=/tmp SLUICE_RXE_DEVICE=rxe0
+# /run is a tmpfs in the guest (the host's root is read-only there).
+mkdir -p /run/sluice-tmp
+export HOME=/run/sluice-tmp TMPDIR=/run/sluice-tmp SLUICE_RXE_DEVICE=rxe0
 rc=0
 while IFS= read -r cmd; do
   [ -n "$cmd" ] || continue

@@ -142,7 +142,8 @@ impl Stack {
     }
 
     pub fn with(opts: Options) -> Self {
-        let dir = tempfile::Builder::new().prefix("sl").tempdir_in("/tmp").expect("tempdir");
+        // Short paths: Unix socket names are limited to 108 bytes.
+        let dir = tempfile::Builder::new().prefix("sl").tempdir_in(std::env::temp_dir()).expect("tempdir");
         let d = dir.path().to_owned();
         let data_dir = d.join("data");
         let mut children = Vec::new();
