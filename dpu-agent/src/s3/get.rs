@@ -207,6 +207,17 @@ impl ObjectStore {
         Ok(Ok((object_size, etag, FirstPart { resp, body_start, asked_end: first_end + 1 })))
     }
 
+    /// A ranged GET of `[from, to)`; `If-Match` on the ETag guards against
+    /// the object changing between parts (HTTP and RDMA parts alike).
+    pub(super) fn part_spec<'a>(&self, endpoint: &'a str, full: &'a str, from: u64, to: u64, etag: &str) -> Spec<'a> {
+        let spec = Spec::new(http::Method::GET, endpoint).key(full).header("range", format!("bytes={from}-{}", to - 1));
+        if etag.is_empty() {
+            spec
+        } else {
+            spec.header("if-match", etag.to_owned())
+        }
+    }
+
     /// Fetches `[from, to)` into `region` at `dst`, with retries. `If-Match`
     /// guards against the object changing between parts.
     #[allow(clippy::too_many_arguments)]
@@ -222,12 +233,7 @@ impl ObjectStore {
         request_id: &str,
     ) -> Result<(), S3Error> {
         self.retrying(|attempt| async move {
-            let mut spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
-                .key(full)
-                .header("range", format!("bytes={from}-{}", to - 1));
-            if !etag.is_empty() {
-                spec = spec.header("if-match", etag.to_owned());
-            }
+            let spec = self.part_spec(self.endpoint(base, attempt), full, from, to, etag);
             let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
             if resp.status() != http::StatusCode::PARTIAL_CONTENT {
                 return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status())));

@@ -152,13 +152,7 @@ impl ObjectStore {
             Ok(e) => e,
             Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
         };
-        let mut spec = Spec::new(http::Method::GET, self.endpoint(base, 0))
-            .key(full)
-            .header("range", format!("bytes={from}-{}", to - 1));
-        if !etag.is_empty() {
-            spec = spec.header("if-match", etag.to_owned());
-        }
-        let spec = rdma.spec(spec, exposure.token.to_string());
+        let spec = rdma.spec(self.part_spec(self.endpoint(base, 0), full, from, to, etag), exposure.token.to_string());
         let resp = match self.send(spec, request_id).await {
             Ok(r) => r,
             Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
