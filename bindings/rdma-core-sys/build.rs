@@ -24,7 +24,7 @@ fn main() {
     let wrap_c = out.join("static_wrappers.c");
     let mut b = bindgen::Builder::default()
         .header("wrapper.h")
-        .allowlist_function("ibv_.*|rdma_.*|mlx5dv_.*")
+        .allowlist_function("ibv_.*|___ibv_query_port|rdma_.*|mlx5dv_.*")
         .allowlist_type("ibv_.*|rdma_.*|mlx5dv_.*|mlx5_wqe_.*")
         .allowlist_var("IBV_.*|RDMA_.*|MLX5DV_.*")
         .wrap_static_fns(true)

@@ -6,6 +6,7 @@
 
 pub mod capability;
 pub mod dc;
+pub mod file;
 pub mod memory;
 pub mod tcp;
 pub mod token;

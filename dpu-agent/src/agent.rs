@@ -8,16 +8,14 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, Instrument};
 
-use crate::config::{AgentConfig, DataPathMode, Limits, Placement};
+use crate::config::{AgentConfig, Limits, Placement};
+use crate::dataplane::Dataplanes;
 use crate::error::AgentError;
 use crate::hostmem::{HostMemory, HostRegion, RegionExport};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::s3::rdma::{Fallback, RdmaPath};
 use crate::s3::{ListPage, ObjectMeta, ObjectStore};
-use sluice_dataplane::tcp::TcpOwner;
-use sluice_dataplane::verbs::VerbsOwner;
-use sluice_dataplane::TransportKind;
 
 /// Data path labels (metrics and reports).
 pub const DATA_PATH_HTTP: &str = "http";
@@ -29,8 +27,14 @@ struct Tenant {
 }
 
 /// The path label and fallback summary for a transfer.
-fn path_of(rdma_parts: u32, fallbacks: &[Fallback], placement: Placement) -> (&'static str, String) {
-    let reason = fallbacks.first().map(|f| format!("{}: {}", f.kind, f.message)).unwrap_or_default();
+/// A degraded namespace (its transport is unavailable) says so first.
+fn path_of(
+    rdma_parts: u32,
+    fallbacks: &[Fallback],
+    degraded: Option<&Fallback>,
+    placement: Placement,
+) -> (&'static str, String) {
+    let reason = degraded.or(fallbacks.first()).map(|f| format!("{}: {}", f.kind, f.message)).unwrap_or_default();
     if rdma_parts > 0 && fallbacks.is_empty() {
         (if placement == Placement::Staged { DATA_PATH_RDMA_STAGED } else { DATA_PATH_RDMA }, reason)
     } else {
@@ -101,8 +105,7 @@ impl Agent {
         cfg: &AgentConfig,
         memory: Arc<dyn HostMemory>,
         metrics: Arc<Metrics>,
-        tcp: Option<Arc<TcpOwner>>,
-        verbs: Option<Arc<VerbsOwner>>,
+        dataplanes: &Dataplanes,
     ) -> Result<Self, AgentError> {
         let http = crate::s3::http_client(&cfg.s3)?;
         let mut tenants = HashMap::new();
@@ -114,25 +117,14 @@ impl Agent {
                     .get(&ns.credentials)
                     .ok_or_else(|| AgentError::BadRequest(format!("credentials {:?} missing", ns.credentials)))?;
                 let secret = cred.load_secret().map_err(|e| AgentError::BadRequest(e.to_string()))?;
-                let transport: Option<(Arc<dyn sluice_dataplane::Transport>, TransportKind)> =
-                    match ns.transport.as_str() {
-                        "verbs-rc" => {
-                            verbs.clone().map(|v| (v as Arc<dyn sluice_dataplane::Transport>, TransportKind::VerbsRc))
-                        }
-                        _ => tcp.clone().map(|t| (t as Arc<dyn sluice_dataplane::Transport>, TransportKind::Tcp)),
-                    };
-                let rdma = match (ns.data_path, transport) {
-                    (DataPathMode::Http, _) => None,
-                    (mode, Some((transport, kind))) => {
-                        Some(RdmaPath { transport, kind, mode, placement: ns.placement, min_bytes: ns.rdma_min_bytes })
-                    }
-                    (_, None) => {
-                        return Err(AgentError::BadRequest(format!(
-                            "namespace {:?} wants RDMA but no data-plane transport is running",
-                            ns.name
-                        )))
-                    }
-                };
+                let chosen = dataplanes.choose(&t.name, ns).map_err(AgentError::BadRequest)?;
+                let rdma = chosen.transport.map(|(transport, kind)| RdmaPath {
+                    transport,
+                    kind,
+                    mode: ns.data_path,
+                    placement: ns.placement,
+                    min_bytes: ns.rdma_min_bytes,
+                });
                 let store = ObjectStore::new(
                     http.clone(),
                     ns,
@@ -142,7 +134,8 @@ impl Agent {
                     cfg.s3.clone(),
                     metrics.s3_retries.clone(),
                     rdma,
-                );
+                )
+                .with_degraded(chosen.degraded);
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });
@@ -281,8 +274,13 @@ impl Agent {
 
     /// Fallbacks are loud: a warning (logged where they happen), a counter by
     /// reason, and the session's count.
-    fn record_fallbacks(&self, s: &Session, namespace: &str, op: &str, fallbacks: &[Fallback]) {
-        for f in fallbacks {
+    fn record_fallbacks(&self, s: &Session, namespace: &str, op: &str, store: &ObjectStore, fallbacks: &[Fallback]) {
+        if let Some(d) = store.degraded() {
+            // Warned once at startup; per request it is counted and reported.
+            tracing::debug!(tenant = %s.tenant, namespace, op, reason = %d.message, "configured transport unavailable");
+        }
+        let fallbacks: Vec<&Fallback> = store.degraded().into_iter().chain(fallbacks).collect();
+        for f in &fallbacks {
             self.metrics.fallbacks.with_label_values(&[&s.tenant, namespace, op, f.kind]).inc();
         }
         if !fallbacks.is_empty() {
@@ -309,8 +307,9 @@ impl Agent {
             let (start, len) = range.unwrap_or((0, None));
             let t0 = Instant::now();
             let out = store.get_into(key, start, len, &region, offset, request_id).await?;
-            self.record_fallbacks(&s, namespace, "get", &out.fallbacks);
-            let (data_path, fallback_reason) = path_of(out.rdma_parts, &out.fallbacks, store.placement());
+            self.record_fallbacks(&s, namespace, "get", &store, &out.fallbacks);
+            let (data_path, fallback_reason) =
+                path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
             Ok(TransferReport {
                 bytes: out.bytes,
                 data_path,
@@ -344,8 +343,9 @@ impl Agent {
             region.check(offset, length)?;
             let t0 = Instant::now();
             let out = store.put_from(key, &region, offset, length, content_type, request_id).await?;
-            self.record_fallbacks(&s, namespace, "put", &out.fallbacks);
-            let (data_path, fallback_reason) = path_of(out.rdma_parts, &out.fallbacks, store.placement());
+            self.record_fallbacks(&s, namespace, "put", &store, &out.fallbacks);
+            let (data_path, fallback_reason) =
+                path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
             Ok(TransferReport {
                 bytes: length,
                 data_path,

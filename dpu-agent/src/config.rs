@@ -152,8 +152,11 @@ pub struct NamespaceConfig {
     /// object's size, goes over HTTP). RDMA falls back to HTTP loudly.
     #[serde(default)]
     pub data_path: DataPathMode,
-    /// The one-sided transport the endpoints serve (`tcp` for now). Tokens
-    /// are only ever sent to endpoints configured for their transport.
+    /// The one-sided transport the endpoints serve: `tcp` (software),
+    /// `verbs-rc` (RDMA reliable connections, needs `[dataplane]
+    /// verbs_listen`) or `dc` (mlx5 DC, the standard token; needs
+    /// `[dataplane.dc]`). Tokens are only ever sent to endpoints configured
+    /// for their transport.
     #[serde(default = "default_transport")]
     pub transport: String,
     /// `direct`: the store writes into / reads from the host region itself.
@@ -202,11 +205,55 @@ pub struct DataplaneConfig {
     /// IP address of the RDMA device the verbs RC transport listens on
     /// (rdma_cm); required when a namespace uses `transport = "verbs-rc"`.
     pub verbs_listen: Option<std::net::Ipv4Addr>,
+    /// The mlx5 device for `transport = "dc"` namespaces.
+    pub dc: Option<DcConfig>,
 }
 
 impl Default for DataplaneConfig {
     fn default() -> Self {
-        Self { tcp_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)), tcp_advertise: None, verbs_listen: None }
+        Self {
+            tcp_listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+            tcp_advertise: None,
+            verbs_listen: None,
+            dc: None,
+        }
+    }
+}
+
+/// Where the agent's DC targets live (one per tenant, each in the tenant's
+/// protection domain).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DcConfig {
+    /// Verbs device name, e.g. "mlx5_0".
+    pub device: String,
+    /// Port, 1-based.
+    #[serde(default = "default_dc_port")]
+    pub port: u8,
+    /// Source GID index; absent picks the RoCE v2 entry with an IPv4 address.
+    #[serde(default)]
+    pub gid_index: Option<u8>,
+    /// DC access key, the same on every peer (peers default to 0xffeeddcc).
+    #[serde(default = "default_dc_key")]
+    pub key: u64,
+}
+
+fn default_dc_port() -> u8 {
+    1
+}
+
+fn default_dc_key() -> u64 {
+    sluice_dataplane::dc::DEFAULT_DC_KEY
+}
+
+impl DcConfig {
+    pub fn settings(&self) -> sluice_dataplane::dc::DcSettings {
+        sluice_dataplane::dc::DcSettings {
+            device: self.device.clone(),
+            port: self.port,
+            gid_index: self.gid_index,
+            key: self.key,
+        }
     }
 }
 
@@ -267,11 +314,14 @@ impl AgentConfig {
                 if ns.bucket.is_empty() {
                     return bad(format!("namespace {:?}: bucket is empty", ns.name));
                 }
-                if ns.data_path != DataPathMode::Http && ns.transport != "tcp" && ns.transport != "verbs-rc" {
+                if ns.data_path != DataPathMode::Http && !["tcp", "verbs-rc", "dc"].contains(&ns.transport.as_str()) {
                     return bad(format!(
-                        "namespace {:?}: transport {:?} is not available in this build (use \"tcp\" or \"verbs-rc\")",
+                        "namespace {:?}: unknown transport {:?} (use \"tcp\", \"verbs-rc\" or \"dc\")",
                         ns.name, ns.transport
                     ));
+                }
+                if ns.data_path != DataPathMode::Http && ns.transport == "dc" && self.dataplane.dc.is_none() {
+                    return bad(format!("namespace {:?}: transport \"dc\" needs [dataplane.dc]", ns.name));
                 }
                 if ns.data_path != DataPathMode::Http
                     && ns.transport == "verbs-rc"
@@ -347,6 +397,31 @@ mod tests {
         cfg.tenants[0].namespaces[0].credentials = "nope".into();
         let err = cfg.validate().unwrap_err().to_string();
         assert!(err.contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn dc_transport_needs_its_device_section() {
+        let mut cfg: AgentConfig = toml::from_str(EXAMPLE).unwrap();
+        let ns = &mut cfg.tenants[0].namespaces[0];
+        ns.data_path = DataPathMode::Rdma;
+        ns.transport = "dc".into();
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("[dataplane.dc]"), "{err}");
+        // The commented example section, uncommented, is what it needs.
+        let section: String = EXAMPLE
+            .lines()
+            .skip_while(|l| !l.starts_with("# [dataplane.dc]"))
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{}\n", l.trim_start_matches("# ")))
+            .collect();
+        let dc: std::collections::HashMap<String, DcConfig> =
+            toml::from_str::<toml::Table>(&section).unwrap()["dataplane"].clone().try_into().unwrap();
+        let dc = &dc["dc"];
+        assert_eq!((dc.device.as_str(), dc.port, dc.gid_index, dc.key), ("mlx5_0", 1, Some(3), 0xffee_ddcc));
+        cfg.dataplane.dc = Some(dc.clone());
+        cfg.validate().unwrap();
+        cfg.tenants[0].namespaces[0].transport = "carrier-pigeon".into();
+        assert!(cfg.validate().unwrap_err().to_string().contains("unknown transport"));
     }
 
     #[test]

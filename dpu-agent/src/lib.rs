@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod dataplane;
 pub mod error;
 pub mod grpc;
 pub mod hostmem;

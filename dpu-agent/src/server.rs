@@ -11,12 +11,11 @@ use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tracing::info;
 
 use crate::agent::Agent;
-use crate::config::{AgentConfig, DataPathMode};
+use crate::config::AgentConfig;
+use crate::dataplane::{DataplaneError, Dataplanes};
 use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::metrics::Metrics;
-use sluice_dataplane::tcp::TcpOwner;
-use sluice_dataplane::verbs::VerbsOwner;
 
 /// Errors starting the agent.
 #[derive(Debug, thiserror::Error)]
@@ -32,8 +31,8 @@ pub enum ServeError {
     Agent(#[from] crate::error::AgentError),
     #[error("gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
-    #[error("verbs transport: {0}")]
-    Verbs(String),
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
 }
 
 /// Where the agent ended up listening.
@@ -62,30 +61,8 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
     let memory = ColocatedMemory::new();
-    // The tcp data-plane transport runs when any namespace may use RDMA.
-    let rdma_ns = || cfg.tenants.iter().flat_map(|t| &t.namespaces).filter(|n| n.data_path != DataPathMode::Http);
-    let wants_rdma = rdma_ns().any(|n| n.transport == "tcp");
-    let verbs = match (rdma_ns().any(|n| n.transport == "verbs-rc"), cfg.dataplane.verbs_listen) {
-        (true, Some(ip)) => {
-            let owner = VerbsOwner::bind(ip).map_err(|e| ServeError::Verbs(e.to_string()))?;
-            info!(ip = %ip, port = owner.port(), "verbs RC data-plane transport listening");
-            Some(owner)
-        }
-        _ => None,
-    };
-    let tcp = if wants_rdma {
-        let (owner, listener) =
-            TcpOwner::bind(cfg.dataplane.tcp_listen, cfg.dataplane.tcp_advertise).await.map_err(|source| {
-                ServeError::Bind { what: "tcp data plane", at: cfg.dataplane.tcp_listen.to_string(), source }
-            })?;
-        info!(addr = %owner.advertised(), "tcp data-plane transport listening");
-        metrics.watch_rejections(owner.table().clone());
-        tokio::spawn(owner.clone().serve(listener));
-        Some(owner)
-    } else {
-        None
-    };
-    let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone(), tcp, verbs)?);
+    let dataplanes = Dataplanes::start(&cfg, &metrics).await?;
+    let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone(), &dataplanes)?);
 
     let mem_listener = bind_unix("memory socket", &cfg.memory_socket)?;
     tokio::spawn(memory.serve(mem_listener));

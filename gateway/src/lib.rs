@@ -129,12 +129,72 @@ pub struct RdmaConfig {
     pub max_op_bytes: u64,
     /// Serve the verbs RC transport (needs an RDMA device on this machine).
     pub verbs: bool,
+    /// Serve standard tokens through mlx5 DC (`[rdma.dc]`); absent, they are
+    /// declined with 501 so clients fall back.
+    pub dc: Option<DcConfig>,
 }
 
 impl Default for RdmaConfig {
     fn default() -> Self {
-        Self { tcp: true, max_op_bytes: sluice_dataplane::MAX_OP_BYTES, verbs: false }
+        Self { tcp: true, max_op_bytes: sluice_dataplane::MAX_OP_BYTES, verbs: false, dc: None }
     }
+}
+
+/// The mlx5 device the gateway's DC initiator runs on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DcConfig {
+    /// Verbs device name, e.g. "mlx5_0".
+    pub device: String,
+    /// Port, 1-based.
+    #[serde(default = "one")]
+    pub port: u8,
+    /// Source GID index; absent picks the RoCE v2 entry with an IPv4 address.
+    #[serde(default)]
+    pub gid_index: Option<u8>,
+    /// DC access key, the same on every peer (peers default to 0xffeeddcc).
+    #[serde(default = "default_dc_key")]
+    pub key: u64,
+}
+
+fn one() -> u8 {
+    1
+}
+
+fn default_dc_key() -> u64 {
+    sluice_dataplane::dc::DEFAULT_DC_KEY
+}
+
+impl DcConfig {
+    fn settings(&self) -> sluice_dataplane::dc::DcSettings {
+        sluice_dataplane::dc::DcSettings {
+            device: self.device.clone(),
+            port: self.port,
+            gid_index: self.gid_index,
+            key: self.key,
+        }
+    }
+}
+
+/// Wraps `inner` with the RDMA data path the config asks for. A configured
+/// DC device that cannot do DC is a startup error, not a silent 501.
+fn with_rdma<S: s3s::S3>(
+    inner: S,
+    cfg: &RdmaConfig,
+    local_root: Option<PathBuf>,
+) -> Result<rdma::RdmaGateway<S>, GatewayError> {
+    let mut g = rdma::RdmaGateway::new(inner, cfg.tcp, cfg.max_op_bytes, local_root);
+    if cfg.verbs {
+        g = g.with_verbs();
+    }
+    if let Some(dc) = &cfg.dc {
+        let remote = sluice_dataplane::dc::DcDevice::open(&dc.settings())
+            .and_then(|d| d.remote())
+            .map_err(|e| GatewayError::Invalid(format!("[rdma.dc] on {:?}: {e}", dc.device)))?;
+        info!(device = %dc.device, port = dc.port, "serving standard tokens through mlx5 DC");
+        g = g.with_dc(remote);
+    }
+    Ok(g)
 }
 
 impl GatewayConfig {
@@ -208,11 +268,7 @@ impl Gateway {
                     .data_dir
                     .canonicalize()
                     .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
-                let mut g = rdma::RdmaGateway::new(fs, cfg.rdma.tcp, cfg.rdma.max_op_bytes, Some(root));
-                if cfg.rdma.verbs {
-                    g = g.with_verbs();
-                }
-                let mut b = S3ServiceBuilder::new(g);
+                let mut b = S3ServiceBuilder::new(with_rdma(fs, &cfg.rdma, Some(root))?);
                 b.set_auth(auth);
                 b.build()
             }
@@ -227,11 +283,7 @@ impl Gateway {
                     }
                 };
                 let proxy = upstream::proxy(endpoint, region, access_key, &secret)?;
-                let mut g = rdma::RdmaGateway::new(proxy, cfg.rdma.tcp, cfg.rdma.max_op_bytes, None);
-                if cfg.rdma.verbs {
-                    g = g.with_verbs();
-                }
-                let mut b = S3ServiceBuilder::new(g);
+                let mut b = S3ServiceBuilder::new(with_rdma(proxy, &cfg.rdma, None)?);
                 b.set_auth(auth);
                 b.build()
             }
@@ -334,6 +386,31 @@ secret_key = "SECRET"
             "listen = \"127.0.0.1:0\"\ndata_dir = \"/x\"\ncredentials = []\n[backend]\nkind = \"ftp\"\n",
         );
         assert!(bad.is_err());
+    }
+
+    /// A DC device that is absent (or cannot do DC) stops the gateway with
+    /// an error naming the section, never a silent 501 for every token.
+    #[tokio::test]
+    async fn dc_without_a_dc_device_is_a_startup_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg: GatewayConfig = toml::from_str(&format!(
+            r#"listen = "127.0.0.1:0"
+data_dir = "{}"
+[[credentials]]
+access_key = "a"
+secret_key = "b"
+[rdma.dc]
+device = "mlx5_0"
+key = 0xffeeddcc
+"#,
+            dir.path().display()
+        ))
+        .unwrap();
+        let dc = cfg.rdma.dc.as_ref().unwrap();
+        assert_eq!((dc.port, dc.gid_index, dc.key), (1, None, 0xffee_ddcc));
+        let err = Gateway::bind(&cfg).await.err().expect("no mlx5 device here");
+        let msg = err.to_string();
+        assert!(msg.contains("[rdma.dc]") && msg.contains("mlx5_0"), "{msg}");
     }
 
     #[test]

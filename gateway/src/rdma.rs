@@ -19,6 +19,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 use sluice_dataplane::tcp::TcpRemote;
+use sluice_dataplane::verbs::VerbsRemote;
 use sluice_dataplane::{Token, TransportError, TransportKind, TRANSPORT_HEADER};
 use tracing::warn;
 
@@ -48,7 +49,9 @@ struct PutFlags {
 pub struct RdmaGateway<S> {
     inner: S,
     tcp: Option<TcpRemote>,
-    verbs: Option<sluice_dataplane::verbs::VerbsRemote>,
+    verbs: Option<VerbsRemote>,
+    /// Standard (mlx5 DC) tokens, when a DC-capable device is configured.
+    dc: Option<VerbsRemote>,
     /// When the backend is the local directory store: its root, for reading
     /// object files directly (large reads; `sendfile` for RDMA WRITEs).
     local_root: Option<PathBuf>,
@@ -57,16 +60,32 @@ pub struct RdmaGateway<S> {
 
 impl<S: S3> RdmaGateway<S> {
     /// `tcp`: serve Sluice's `tcp` software transport, with operations of at
-    /// most `max_op` bytes. Standard (mlx5 DC) tokens need an RDMA device,
-    /// which this build does not drive yet: they are declined with 501.
+    /// most `max_op` bytes. Standard (mlx5 DC) tokens are declined with 501
+    /// unless [`RdmaGateway::with_dc`] gives a DC initiator.
     pub fn new(inner: S, tcp: bool, max_op: u64, local_root: Option<PathBuf>) -> Self {
-        Self { inner, tcp: tcp.then(|| TcpRemote::new(max_op)), verbs: None, local_root, stats: Arc::default() }
+        let tcp = tcp.then(|| TcpRemote::new(max_op));
+        Self { inner, tcp, verbs: None, dc: None, local_root, stats: Arc::default() }
     }
 
     /// Also serve the verbs RC transport (needs an RDMA device).
     pub fn with_verbs(mut self) -> Self {
-        self.verbs = Some(sluice_dataplane::verbs::VerbsRemote::new());
+        self.verbs = Some(VerbsRemote::new());
         self
+    }
+
+    /// Also serve standard tokens through mlx5 DC.
+    pub fn with_dc(mut self, dc: VerbsRemote) -> Self {
+        self.dc = Some(dc);
+        self
+    }
+
+    /// The verbs remote serving `kind`, if it is a verbs kind this gateway serves.
+    fn verbs_for(&self, kind: TransportKind) -> Option<&VerbsRemote> {
+        match kind {
+            TransportKind::VerbsRc => self.verbs.as_ref(),
+            TransportKind::Dc => self.dc.as_ref(),
+            TransportKind::Tcp => None,
+        }
     }
 
     /// The object's file in the local store, if it is the one the backend
@@ -85,29 +104,13 @@ impl<S: S3> RdmaGateway<S> {
     }
 }
 
-/// A file span as a body stream, read in large blocks off the async threads.
+/// A file span as a body stream, read in 1 MiB blocks (s3s-fs reads 4 KiB).
 fn file_stream(
     file: std::fs::File,
     start: u64,
     len: u64,
 ) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send + Sync + 'static {
-    const BLOCK: u64 = 1 << 20;
-    let file = Arc::new(file);
-    futures::stream::try_unfold((file, start, len), |(file, pos, left)| async move {
-        if left == 0 {
-            return Ok(None);
-        }
-        let n = left.min(BLOCK) as usize;
-        let f = file.clone();
-        let buf = tokio::task::spawn_blocking(move || {
-            use std::os::unix::fs::FileExt;
-            let mut b = vec![0u8; n];
-            f.read_exact_at(&mut b, pos).map(|()| b)
-        })
-        .await
-        .map_err(std::io::Error::other)??;
-        Ok(Some((bytes::Bytes::from(buf), (file, pos + n as u64, left - n as u64))))
-    })
+    sluice_dataplane::file::span_stream(file, start, len, 1 << 20)
 }
 
 fn error(code: &str, status: StatusCode, msg: impl Into<String>) -> S3Error {
@@ -158,9 +161,10 @@ impl<S: S3> RdmaGateway<S> {
         }
         let transport = headers.get(TRANSPORT_HEADER).and_then(|v| v.to_str().ok());
         match transport.map(TransportKind::parse) {
+            None if self.dc.is_some() => Ok(Some(RdmaAsk { token, kind: TransportKind::Dc })),
             None => {
                 self.stats.declined.fetch_add(1, Ordering::Relaxed);
-                Err(decline("standard (mlx5 DC) tokens need an RDMA device; none is available here"))
+                Err(decline("standard (mlx5 DC) tokens need a DC-capable RDMA device; none is configured here"))
             }
             Some(Some(kind @ (TransportKind::Tcp | TransportKind::VerbsRc)))
                 if (kind == TransportKind::Tcp && self.tcp.is_some())
@@ -203,17 +207,17 @@ impl<S: S3> RdmaGateway<S> {
         // partial transfer, said in bytes-transferred and Content-Range.
         let n = len.min(ask.token.size);
         let body = out.body.take().map(|b| b.boxed()).unwrap_or_else(|| futures::stream::empty().boxed());
-        let moved = match (ask.kind, local, &self.verbs) {
-            (TransportKind::VerbsRc, Some((file, start, _)), Some(v)) => {
+        let moved = match (self.verbs_for(ask.kind), local) {
+            (Some(v), Some((file, start, _))) => {
                 drop(body);
                 v.write_file(&ask.token, &file, start, n).await
             }
-            (TransportKind::VerbsRc, None, Some(v)) => v.write_stream(&ask.token, n, body).await,
-            (_, Some((file, start, _)), _) => {
+            (Some(v), None) => v.write_stream(&ask.token, n, body).await,
+            (None, Some((file, start, _))) => {
                 drop(body);
                 self.tcp().write_file(&ask.token, &file, start, n).await
             }
-            (_, None, _) => self.tcp().write_stream(&ask.token, n, body).await,
+            (None, None) => self.tcp().write_stream(&ask.token, n, body).await,
         };
         let moved = match moved {
             Ok(m) => m,
@@ -239,7 +243,7 @@ impl<S: S3> RdmaGateway<S> {
         out.content_length = Some(0);
         resp.status = Some(if partial { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK });
         resp.headers.extend(Self::reply_headers(if partial { 206 } else { 200 }, moved));
-        tracing::debug!(bytes = moved, "served GET over RDMA (tcp)");
+        tracing::debug!(bytes = moved, transport = ask.kind.as_str(), "served GET over RDMA");
         Ok(resp)
     }
 
@@ -257,9 +261,9 @@ impl<S: S3> RdmaGateway<S> {
             flags: Arc<PutFlags>,
         }
         let st = St {
-            inner: match (ask.kind, &self.verbs) {
-                (TransportKind::VerbsRc, Some(v)) => Box::pin(v.read_stream(token, token.size)),
-                _ => Box::pin(self.tcp().read_stream(token, token.size)),
+            inner: match self.verbs_for(ask.kind) {
+                Some(v) => Box::pin(v.read_stream(token, token.size)),
+                None => Box::pin(self.tcp().read_stream(token, token.size)),
             },
             digest: crc64fast_nvme::Digest::new(),
             expected: expected_crc,

@@ -12,7 +12,11 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use crate::error::{RdmaError, Result};
-use crate::memory::Context;
+use crate::memory::{Context, MemoryRegion};
+
+/// The outcome of a one-sided operation: the local region back, with the
+/// error if it failed.
+pub type PostResult = std::result::Result<Arc<MemoryRegion>, (RdmaError, Arc<MemoryRegion>)>;
 
 type Waiters = Mutex<HashMap<u64, oneshot::Sender<Result<()>>>>;
 
@@ -100,15 +104,45 @@ impl CompletionQueue {
     }
 
     /// A work-request id and the receiver its completion will arrive on.
-    pub(crate) fn expect(&self) -> (u64, oneshot::Receiver<Result<()>>) {
+    fn expect(&self) -> (u64, oneshot::Receiver<Result<()>>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.inner.waiters.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
         (id, rx)
     }
 
+    /// Posts one signaled work request over `len` bytes at `local_off` of
+    /// `local` (`post` gets its id) and waits for its completion. The
+    /// region comes back either way, with the error if the post or the
+    /// completion failed.
+    pub(crate) async fn run(
+        &self,
+        local: Arc<MemoryRegion>,
+        local_off: u64,
+        len: u32,
+        post: impl FnOnce(u64, &MemoryRegion) -> Result<()>,
+    ) -> PostResult {
+        if local_off.checked_add(u64::from(len)).is_none_or(|end| end > local.len()) {
+            let e =
+                RdmaError::Invalid(format!("{len} bytes at {local_off} outside the {}-byte local region", local.len()));
+            return Err((e, local));
+        }
+        let (wr_id, rx) = self.expect();
+        // Posting is synchronous; the work request lives only in `post`, so
+        // nothing non-Send is held across the await below.
+        if let Err(e) = post(wr_id, &local) {
+            self.forget(wr_id);
+            return Err((e, local));
+        }
+        match rx.await {
+            Ok(Ok(())) => Ok(local),
+            Ok(Err(e)) => Err((e, local)),
+            Err(_) => Err((RdmaError::Closed, local)),
+        }
+    }
+
     /// Forgets a waiter whose post failed.
-    pub(crate) fn forget(&self, id: u64) {
+    fn forget(&self, id: u64) {
         self.inner.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 }

@@ -68,7 +68,7 @@ impl Drop for DcTarget {
     }
 }
 
-fn unsupported(op: &'static str) -> RdmaError {
+pub(crate) fn unsupported(op: &'static str) -> RdmaError {
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
         Some(libc::EOPNOTSUPP) | Some(libc::EPROTONOSUPPORT) | Some(libc::EINVAL) => RdmaError::Unsupported(format!(

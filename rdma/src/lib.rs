@@ -8,15 +8,19 @@
 
 mod cq;
 pub mod dc;
+pub mod dci;
 mod device;
 mod error;
 mod memory;
+mod port;
 mod qp;
 
 pub use cq::CompletionQueue;
+pub use cq::PostResult;
 pub use device::{devices, DeviceInfo};
 pub use error::{RdmaError, Result};
 pub use memory::{Access, Buffer, Context, MemoryRegion, PinnedMemory, ProtectionDomain};
+pub use port::{pick_ipv4_gid, GidEntry, PortInfo};
 pub use qp::{Listener, QueuePair};
 
 #[cfg(test)]

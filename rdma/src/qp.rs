@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rdma_core_sys as sys;
 
-use crate::cq::CompletionQueue;
+use crate::cq::{CompletionQueue, PostResult};
 use crate::error::{RdmaError, Result};
 use crate::memory::{Context, MemoryRegion, ProtectionDomain};
 
@@ -196,7 +196,7 @@ impl QueuePair {
         len: u32,
         remote_addr: u64,
         rkey: u32,
-    ) -> std::result::Result<Arc<MemoryRegion>, (RdmaError, Arc<MemoryRegion>)> {
+    ) -> PostResult {
         self.post(sys::IBV_WR_RDMA_WRITE, local, local_off, len, remote_addr, rkey).await
     }
 
@@ -208,7 +208,7 @@ impl QueuePair {
         len: u32,
         remote_addr: u64,
         rkey: u32,
-    ) -> std::result::Result<Arc<MemoryRegion>, (RdmaError, Arc<MemoryRegion>)> {
+    ) -> PostResult {
         self.post(sys::IBV_WR_RDMA_READ, local, local_off, len, remote_addr, rkey).await
     }
 
@@ -220,24 +220,10 @@ impl QueuePair {
         len: u32,
         remote_addr: u64,
         rkey: u32,
-    ) -> std::result::Result<Arc<MemoryRegion>, (RdmaError, Arc<MemoryRegion>)> {
-        if local_off.checked_add(u64::from(len)).is_none_or(|end| end > local.len()) {
-            let e =
-                RdmaError::Invalid(format!("{len} bytes at {local_off} outside the {}-byte local region", local.len()));
-            return Err((e, local));
-        }
-        let (wr_id, rx) = self.cq.expect();
-        // Posting is synchronous; the work request lives only in this call,
-        // so nothing non-Send is held across the await below.
-        if let Err(e) = self.post_now(wr_id, opcode, &local, local_off, len, remote_addr, rkey) {
-            self.cq.forget(wr_id);
-            return Err((e, local));
-        }
-        match rx.await {
-            Ok(Ok(())) => Ok(local),
-            Ok(Err(e)) => Err((e, local)),
-            Err(_) => Err((RdmaError::Closed, local)),
-        }
+    ) -> PostResult {
+        self.cq
+            .run(local, local_off, len, |wr_id, mr| self.post_now(wr_id, opcode, mr, local_off, len, remote_addr, rkey))
+            .await
     }
 }
 

@@ -51,8 +51,8 @@ async fn pair(len: usize) -> Pair {
 
 fn local(qp: &QueuePair, data: &[u8]) -> Arc<MemoryRegion> {
     let b = Buffer::zeroed(data.len());
-    b.write_at(0, data).unwrap();
-    MemoryRegion::register(qp.pd(), b, Access::LOCAL).unwrap()
+    b.write_at(0, data).expect("fill local buffer");
+    MemoryRegion::register(qp.pd(), b, Access::LOCAL).expect("register local MR")
 }
 
 #[test]
@@ -115,6 +115,26 @@ async fn bad_rkey_is_an_error_completion() {
         p.qp.write(src, 0, 1000, p.owner_mr.addr(), p.owner_mr.rkey() ^ 0x5a5a).await.expect_err("bad rkey must fail");
     assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
     assert!(p.owner_buf.to_vec().iter().all(|&b| b == 0), "nothing written");
+}
+
+/// One protection domain per tenant: tenant A's valid window and rkey,
+/// used over tenant B's connection (another listener, another PD), is
+/// refused by the device and nothing of A's changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rkey_of_another_protection_domain_is_refused() {
+    let a = pair(64 << 10).await;
+    let b = pair(64 << 10).await;
+    let src = local(&b.qp, &[7u8; 4096]);
+    let (err, _src) =
+        b.qp.write(src, 0, 4096, a.owner_mr.addr(), a.owner_mr.rkey())
+            .await
+            .expect_err("A's rkey must not work over B's connection");
+    assert!(matches!(err, RdmaError::Completion { .. }), "{err}");
+    assert!(a.owner_buf.to_vec().iter().all(|&x| x == 0), "nothing of A's written");
+    // The same operation over A's own connection works.
+    let src = local(&a.qp, &[7u8; 4096]);
+    a.qp.write(src, 0, 4096, a.owner_mr.addr(), a.owner_mr.rkey()).await.map_err(|(e, _)| e).unwrap();
+    assert_eq!(&a.owner_buf.to_vec()[..4096], &[7u8; 4096][..]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,4 +218,34 @@ async fn dc_on_a_device_without_dc_is_a_clear_error() {
         Err(e) => panic!("expected Unsupported, got {e}"),
         Ok(_) => panic!("rxe unexpectedly created a DC target"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dc_initiator_on_a_device_without_dc_is_a_clear_error() {
+    let ctx = Context::open(&device()).unwrap();
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    match sluice_rdma::dci::DcInitiator::create(&pd, 1, 1, sluice_rdma::dc::DEFAULT_DC_KEY) {
+        Err(RdmaError::Unsupported(msg)) => assert!(msg.contains("Dynamically Connected"), "{msg}"),
+        Err(e) => panic!("expected Unsupported, got {e}"),
+        Ok(_) => panic!("rxe unexpectedly created a DC initiator"),
+    }
+}
+
+/// What a DC target would put in its token: the port's LID and the RoCE v2
+/// GID carrying the device's IPv4 address.
+#[test]
+fn port_and_gid_table() {
+    let ctx = Context::open(&device()).unwrap();
+    let port = ctx.port(1).expect("query port 1");
+    assert!(port.active, "rxe0 port 1 is not active");
+    assert!(port.max_message >= 1 << 20, "max message {}", port.max_message);
+    assert!(port.gid_table_len > 0);
+    let gids = ctx.gids(1).expect("GID table");
+    let picked = sluice_rdma::pick_ipv4_gid(&gids, Some(ip())).expect("a GID for the device's IPv4 address");
+    assert_eq!(picked.ipv4(), Some(ip()));
+    assert!(picked.roce_v2, "rxe exposes RoCE v2 GIDs: {gids:?}");
+    // An address handle to ourselves over that GID can be created.
+    let pd = ProtectionDomain::new(&ctx).unwrap();
+    let at = sluice_rdma::dc::DcAddress { dct_number: 1, lid: port.lid, gid: Some(picked.gid) };
+    sluice_rdma::dci::AddressHandle::create(&pd, &at, 1, picked.index).expect("address handle from a token's address");
 }

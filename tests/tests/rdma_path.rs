@@ -124,6 +124,32 @@ async fn fallback_to_http_is_loud_and_correct() {
     assert!(stack.log("sluice-agent").contains("fell back to HTTP"), "a warning is logged");
 }
 
+/// A namespace configured for mlx5 DC on a machine without it (here: no
+/// RDMA at all, no verbs_listen) moves its bytes over HTTP, and says why on
+/// every request: fallback_reason, the counter, and a startup warning.
+#[tokio::test]
+async fn dc_without_a_device_falls_back_loudly() {
+    let stack = Stack::with(Options {
+        data_ns: "data_path = \"rdma\"\ntransport = \"dc\"".into(),
+        agent_dataplane: "[dataplane.dc]\ndevice = \"mlx5_0\"".into(),
+        ..Default::default()
+    });
+    let c = stack.client().await;
+    let data = pattern((1 << 20) + 3, 12);
+    let t = put(&c, "data/dc-fb", &data).await;
+    assert_eq!(t.data_path, "http");
+    assert!(t.fallback_reason.starts_with("dc_unavailable"), "{}", t.fallback_reason);
+    assert!(t.fallback_reason.contains("HTTP"), "{}", t.fallback_reason);
+    let (back, t) = get(&c, "data/dc-fb", data.len()).await;
+    assert_eq!((t.data_path, sha256(&back)), ("http", sha256(&data)));
+    assert!(t.fallback_reason.starts_with("dc_unavailable"), "{}", t.fallback_reason);
+    for op in ["get", "put"] {
+        let n = stack.metric("sluice_agent_fallbacks_total", &["reason=\"dc_unavailable\"", &format!("op=\"{op}\"")]);
+        assert_eq!(n, 1.0, "{op}");
+    }
+    assert!(stack.log("sluice-agent").contains("mlx5 DC is unavailable"), "startup warning");
+}
+
 #[tokio::test]
 async fn transfers_split_into_bounded_operations() {
     // Operations capped at 64 KiB: every part is many WRITEs/READs.

@@ -44,3 +44,33 @@ async fn get_and_put_over_verbs() {
     assert_eq!(r.as_slice()[4095], 0xAB);
     println!("verbs e2e: 4 PUTs, 5 GETs over verbs RC on rxe0, bytes verified");
 }
+
+/// A namespace configured for mlx5 DC on rxe0 (which has no DC) falls back
+/// to verbs RC, loudly, and still moves bytes one-sidedly and correctly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dc_namespace_falls_back_to_verbs_rc_on_soft_roce() {
+    assert!(
+        std::path::Path::new("/sys/class/infiniband").exists(),
+        "the verbs lane needs an RDMA device: run via scripts/rxe-vm"
+    );
+    let stack = Stack::with(Options {
+        data_ns: "data_path = \"rdma\"\ntransport = \"dc\"".into(),
+        gateway_rdma: "verbs = true".into(),
+        agent_dataplane: format!("verbs_listen = \"{}\"\n[dataplane.dc]\ndevice = \"rxe0\"", ip()),
+        ..Default::default()
+    });
+    let c = stack.client().await;
+    let r = c.register(4 << 20).await.unwrap();
+    let data = pattern((2 << 20) + 9, 99);
+    r.write_at(0, &data).unwrap();
+    let t = c.put("data/dc/obj", &r, 0, data.len() as u64).await.unwrap();
+    assert_eq!(t.data_path, "rdma", "{}", stack.log("sluice-agent"));
+    assert!(t.fallback_reason.starts_with("dc_unavailable"), "{}", t.fallback_reason);
+    assert!(t.fallback_reason.contains("Dynamically Connected"), "{}", t.fallback_reason);
+    r.write_at(0, &vec![0; data.len()]).unwrap();
+    let g = c.get("data/dc/obj", &r, 0, None).await.unwrap();
+    assert_eq!((g.bytes, g.data_path), (data.len() as u64, "rdma"));
+    assert_eq!(sha256(&r.as_slice()[..data.len()]), sha256(&data));
+    assert_eq!(stack.metric("sluice_agent_fallbacks_total", &["reason=\"dc_unavailable\""]), 2.0);
+    println!("dc fallback: PUT and GET over verbs RC after DC was refused by rxe0");
+}

@@ -35,6 +35,7 @@ pub struct ObjectStore {
     tenant: String,
     /// The RDMA data path, when the namespace uses one.
     rdma: Option<rdma::RdmaPath>,
+    degraded: Option<rdma::Fallback>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -82,7 +83,20 @@ impl ObjectStore {
             retries,
             tenant: tenant.to_owned(),
             rdma,
+            degraded: None,
         }
+    }
+
+    /// Marks the namespace as running on a fallback transport (reported on
+    /// every request).
+    pub fn with_degraded(mut self, degraded: Option<rdma::Fallback>) -> Self {
+        self.degraded = degraded;
+        self
+    }
+
+    /// Why the configured transport is not the one in use, if it is not.
+    pub fn degraded(&self) -> Option<&rdma::Fallback> {
+        self.degraded.as_ref()
     }
 
     /// Where bytes go: the host region itself or a staging buffer.

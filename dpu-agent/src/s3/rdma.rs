@@ -35,13 +35,13 @@ pub struct RdmaPath {
 #[derive(Debug, Clone)]
 pub struct Fallback {
     /// Short label for metrics: declined, ignored, transfer_failed, short,
-    /// transport.
+    /// transport, dc_unavailable.
     pub kind: &'static str,
     pub message: String,
 }
 
 impl Fallback {
-    fn new(kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: &'static str, message: impl Into<String>) -> Self {
         Self { kind, message: message.into() }
     }
 }
