@@ -44,7 +44,14 @@ pub struct Key {
 struct Entry {
     grant: Grant,
     base: u64,
+    /// Descriptors are short-lived even if a request hangs: past this, the
+    /// grant is refused (and counted) although not yet revoked.
+    expires: std::time::Instant,
 }
+
+/// How long a descriptor stays usable by default: far longer than one part
+/// takes, far shorter than a leaked descriptor would be useful for.
+pub const DEFAULT_TTL: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Why an access was refused (each is counted).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -56,6 +63,8 @@ pub enum Rejection {
     OutOfWindow,
     #[error("the descriptor does not allow this direction")]
     WrongDirection,
+    #[error("the descriptor has expired")]
+    Expired,
 }
 
 impl Rejection {
@@ -64,6 +73,7 @@ impl Rejection {
             Self::UnknownKey => "unknown_key",
             Self::OutOfWindow => "out_of_window",
             Self::WrongDirection => "wrong_direction",
+            Self::Expired => "expired",
         }
     }
 }
@@ -74,6 +84,7 @@ pub struct RejectionCounts {
     pub unknown_key: AtomicU64,
     pub out_of_window: AtomicU64,
     pub wrong_direction: AtomicU64,
+    pub expired: AtomicU64,
 }
 
 impl RejectionCounts {
@@ -81,6 +92,7 @@ impl RejectionCounts {
         self.unknown_key.load(Ordering::Relaxed)
             + self.out_of_window.load(Ordering::Relaxed)
             + self.wrong_direction.load(Ordering::Relaxed)
+            + self.expired.load(Ordering::Relaxed)
     }
 }
 
@@ -88,6 +100,7 @@ impl RejectionCounts {
 pub struct CapabilityTable {
     entries: Mutex<HashMap<Key, Entry>>,
     rng: SystemRandom,
+    ttl: std::time::Duration,
     pub rejections: RejectionCounts,
 }
 
@@ -121,7 +134,17 @@ pub struct Checked {
 
 impl CapabilityTable {
     pub fn new() -> Arc<Self> {
-        Arc::new(Self { entries: Mutex::default(), rng: SystemRandom::new(), rejections: RejectionCounts::default() })
+        Self::with_ttl(DEFAULT_TTL)
+    }
+
+    /// A table whose descriptors expire `ttl` after they are granted.
+    pub fn with_ttl(ttl: std::time::Duration) -> Arc<Self> {
+        Arc::new(Self {
+            entries: Mutex::default(),
+            rng: SystemRandom::new(),
+            ttl,
+            rejections: RejectionCounts::default(),
+        })
     }
 
     fn random_u64(&self) -> u64 {
@@ -144,7 +167,7 @@ impl CapabilityTable {
             if key.rkey == 0 || entries.contains_key(&key) {
                 continue;
             }
-            entries.insert(key, Entry { grant, base });
+            entries.insert(key, Entry { grant, base, expires: std::time::Instant::now() + self.ttl });
             return Capability { table: self.clone(), key, base, len };
         }
     }
@@ -155,6 +178,7 @@ impl CapabilityTable {
         let result = match entries.get(&key) {
             None => Err(Rejection::UnknownKey),
             Some(e) if e.grant.access != access => Err(Rejection::WrongDirection),
+            Some(e) if std::time::Instant::now() > e.expires => Err(Rejection::Expired),
             Some(e) => {
                 let inside = addr >= e.base && addr.checked_add(len).is_some_and(|end| end <= e.base + e.grant.len);
                 if inside {
@@ -169,6 +193,7 @@ impl CapabilityTable {
                 Rejection::UnknownKey => &self.rejections.unknown_key,
                 Rejection::OutOfWindow => &self.rejections.out_of_window,
                 Rejection::WrongDirection => &self.rejections.wrong_direction,
+                Rejection::Expired => &self.rejections.expired,
             };
             c.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(reason = r.as_str(), addr, len, "descriptor access rejected");
@@ -219,6 +244,16 @@ mod tests {
         drop(cap);
         assert_eq!(t.live(), 0);
         assert_eq!(t.check(key, base, 1, Access::RemoteRead).err(), Some(Rejection::UnknownKey));
+    }
+
+    #[test]
+    fn descriptors_expire() {
+        let t = CapabilityTable::with_ttl(std::time::Duration::from_millis(30));
+        let cap = t.grant(grant(Access::RemoteWrite));
+        assert!(t.check(cap.key, cap.base, 1, Access::RemoteWrite).is_ok());
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert_eq!(t.check(cap.key, cap.base, 1, Access::RemoteWrite).err(), Some(Rejection::Expired));
+        assert_eq!(t.rejections.expired.load(Ordering::Relaxed), 1);
     }
 
     #[test]

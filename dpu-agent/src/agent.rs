@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, Instrument};
 
-use crate::config::{AgentConfig, Limits, Placement};
+use crate::config::{AgentConfig, Limits, Permission, Placement};
 use crate::dataplane::Dataplanes;
 use crate::error::AgentError;
 use crate::hostmem::{HostMemory, HostRegion, RegionExport};
+use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::s3::rdma::{Fallback, RdmaPath};
@@ -96,6 +97,7 @@ pub struct Agent {
     memory: Arc<dyn HostMemory>,
     metrics: Arc<Metrics>,
     limits: Limits,
+    auth: ShimAuth,
 }
 
 impl Agent {
@@ -140,7 +142,8 @@ impl Agent {
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });
         }
-        Ok(Self { tenants, sessions: Mutex::new(HashMap::new()), memory, metrics, limits: cfg.limits.clone() })
+        let auth = ShimAuth::from_config(cfg)?;
+        Ok(Self { tenants, sessions: Mutex::new(HashMap::new()), memory, metrics, limits: cfg.limits.clone(), auth })
     }
 
     fn session(&self, id: &str) -> Result<Arc<Session>, AgentError> {
@@ -155,6 +158,28 @@ impl Agent {
             .ok_or_else(|| AgentError::UnknownNamespace(namespace.to_owned()))
     }
 
+    /// The session's tenant's namespace, if its ACL grants `perm`. Names are
+    /// resolved only among the session's own tenant's namespaces, so another
+    /// tenant's namespace is "unknown", never "denied".
+    fn authorize(
+        &self,
+        session: &Session,
+        namespace: &str,
+        perm: Permission,
+        op: &str,
+    ) -> Result<Arc<ObjectStore>, AgentError> {
+        let store = self.store(session, namespace)?;
+        if !store.allows(perm) {
+            self.metrics.access_denied.with_label_values(&[&session.tenant, namespace, op]).inc();
+            return Err(AgentError::AccessDenied(format!(
+                "tenant {:?} has no {:?} access to namespace {namespace:?}",
+                session.tenant,
+                perm.as_str()
+            )));
+        }
+        Ok(store)
+    }
+
     fn region(&self, session: &Session, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
         session
             .regions
@@ -165,7 +190,19 @@ impl Agent {
             .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))
     }
 
-    pub fn open_session(&self, tenant: &str, shim_id: &str) -> Result<(String, Vec<String>), AgentError> {
+    /// Opens a session for a shim that proved it may act for the tenant.
+    pub fn open_session(
+        &self,
+        req: &SessionRequest<'_>,
+        origin: &ShimOrigin,
+    ) -> Result<(String, Vec<String>), AgentError> {
+        let (tenant, shim_id) = (req.tenant, req.shim_id);
+        if let Err((reason, e)) = self.auth.authenticate(req, origin, sluice_proto::auth::now_ms()) {
+            let label = if self.tenants.contains_key(tenant) { tenant } else { "-" };
+            self.metrics.auth_failures.with_label_values(&[label, reason]).inc();
+            tracing::warn!(tenant, shim_id, ?origin, reason, "session refused");
+            return Err(e);
+        }
         let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
         let id = random_id();
         let session =
@@ -301,7 +338,7 @@ impl Agent {
     ) -> Result<TransferReport, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
-            let store = self.store(&s, namespace)?;
+            let store = self.authorize(&s, namespace, Permission::Read, "get")?;
             let region = self.region(&s, region_id)?;
             check_key(key)?;
             let (start, len) = range.unwrap_or((0, None));
@@ -337,7 +374,7 @@ impl Agent {
     ) -> Result<TransferReport, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
-            let store = self.store(&s, namespace)?;
+            let store = self.authorize(&s, namespace, Permission::Write, "put")?;
             let region = self.region(&s, region_id)?;
             check_key(key)?;
             region.check(offset, length)?;
@@ -368,7 +405,7 @@ impl Agent {
     ) -> Result<ObjectMeta, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
-            let store = self.store(&s, namespace)?;
+            let store = self.authorize(&s, namespace, Permission::Read, "head")?;
             check_key(key)?;
             Ok(store.head(key, request_id).await?)
         };
@@ -388,7 +425,8 @@ impl Agent {
     ) -> Result<ListPage, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
-            let store = self.store(&s, namespace)?;
+            let store = self.authorize(&s, namespace, Permission::List, "list")?;
+            check_prefix(prefix)?;
             Ok(store.list_page(prefix, continuation_token, max_keys, delimiter, request_id).await?)
         };
         self.run(&s, request_id, namespace, "list", |_| (0, DATA_PATH_HTTP), work).await
@@ -403,7 +441,7 @@ impl Agent {
     ) -> Result<(), AgentError> {
         let s = self.session(session_id)?;
         let work = async {
-            let store = self.store(&s, namespace)?;
+            let store = self.authorize(&s, namespace, Permission::Delete, "delete")?;
             check_key(key)?;
             Ok(store.delete(key, request_id).await?)
         };
@@ -427,9 +465,51 @@ impl Agent {
 }
 
 /// S3 keys are 1..=1024 bytes of UTF-8.
+/// Object keys stay inside the namespace's prefix even on stores that map
+/// keys to file paths: no `.`/`..` segments, no leading or doubled `/`, no
+/// control characters.
 fn check_key(key: &str) -> Result<(), AgentError> {
     if key.is_empty() || key.len() > 1024 {
         return Err(AgentError::BadRequest(format!("object keys must be 1 to 1024 bytes (got {})", key.len())));
     }
+    // "dir/" folder markers are fine.
+    check_key_path(key.strip_suffix('/').unwrap_or(key))
+}
+
+/// The same rules for list prefixes (which may be empty or end in `/`).
+fn check_prefix(prefix: &str) -> Result<(), AgentError> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    check_key_path(prefix.strip_suffix('/').unwrap_or(prefix))
+}
+
+fn check_key_path(key: &str) -> Result<(), AgentError> {
+    if key.chars().any(char::is_control) {
+        return Err(AgentError::BadRequest("object keys may not contain control characters".into()));
+    }
+    if key.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") {
+        return Err(AgentError::BadRequest(format!(
+            "object key {key:?} has an empty, \".\" or \"..\" path segment (keys cannot leave the namespace)"
+        )));
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_key, check_prefix};
+
+    #[test]
+    fn keys_cannot_leave_the_namespace_prefix() {
+        for ok in ["a", "a/b.c", "dir/", "x/..y/z", "日本/語"] {
+            assert!(check_key(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "../b", "a/../../b", "a/./b", "/abs", "a//b", "..", "a/..", "a\u{0}b", "a\nb"] {
+            assert!(check_key(bad).is_err(), "{bad:?}");
+        }
+        assert!(check_key(&"k".repeat(1025)).is_err());
+        assert!(check_prefix("").is_ok() && check_prefix("logs/").is_ok() && check_prefix("logs/2026").is_ok());
+        assert!(check_prefix("../").is_err() && check_prefix("a/../").is_err());
+    }
 }

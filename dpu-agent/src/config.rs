@@ -128,6 +128,19 @@ impl std::fmt::Debug for CredentialConfig {
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     pub name: String,
+    /// File (mode 0600) with the secret a shim must prove it holds to open
+    /// sessions for this tenant (the shim has the same file). Relative paths
+    /// are relative to the config file.
+    pub shim_secret_file: PathBuf,
+    /// Shim ids allowed to serve this tenant; empty: any shim with the secret.
+    #[serde(default)]
+    pub shims: Vec<String>,
+    /// Where this tenant's shims may connect from: "unix" (the agent's
+    /// socket) or IP addresses. Empty: anywhere. On a BlueField this is where
+    /// the host function (VF/SF representor) a connection came from is bound
+    /// to the tenant (see `identity::ShimOrigin`).
+    #[serde(default)]
+    pub shim_origins: Vec<String>,
     pub namespaces: Vec<NamespaceConfig>,
 }
 
@@ -166,6 +179,38 @@ pub struct NamespaceConfig {
     /// In `auto` mode, parts smaller than this go over HTTP.
     #[serde(default = "default_rdma_min")]
     pub rdma_min_bytes: u64,
+    /// What the tenant may do here: any of "read", "write", "list", "delete".
+    #[serde(default = "all_permissions")]
+    pub access: Vec<Permission>,
+}
+
+/// One right on a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Permission {
+    /// GET and HEAD.
+    Read,
+    /// PUT.
+    Write,
+    /// LIST.
+    List,
+    /// DELETE.
+    Delete,
+}
+
+impl Permission {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::List => "list",
+            Self::Delete => "delete",
+        }
+    }
+}
+
+fn all_permissions() -> Vec<Permission> {
+    vec![Permission::Read, Permission::Write, Permission::List, Permission::Delete]
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -274,6 +319,11 @@ impl AgentConfig {
                 }
             }
         }
+        for t in &mut cfg.tenants {
+            if t.shim_secret_file.is_relative() {
+                t.shim_secret_file = base.join(&t.shim_secret_file);
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -291,6 +341,11 @@ impl AgentConfig {
         for t in &self.tenants {
             if t.name.is_empty() || !seen.insert(&t.name) {
                 return bad(format!("tenant names must be unique and non-empty ({:?})", t.name));
+            }
+            for o in &t.shim_origins {
+                if o != "unix" && o.parse::<std::net::IpAddr>().is_err() {
+                    return bad(format!("tenant {:?}: shim origin {o:?} is not \"unix\" or an IP address", t.name));
+                }
             }
             let mut ns_seen = std::collections::HashSet::new();
             for ns in &t.namespaces {

@@ -23,6 +23,10 @@ pub enum AgentError {
     RegionTooSmall { needed: u64, offset: u64, region_len: u64 },
     #[error("bad request: {0}")]
     BadRequest(String),
+    #[error("not authenticated: {0}")]
+    Unauthenticated(String),
+    #[error("access denied: {0}")]
+    AccessDenied(String),
     #[error("limit reached: {0}")]
     ResourceExhausted(String),
     #[error(transparent)]
@@ -41,6 +45,8 @@ impl AgentError {
             Self::UnknownRegion(_) => ErrorCode::UnknownRegion,
             Self::RegionTooSmall { .. } => ErrorCode::RegionTooSmall,
             Self::BadRequest(_) => ErrorCode::BadRequest,
+            Self::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            Self::AccessDenied(_) => ErrorCode::AccessDenied,
             Self::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
             Self::Memory(e) => crate::hostmem::mem_code(e),
             Self::S3(e) => e.code(),
@@ -69,7 +75,8 @@ impl From<AgentError> for tonic::Status {
             | ErrorCode::Protocol => tonic::Code::InvalidArgument,
             ErrorCode::StoreUnavailable => tonic::Code::Unavailable,
             ErrorCode::PreconditionFailed => tonic::Code::FailedPrecondition,
-            ErrorCode::ResourceExhausted => tonic::Code::ResourceExhausted,
+            ErrorCode::ResourceExhausted | ErrorCode::QuotaExceeded => tonic::Code::ResourceExhausted,
+            ErrorCode::Integrity => tonic::Code::DataLoss,
             ErrorCode::TransferFailed => tonic::Code::Aborted,
             _ => tonic::Code::Internal,
         };

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use crate::agent::{self, Agent};
 use crate::error::AgentError;
 use crate::hostmem::RegionExport;
+use crate::identity::{SessionRequest, ShimOrigin};
 use crate::s3::ObjectMeta;
 
 /// The tonic service over the domain agent.
@@ -56,8 +57,17 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionReply>, Status> {
+        // The binding point: where this control connection came from.
+        let origin = req.remote_addr().map_or(ShimOrigin::Unix, |a| ShimOrigin::Network(a.ip()));
         let r = req.into_inner();
-        let (session_id, namespaces) = self.agent.open_session(&r.tenant, &r.shim_id)?;
+        let ask = SessionRequest {
+            tenant: &r.tenant,
+            shim_id: &r.shim_id,
+            timestamp_ms: r.timestamp_ms,
+            nonce: &r.nonce,
+            proof: &r.proof,
+        };
+        let (session_id, namespaces) = self.agent.open_session(&ask, &origin)?;
         Ok(Response::new(pb::OpenSessionReply { session_id, namespaces }))
     }
 

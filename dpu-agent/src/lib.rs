@@ -11,6 +11,7 @@ pub mod dataplane;
 pub mod error;
 pub mod grpc;
 pub mod hostmem;
+pub mod identity;
 pub mod ids;
 pub mod metrics;
 pub mod s3;

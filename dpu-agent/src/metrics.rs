@@ -25,6 +25,10 @@ pub struct Metrics {
     pub sessions: IntGauge,
     pub regions: IntGaugeVec,
     pub registered_bytes: IntGaugeVec,
+    /// Refused session opens, by tenant and reason.
+    pub auth_failures: IntCounterVec,
+    /// Requests refused by a namespace ACL or key scoping.
+    pub access_denied: IntCounterVec,
 }
 
 impl Metrics {
@@ -56,6 +60,16 @@ impl Metrics {
         let regions = IntGaugeVec::new(Opts::new("regions", "Registered host regions"), &["tenant"])?;
         let registered_bytes =
             IntGaugeVec::new(Opts::new("registered_bytes", "Bytes of registered host memory"), &["tenant"])?;
+        let auth_failures = IntCounterVec::new(
+            Opts::new("auth_failures_total", "Refused session opens (bad proof, replay, origin, ...)"),
+            &["tenant", "reason"],
+        )?;
+        let access_denied = IntCounterVec::new(
+            Opts::new("access_denied_total", "Requests refused by a namespace ACL or key scoping"),
+            &["tenant", "namespace", "op"],
+        )?;
+        registry.register(Box::new(auth_failures.clone()))?;
+        registry.register(Box::new(access_denied.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(latency.clone()))?;
@@ -76,6 +90,8 @@ impl Metrics {
             sessions,
             regions,
             registered_bytes,
+            auth_failures,
+            access_denied,
         })
     }
 
@@ -124,6 +140,7 @@ impl Metrics {
                     ("unknown_key", r.unknown_key.load(Relaxed)),
                     ("out_of_window", r.out_of_window.load(Relaxed)),
                     ("wrong_direction", r.wrong_direction.load(Relaxed)),
+                    ("expired", r.expired.load(Relaxed)),
                 ] {
                     let cur = c.with_label_values(&[reason]);
                     cur.inc_by(v.saturating_sub(cur.get()));

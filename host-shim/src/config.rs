@@ -29,6 +29,15 @@ pub struct ShimConfig {
     pub limits: ShimLimits,
     /// Which local users act as which tenant. First match wins.
     pub callers: Vec<CallerRule>,
+    /// Per tenant, the file (mode 0600) holding the secret this shim proves
+    /// to the agent when it opens a session for that tenant (the agent's
+    /// `shim_secret_file`). Relative paths are relative to the config file.
+    #[serde(default)]
+    pub tenant_secrets: std::collections::BTreeMap<String, PathBuf>,
+    /// This shim's id as the agent sees it (the agent may restrict tenants
+    /// to listed shims). Default: the host name.
+    #[serde(default)]
+    pub shim_id: Option<String>,
 }
 
 fn default_mode() -> u32 {
@@ -75,7 +84,13 @@ pub struct CallerRule {
 impl ShimConfig {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        let cfg: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        let mut cfg: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for f in cfg.tenant_secrets.values_mut() {
+            if f.is_relative() {
+                *f = base.join(&*f);
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -92,6 +107,12 @@ impl ShimConfig {
         }
         if self.callers.iter().any(|c| c.tenant.is_empty()) {
             return Err(ConfigError::Invalid("every [[callers]] rule needs a tenant".into()));
+        }
+        if let Some(c) = self.callers.iter().find(|c| !self.tenant_secrets.contains_key(&c.tenant)) {
+            return Err(ConfigError::Invalid(format!(
+                "tenant {:?} has callers but no entry in [tenant_secrets]: the agent would refuse its sessions",
+                c.tenant
+            )));
         }
         if self.socket_mode > 0o777 {
             return Err(ConfigError::Invalid(format!("socket_mode {:o} is not a permission mode", self.socket_mode)));

@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use sluice_proto::agent as apb;
+use sluice_proto::auth;
 use sluice_proto::shim::{self as pb, request::Op, response::Result as Res};
 use sluice_proto::{encode_frame, Message, MAX_FRAME_LEN, SHIM_PROTOCOL_VERSION};
 use sluice_shm::{FrameError, FrameReader};
@@ -198,13 +199,11 @@ async fn hello(
         return Err(ShimError::Protocol("Hello was already sent on this connection".into()));
     }
     let tenant = shared.config.tenant_for(uid, gid).ok_or(ShimError::UnknownCaller { uid, gid })?.to_owned();
-    let reply = shared
-        .agent
-        .grpc
-        .clone()
-        .open_session(apb::OpenSessionRequest { tenant: tenant.clone(), shim_id: format!("{}:{uid}", shared.shim_id) })
-        .await?
-        .into_inner();
+    let secret = shared.secrets.get(&tenant).ok_or(ShimError::UnknownCaller { uid, gid })?;
+    let (shim_id, timestamp_ms, nonce) = (shared.shim_id.clone(), auth::now_ms(), auth::new_nonce());
+    let proof = auth::session_proof(secret, &tenant, &shim_id, timestamp_ms, &nonce);
+    let req = apb::OpenSessionRequest { tenant: tenant.clone(), shim_id, timestamp_ms, nonce: nonce.to_vec(), proof };
+    let reply = shared.agent.grpc.clone().open_session(req).await?.into_inner();
     info!(tenant = %tenant, client = %h.client, "client connected");
     *session =
         Some(Arc::new(Session { id: reply.session_id, tenant: tenant.clone(), regions: Mutex::new(HashMap::new()) }));

@@ -15,6 +15,8 @@ pub struct Shared {
     pub config: ShimConfig,
     pub agent: AgentLink,
     pub shim_id: String,
+    /// Per tenant, the secret proven to the agent (never sent).
+    pub secrets: std::collections::HashMap<String, Vec<u8>>,
 }
 
 /// Binds the socket (replacing a stale one) with the configured mode.
@@ -36,9 +38,14 @@ pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, ShimError> {
 pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), ShimError> {
     let listener = bind(&cfg)?;
     let agent = AgentLink::new(&cfg.agent)?;
-    let shim_id = format!("shim-{}", std::process::id());
+    let shim_id = cfg.shim_id.clone().unwrap_or_else(host_name);
+    let mut secrets = std::collections::HashMap::new();
+    for (tenant, path) in &cfg.tenant_secrets {
+        let secret = sluice_proto::auth::read_secret_file(path).map_err(|e| ShimError::BadRequest(e.to_string()))?;
+        secrets.insert(tenant.clone(), secret);
+    }
     let socket = cfg.socket.clone();
-    let shared = Arc::new(Shared { config: cfg, agent, shim_id });
+    let shared = Arc::new(Shared { config: cfg, agent, shim_id, secrets });
     info!(socket = %socket.display(), agent = %shared.config.agent.grpc, "shim ready");
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -58,4 +65,13 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
     info!("shim shutting down");
     let _ = std::fs::remove_file(&socket);
     Ok(())
+}
+
+/// The machine's host name (the default shim id).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }

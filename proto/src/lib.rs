@@ -39,6 +39,8 @@ pub use generated::sluice::shim::v1 as shim;
 
 pub use prost::Message;
 
+pub mod auth;
+
 /// Largest frame the shim protocol accepts (requests and responses are small:
 /// object bytes never travel in frames).
 pub const MAX_FRAME_LEN: usize = 1 << 20;

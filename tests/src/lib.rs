@@ -66,6 +66,13 @@ pub struct Options {
     pub gateway_backend: String,
     /// `[dataplane]` section of the agent config.
     pub agent_dataplane: String,
+    /// Extra settings of tenant "alpha" / "beta" in the agent config
+    /// (`shims`, `shim_origins`, limits ...), each line ending in a newline.
+    pub alpha: String,
+    pub beta: String,
+    /// Also start a second shim (`Stack::beta_socket`) mapping this user to
+    /// tenant "beta", for tests with two tenants.
+    pub beta_shim: bool,
 }
 
 impl Default for Options {
@@ -81,8 +88,31 @@ impl Default for Options {
             gateway_rdma: String::new(),
             gateway_backend: String::new(),
             agent_dataplane: String::new(),
+            alpha: String::new(),
+            beta: String::new(),
+            beta_shim: false,
         }
     }
+}
+
+/// Starts a shim (binary `sluice-shim`, log `{name}.log`) and waits until
+/// it accepts connections.
+fn start_shim(d: &Path, name: &str, cfg: &Path, socket: &Path) -> (String, Child) {
+    let mut shim = spawn_as(d, "sluice-shim", name, &["--config", cfg.to_str().expect("utf8")]);
+    let t0 = Instant::now();
+    // The socket file appears at bind(), a moment before listen(): wait
+    // until a connection is accepted, not just for the file.
+    while std::os::unix::net::UnixStream::connect(socket).is_err() {
+        if let Ok(Some(s)) = shim.try_wait() {
+            panic!(
+                "{name} exited with {s}:\n{}",
+                std::fs::read_to_string(d.join(format!("{name}.log"))).unwrap_or_default()
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{name} did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (name.to_owned(), shim)
 }
 
 /// A running stack. Processes are killed when it drops.
@@ -91,6 +121,10 @@ pub struct Stack {
     pub gateway_addr: Option<SocketAddr>,
     pub metrics_addr: SocketAddr,
     pub socket: PathBuf,
+    /// The second shim's socket (tenant "beta"), with `Options::beta_shim`.
+    pub beta_socket: PathBuf,
+    /// The agent's gRPC address (TCP).
+    pub grpc_addr: SocketAddr,
     pub data_dir: PathBuf,
     children: Vec<(String, Child)>,
 }
@@ -125,7 +159,12 @@ fn wait_file(path: &Path, child: &mut Child, name: &str, log: &Path) -> String {
 }
 
 fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
+    spawn_as(dir, name, name, args)
+}
+
+/// Starts binary `name` logging to `{log_name}.log` in `dir`.
+fn spawn_as(dir: &Path, name: &str, log_name: &str, args: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{log_name}.log"))).expect("log file");
     Command::new(bin(name))
         .args(args)
         .env("RUST_LOG", "info")
@@ -165,10 +204,16 @@ impl Stack {
         });
         let endpoints: Vec<String> = opts.endpoints.iter().map(|e| format!("\"{}\"", e.replace("{gw}", &gw))).collect();
         let (ak, sk) = &opts.agent_credentials;
+        // Each tenant's shim secret, a 0600 file both the agent and the shim read.
+        for t in ["alpha", "beta"] {
+            let f = d.join(format!("{t}.shim-secret"));
+            std::fs::write(&f, format!("{t}-shim-secret-{}\n", std::process::id())).expect("write shim secret");
+            std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod secret");
+        }
         let cfg = d.join("agent.toml");
         std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[dataplane]\n{}\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\n[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\n[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
-            opts.agent_dataplane, opts.s3, endpoints.join(", "), opts.data_ns, endpoints.join(", "), d = d.display())).expect("write config");
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[dataplane]\n{}\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            opts.agent_dataplane, opts.s3, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display())).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs
@@ -188,24 +233,18 @@ impl Stack {
         let socket = d.join("shim.sock");
         let cfg = d.join("shim.toml");
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{callers}",
+            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
             socket.display(), d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
-        let mut shim = spawn(&d, "sluice-shim", &["--config", cfg.to_str().expect("utf8")]);
-        let t0 = Instant::now();
-        // The socket file appears at bind(), a moment before listen(): wait
-        // until a connection is accepted, not just for the file.
-        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(s)) = shim.try_wait() {
-                panic!(
-                    "sluice-shim exited with {s}:\n{}",
-                    std::fs::read_to_string(d.join("sluice-shim.log")).unwrap_or_default()
-                );
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "shim did not start");
-            std::thread::sleep(Duration::from_millis(20));
+        children.push(start_shim(&d, "sluice-shim", &cfg, &socket));
+        let beta_socket = d.join("shim-beta.sock");
+        if opts.beta_shim {
+            let cfg = d.join("shim-beta.toml");
+            std::fs::write(&cfg, format!(
+                "socket = \"{}\"\nsocket_mode = 0o600\nshim_id = \"beta-shim\"\n[agent]\ngrpc = \"unix:{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\n[[callers]]\nuid = {uid}\ntenant = \"beta\"\n[tenant_secrets]\nbeta = \"beta.shim-secret\"\n",
+                beta_socket.display(), d = d.display())).expect("write config");
+            children.push(start_shim(&d, "sluice-shim-beta", &cfg, &beta_socket));
         }
-        children.push(("sluice-shim".to_owned(), shim));
-        Self { dir, gateway_addr, metrics_addr, socket, data_dir, children }
+        Self { dir, gateway_addr, metrics_addr, grpc_addr, socket, beta_socket, data_dir, children }
     }
 
     /// Connects a client to the shim.

@@ -36,6 +36,7 @@ pub struct ObjectStore {
     /// The RDMA data path, when the namespace uses one.
     rdma: Option<rdma::RdmaPath>,
     degraded: Option<rdma::Fallback>,
+    access: Vec<crate::config::Permission>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -84,7 +85,13 @@ impl ObjectStore {
             tenant: tenant.to_owned(),
             rdma,
             degraded: None,
+            access: ns.access.clone(),
         }
+    }
+
+    /// Whether the namespace's ACL grants `perm`.
+    pub fn allows(&self, perm: crate::config::Permission) -> bool {
+        self.access.contains(&perm)
     }
 
     /// Marks the namespace as running on a fallback transport (reported on

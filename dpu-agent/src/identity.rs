@@ -1,0 +1,157 @@
+//! Which shims may act for which tenant.
+//!
+//! A shim opens a session for a tenant by proving it holds the tenant's
+//! shim secret (`sluice_proto::auth`: an HMAC over tenant, shim id,
+//! timestamp and nonce). The agent checks, in order: the tenant exists, the
+//! connection's origin is one the tenant allows, the shim id is allowed,
+//! the timestamp is fresh, the nonce is new, and the proof. Every refusal is
+//! typed and counted (`sluice_agent_auth_failures_total{reason}`).
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+use sluice_proto::auth;
+
+use crate::config::AgentConfig;
+use crate::error::AgentError;
+
+/// How far a proof's timestamp may be from the agent's clock.
+const MAX_SKEW_MS: u64 = 120_000;
+
+/// Where a shim's control connection came from. This is the binding point
+/// between a connection and the tenants it may speak for: co-located, the
+/// agent's Unix socket or a network address; on a BlueField (DOCA Comch,
+/// issue #7) the host PCIe function — the VF/SF representor the channel is
+/// bound to — which the host cannot forge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShimOrigin {
+    Unix,
+    Network(IpAddr),
+}
+
+impl ShimOrigin {
+    fn allowed_by(&self, rules: &[String]) -> bool {
+        rules.is_empty()
+            || rules.iter().any(|r| match self {
+                Self::Unix => r == "unix",
+                Self::Network(ip) => r.parse::<IpAddr>().is_ok_and(|a| a == *ip),
+            })
+    }
+}
+
+/// What a shim sends to open a session.
+#[derive(Debug, Clone)]
+pub struct SessionRequest<'a> {
+    pub tenant: &'a str,
+    pub shim_id: &'a str,
+    pub timestamp_ms: u64,
+    pub nonce: &'a [u8],
+    pub proof: &'a [u8],
+}
+
+struct TenantAuth {
+    secret: Vec<u8>,
+    shims: Vec<String>,
+    origins: Vec<String>,
+}
+
+/// The agent's shim authenticator.
+pub struct ShimAuth {
+    tenants: HashMap<String, TenantAuth>,
+    /// Nonces seen within the skew window (nonce -> when it may be forgotten).
+    seen: Mutex<HashMap<Vec<u8>, u64>>,
+}
+
+impl ShimAuth {
+    /// Reads every tenant's shim secret (files must be mode 0600).
+    pub fn from_config(cfg: &AgentConfig) -> Result<Self, AgentError> {
+        let mut tenants = HashMap::new();
+        for t in &cfg.tenants {
+            let secret = auth::read_secret_file(&t.shim_secret_file)
+                .map_err(|e| AgentError::BadRequest(format!("tenant {:?}: {e}", t.name)))?;
+            tenants
+                .insert(t.name.clone(), TenantAuth { secret, shims: t.shims.clone(), origins: t.shim_origins.clone() });
+        }
+        Ok(Self { tenants, seen: Mutex::default() })
+    }
+
+    /// Checks a session request; `Err` says why, with a metrics label.
+    pub fn authenticate(
+        &self,
+        req: &SessionRequest<'_>,
+        origin: &ShimOrigin,
+        now_ms: u64,
+    ) -> Result<(), (&'static str, AgentError)> {
+        let denied = |reason: &'static str, msg: String| Err((reason, AgentError::AccessDenied(msg)));
+        let unauth = |reason: &'static str, msg: String| Err((reason, AgentError::Unauthenticated(msg)));
+        let Some(t) = self.tenants.get(req.tenant) else {
+            return Err(("unknown_tenant", AgentError::UnknownTenant(req.tenant.to_owned())));
+        };
+        if !origin.allowed_by(&t.origins) {
+            return denied("origin", format!("tenant {:?} does not accept shims from {origin:?}", req.tenant));
+        }
+        if !t.shims.is_empty() && !t.shims.iter().any(|s| s == req.shim_id) {
+            return denied("shim_id", format!("shim {:?} may not serve tenant {:?}", req.shim_id, req.tenant));
+        }
+        if req.timestamp_ms.abs_diff(now_ms) > MAX_SKEW_MS {
+            return unauth("stale", "session proof is stale or from the future (check the clocks)".into());
+        }
+        if req.nonce.len() != auth::NONCE_BYTES {
+            return unauth("malformed", format!("nonce must be {} bytes", auth::NONCE_BYTES));
+        }
+        if !auth::verify_session_proof(&t.secret, req.tenant, req.shim_id, req.timestamp_ms, req.nonce, req.proof) {
+            return unauth("bad_proof", format!("the shim does not hold tenant {:?}'s secret", req.tenant));
+        }
+        // Only a valid proof records its nonce, so garbage cannot fill the cache.
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|_, until| *until > now_ms);
+        if seen.insert(req.nonce.to_vec(), now_ms + 2 * MAX_SKEW_MS).is_some() {
+            return unauth("replay", "session proof replayed".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth_with(origins: &[&str], shims: &[&str]) -> ShimAuth {
+        let t = TenantAuth {
+            secret: b"alpha-secret-0123456789".to_vec(),
+            shims: shims.iter().map(|s| s.to_string()).collect(),
+            origins: origins.iter().map(|s| s.to_string()).collect(),
+        };
+        ShimAuth { tenants: HashMap::from([("alpha".to_owned(), t)]), seen: Mutex::default() }
+    }
+
+    fn request(secret: &[u8], tenant: &str, shim: &str, ts: u64, nonce: [u8; 16]) -> (Vec<u8>, [u8; 16]) {
+        (auth::session_proof(secret, tenant, shim, ts, &nonce), nonce)
+    }
+
+    #[test]
+    fn checks_tenant_origin_shim_time_replay_and_proof() {
+        let a = auth_with(&["unix", "10.0.0.1"], &["node-1"]);
+        let now = 1_000_000_000;
+        let s = b"alpha-secret-0123456789";
+        let check = |tenant: &str, shim: &str, ts: u64, nonce: [u8; 16], secret: &[u8], origin: ShimOrigin| {
+            let (proof, nonce) = request(secret, tenant, shim, ts, nonce);
+            let r = SessionRequest { tenant, shim_id: shim, timestamp_ms: ts, nonce: &nonce, proof: &proof };
+            a.authenticate(&r, &origin, now).err().map(|(reason, _)| reason)
+        };
+        assert_eq!(check("alpha", "node-1", now, [1; 16], s, ShimOrigin::Unix), None);
+        assert_eq!(check("alpha", "node-1", now, [1; 16], s, ShimOrigin::Unix), Some("replay"));
+        assert_eq!(check("beta", "node-1", now, [2; 16], s, ShimOrigin::Unix), Some("unknown_tenant"));
+        let far = ShimOrigin::Network("10.0.0.2".parse().unwrap());
+        assert_eq!(check("alpha", "node-1", now, [3; 16], s, far), Some("origin"));
+        let near = ShimOrigin::Network("10.0.0.1".parse().unwrap());
+        assert_eq!(check("alpha", "node-1", now, [4; 16], s, near), None);
+        assert_eq!(check("alpha", "node-2", now, [5; 16], s, ShimOrigin::Unix), Some("shim_id"));
+        assert_eq!(check("alpha", "node-1", now - 200_000, [6; 16], s, ShimOrigin::Unix), Some("stale"));
+        let wrong = b"beta-secret-0123456789";
+        assert_eq!(check("alpha", "node-1", now, [7; 16], wrong, ShimOrigin::Unix), Some("bad_proof"));
+        // A failed proof does not burn the nonce.
+        assert_eq!(check("alpha", "node-1", now, [7; 16], s, ShimOrigin::Unix), None);
+    }
+}

@@ -1,0 +1,296 @@
+//! The attack suite: tenant A ("alpha") tries to reach tenant B ("beta")'s
+//! namespaces, keys, regions and descriptors, and to pass as a shim it is
+//! not. Every attempt gets a typed error, is counted where the agent keeps
+//! a counter, and leaves B's objects and memory exactly as they were.
+
+use std::sync::Arc;
+
+use sluice_client::{Client, ClientError, Code};
+use sluice_dataplane::tcp::{TcpOwner, TcpRemote};
+use sluice_dataplane::{Access, Grant, RegionMemory, SharedRegion, Token, Transport};
+use sluice_proto::agent as apb;
+use sluice_proto::agent::agent_client::AgentClient;
+use sluice_proto::auth;
+use sluice_tests::{pattern, sha256, Options, Stack};
+
+fn code(e: ClientError) -> Code {
+    e.code().unwrap_or_else(|| panic!("expected a typed error, got {e}"))
+}
+
+async fn upload(c: &Client, path: &str, data: &[u8]) {
+    let r = c.register(data.len().max(1) as u64).await.unwrap();
+    r.write_at(0, data).unwrap();
+    c.put(path, &r, 0, data.len() as u64).await.unwrap();
+    c.release(r).await.unwrap();
+}
+
+/// Tenant B's state an attack must not change: its object's bytes and its
+/// region's bytes.
+struct Victim {
+    client: Client,
+    object: Vec<u8>,
+    region: sluice_client::Region,
+    region_bytes: Vec<u8>,
+}
+
+async fn victim(stack: &Stack) -> Victim {
+    let client = Client::connect(&stack.beta_socket).await.expect("tenant beta's shim");
+    assert_eq!(client.tenant(), "beta");
+    let object = pattern(300_000, 77);
+    upload(&client, "other/secret", &object).await;
+    let region_bytes = pattern(1 << 16, 78);
+    let region = client.register(1 << 16).await.unwrap();
+    region.write_at(0, &region_bytes).unwrap();
+    Victim { client, object, region, region_bytes }
+}
+
+impl Victim {
+    async fn unharmed(&self, stack: &Stack) {
+        assert_eq!(sha256(&std::fs::read(stack.stored_file("other", "secret")).unwrap()), sha256(&self.object));
+        let r = self.client.register(self.object.len() as u64).await.unwrap();
+        self.client.get("other/secret", &r, 0, None).await.unwrap();
+        assert_eq!(sha256(&r.as_slice()[..self.object.len()]), sha256(&self.object), "B still reads its object");
+        assert_eq!(self.region.as_slice(), &self.region_bytes[..], "B's region is untouched");
+    }
+}
+
+fn two_tenants() -> Options {
+    Options { beta_shim: true, ..Default::default() }
+}
+
+#[tokio::test]
+async fn tenant_a_cannot_name_b_namespace_prefix_or_region() {
+    let stack = Stack::with(two_tenants());
+    let b = victim(&stack).await;
+    let a = stack.client().await;
+    assert_eq!(a.tenant(), "alpha");
+    let r = a.register(1 << 20).await.unwrap();
+
+    // B's namespace: unknown to A (never "denied": A learns nothing of it).
+    assert_eq!(code(a.get("other/secret", &r, 0, None).await.unwrap_err()), Code::UnknownNamespace);
+    assert_eq!(code(a.put("other/secret", &r, 0, 10).await.unwrap_err()), Code::UnknownNamespace);
+    assert_eq!(code(a.delete("other/secret").await.unwrap_err()), Code::UnknownNamespace);
+    assert_eq!(code(a.list_all("other/").await.unwrap_err()), Code::UnknownNamespace);
+
+    // B's key prefix: A's "scoped" namespace lives under tenants/alpha/ of the
+    // same bucket; dot segments cannot climb out of it.
+    upload(&b.client, "other/x", b"b").await; // unrelated bucket; keep B busy
+    for key in ["scoped/../beta/secret", "scoped/a/../../x", "scoped//x", "scoped/./x"] {
+        assert_eq!(code(a.put(key, &r, 0, 10).await.unwrap_err()), Code::BadRequest, "{key}");
+        assert_eq!(code(a.get(key, &r, 0, None).await.unwrap_err()), Code::BadRequest, "{key}");
+    }
+    assert_eq!(code(a.list_all("scoped/../").await.unwrap_err()), Code::BadRequest);
+    assert!(!stack.data_dir.join("data/tenants/beta").exists());
+    assert!(!stack.data_dir.join("data/x").exists());
+
+    // B's region id, through A's shim connection...
+    assert_eq!(code(a.get_by_id("data/any", b.region.id(), 0, None).await.unwrap_err()), Code::UnknownRegion);
+    assert_eq!(code(a.put_by_id("data/stolen", b.region.id(), 0, 16, "").await.unwrap_err()), Code::UnknownRegion);
+    assert_eq!(code(a.release_id(b.region.id()).await.unwrap_err()), Code::UnknownRegion);
+    assert!(!stack.stored_file("data", "stolen").exists());
+
+    // ...and straight at the agent with A's own valid session: region ids are
+    // checked against the session that registered them, not just looked up.
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let session = open_session(&mut grpc, &stack, "alpha", "alpha-shim").await.expect("A's own session");
+    let put = apb::PutRequest {
+        session_id: session.clone(),
+        request_id: "attack".into(),
+        namespace: "data".into(),
+        key: "stolen".into(),
+        region_id: b.region.id().into(),
+        offset: 0,
+        length: 16,
+        content_type: String::new(),
+    };
+    let st = grpc.put(put).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::UnknownRegion, "{st:?}");
+    let get = apb::GetRequest {
+        session_id: session,
+        request_id: "attack".into(),
+        namespace: "data".into(),
+        key: "x".into(),
+        range: None,
+        region_id: b.region.id().into(),
+        offset: 0,
+    };
+    assert_eq!(sluice_agent_code(&grpc.get(get).await.unwrap_err()), Code::UnknownRegion);
+    // B's session id is not A's to use either: a made-up one is refused.
+    let fake = apb::ReleaseRegionRequest { session_id: "0".repeat(32), region_id: b.region.id().into() };
+    assert_eq!(sluice_agent_code(&grpc.release_region(fake).await.unwrap_err()), Code::Unauthenticated);
+
+    b.unharmed(&stack).await;
+}
+
+#[tokio::test]
+async fn out_of_window_offsets_and_released_regions() {
+    let stack = Stack::with(two_tenants());
+    let b = victim(&stack).await;
+    let a = stack.client().await;
+    upload(&a, "data/mine", &pattern(5000, 1)).await;
+    let r = a.register(4096).await.unwrap();
+    r.write_at(0, &[0x5a; 4096]).unwrap();
+    // Past the end of A's own region, or not fitting: refused, region unchanged.
+    assert_eq!(code(a.get("data/mine", &r, 4096, None).await.unwrap_err()), Code::RegionTooSmall);
+    assert_eq!(code(a.get("data/mine", &r, 0, None).await.unwrap_err()), Code::RegionTooSmall);
+    assert_eq!(code(a.put("data/big", &r, 1, 4096).await.unwrap_err()), Code::OutOfBounds);
+    assert_eq!(code(a.get("data/mine", &r, u64::MAX - 10, None).await.unwrap_err()), Code::RegionTooSmall);
+    assert!(r.as_slice().iter().all(|&x| x == 0x5a));
+    // A region A released.
+    let id = r.id().to_owned();
+    a.release(r).await.unwrap();
+    assert_eq!(code(a.get_by_id("data/mine", &id, 0, None).await.unwrap_err()), Code::UnknownRegion);
+    b.unharmed(&stack).await;
+}
+
+/// The agent's typed code from a gRPC status.
+fn sluice_agent_code(st: &tonic::Status) -> Code {
+    use sluice_proto::Message;
+    let d = sluice_proto::common::ErrorDetail::decode(st.details()).expect("typed detail");
+    Code::try_from(d.code).expect("known code")
+}
+
+async fn open_session(
+    grpc: &mut AgentClient<tonic::transport::Channel>,
+    stack: &Stack,
+    tenant: &str,
+    shim_id: &str,
+) -> Result<String, tonic::Status> {
+    let secret = auth::read_secret_file(&stack.dir.path().join(format!("{tenant}.shim-secret"))).unwrap();
+    let (ts, nonce) = (auth::now_ms(), auth::new_nonce());
+    let proof = auth::session_proof(&secret, tenant, shim_id, ts, &nonce);
+    let req = apb::OpenSessionRequest {
+        tenant: tenant.into(),
+        shim_id: shim_id.into(),
+        timestamp_ms: ts,
+        nonce: nonce.to_vec(),
+        proof,
+    };
+    grpc.open_session(req).await.map(|r| r.into_inner().session_id)
+}
+
+#[tokio::test]
+async fn forged_shim_identities_are_refused_and_counted() {
+    // Beta accepts shims only on the agent's Unix socket; alpha only from
+    // the shim id "alpha-shim" (or any, over TCP in this test).
+    let stack = Stack::with(Options {
+        beta: "shim_origins = [\"unix\"]\n".into(),
+        alpha: "shims = [\"alpha-shim\", \"localhost\"]\n".into(),
+        ..two_tenants()
+    });
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    // Alpha's secret used to claim beta: wrong proof.
+    let alpha_secret = auth::read_secret_file(&stack.dir.path().join("alpha.shim-secret")).unwrap();
+    let (ts, nonce) = (auth::now_ms(), auth::new_nonce());
+    let forged = apb::OpenSessionRequest {
+        tenant: "alpha".into(),
+        shim_id: "alpha-shim".into(),
+        timestamp_ms: ts,
+        nonce: nonce.to_vec(),
+        proof: auth::session_proof(b"not-the-secret-at-all", "alpha", "alpha-shim", ts, &nonce),
+    };
+    assert_eq!(sluice_agent_code(&grpc.open_session(forged).await.unwrap_err()), Code::Unauthenticated);
+    let proof = auth::session_proof(&alpha_secret, "beta", "alpha-shim", ts, &nonce);
+    let as_beta = apb::OpenSessionRequest {
+        tenant: "beta".into(),
+        shim_id: "alpha-shim".into(),
+        timestamp_ms: ts,
+        nonce: nonce.to_vec(),
+        proof,
+    };
+    // Over TCP beta is refused on origin before the proof is even checked.
+    assert_eq!(sluice_agent_code(&grpc.open_session(as_beta).await.unwrap_err()), Code::AccessDenied);
+    // A valid proof, replayed.
+    let nonce = auth::new_nonce();
+    let good = apb::OpenSessionRequest {
+        tenant: "alpha".into(),
+        shim_id: "alpha-shim".into(),
+        timestamp_ms: ts,
+        nonce: nonce.to_vec(),
+        proof: auth::session_proof(&alpha_secret, "alpha", "alpha-shim", ts, &nonce),
+    };
+    assert!(grpc.open_session(good.clone()).await.is_ok());
+    assert_eq!(sluice_agent_code(&grpc.open_session(good).await.unwrap_err()), Code::Unauthenticated);
+    // A stale proof, and a shim id the tenant does not allow.
+    let old = auth::now_ms() - 600_000;
+    let nonce = auth::new_nonce();
+    let stale = apb::OpenSessionRequest {
+        tenant: "alpha".into(),
+        shim_id: "alpha-shim".into(),
+        timestamp_ms: old,
+        nonce: nonce.to_vec(),
+        proof: auth::session_proof(&alpha_secret, "alpha", "alpha-shim", old, &nonce),
+    };
+    assert_eq!(sluice_agent_code(&grpc.open_session(stale).await.unwrap_err()), Code::Unauthenticated);
+    assert_eq!(
+        sluice_agent_code(&open_session(&mut grpc, &stack, "alpha", "rogue-shim").await.unwrap_err()),
+        Code::AccessDenied
+    );
+    for reason in ["bad_proof", "origin", "replay", "stale", "shim_id"] {
+        let n = stack.metric("sluice_agent_auth_failures_total", &[&format!("reason=\"{reason}\"")]);
+        assert!(n >= 1.0, "{reason} counted");
+    }
+    // The legitimate shims still work.
+    let b = Client::connect(&stack.beta_socket).await.unwrap();
+    upload(&b, "other/ok", b"fine").await;
+}
+
+#[tokio::test]
+async fn namespace_acl_limits_operations() {
+    let stack = Stack::with(Options { data_ns: "access = [\"read\", \"list\"]".into(), ..Default::default() });
+    let a = stack.client().await;
+    // Seed an object through the unrestricted "plain" namespace (same bucket).
+    upload(&a, "plain/seed", &pattern(1000, 3)).await;
+    let r = a.register(4096).await.unwrap();
+    assert_eq!(a.get("data/seed", &r, 0, None).await.unwrap().bytes, 1000);
+    assert_eq!(a.list_all("data/").await.unwrap().len(), 1);
+    assert_eq!(code(a.put("data/new", &r, 0, 10).await.unwrap_err()), Code::AccessDenied);
+    assert_eq!(code(a.delete("data/seed").await.unwrap_err()), Code::AccessDenied);
+    assert!(stack.stored_file("data", "seed").exists());
+    assert!(!stack.stored_file("data", "new").exists());
+    assert_eq!(stack.metric("sluice_agent_access_denied_total", &["namespace=\"data\""]), 2.0);
+}
+
+/// Descriptors at the transport: one grant per request and direction,
+/// revoked when the request ends. A replayed, forged, wrong-direction or
+/// out-of-window access is refused, counted, and touches nothing.
+#[tokio::test]
+async fn descriptors_are_single_use_and_bounded() {
+    let (owner, listener) = TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
+    tokio::spawn(owner.clone().serve(listener));
+    let remote = TcpRemote::new(1 << 20);
+    let b_mem = Arc::new(SharedRegion::new(sluice_shm::MappedRegion::create("b", 1 << 16).unwrap()));
+    b_mem.write_at(0, &[0xbb; 1 << 16]).unwrap();
+    let grant = |access| Grant {
+        memory: b_mem.clone() as Arc<dyn RegionMemory>,
+        offset: 4096,
+        len: 4096,
+        access,
+        tenant: "beta".into(),
+        request_id: "b-1".into(),
+    };
+    let body = |n: usize| futures::stream::iter(vec![Ok::<_, std::io::Error>(bytes::Bytes::from(vec![0xaa; n]))]);
+    // A descriptor issued for B's request, used as intended while it lives.
+    let exp = owner.expose(grant(Access::RemoteRead)).unwrap();
+    let token: Token = exp.token;
+    use futures::TryStreamExt;
+    let read: Vec<bytes::Bytes> = remote.read_stream(&token, 4096).try_collect().await.unwrap();
+    assert_eq!(read.concat(), vec![0xbb; 4096]);
+    // Wrong direction: a read grant cannot be written through.
+    assert!(remote.write_stream(&token, 10, body(10)).await.is_err());
+    // Out of its window.
+    let past = token.with_transfer(token.addr + 4000, 200);
+    assert!(remote.read_stream(&past, 200).try_collect::<Vec<_>>().await.is_err());
+    // Forged from a real one.
+    let mut forged = token;
+    forged.rkey ^= 1;
+    assert!(remote.read_stream(&forged, 10).try_collect::<Vec<_>>().await.is_err());
+    // The request ends: the descriptor is revoked; replaying it fails.
+    drop(exp);
+    assert!(remote.read_stream(&token, 10).try_collect::<Vec<_>>().await.is_err());
+    let rej = &owner.table().rejections;
+    assert_eq!(rej.total(), 4, "every refused access is counted");
+    let mut after = vec![0u8; 1 << 16];
+    b_mem.read_at(0, &mut after).unwrap();
+    assert!(after.iter().all(|&x| x == 0xbb), "B's memory untouched");
+}
