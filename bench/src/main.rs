@@ -5,6 +5,11 @@
 //! shim -> agent -> gateway over (a) the RDMA path with the `tcp` transport,
 //! (b) the HTTP path, and (c) a raw TCP loopback copy of the same bytes (the
 //! ceiling on this machine).
+//!
+//! `sluice-bench encryption`: encrypted vs plaintext GET, and raw
+//! AES-256-GCM on one core (see `encryption.rs`).
+
+mod encryption;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -40,14 +45,29 @@ enum Cmd {
         #[arg(long, default_value = "bench/results/rdma-path.json")]
         out: PathBuf,
     },
+    /// GET throughput with and without inline encryption, and raw AES-GCM.
+    Encryption {
+        /// Objects per round.
+        #[arg(long, default_value_t = 4)]
+        objects: usize,
+        /// Object size in MiB.
+        #[arg(long, default_value_t = 64)]
+        size_mib: usize,
+        /// Rounds per reader; the median is reported.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Where to write the JSON result.
+        #[arg(long, default_value = "bench/results/encryption.json")]
+        out: PathBuf,
+    },
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
-const GIB: f64 = (1u64 << 30) as f64;
+pub(crate) const GIB: f64 = (1u64 << 30) as f64;
 
 /// The ceiling: TCP on loopback moving the same bytes from one memory buffer
 /// into another, over `streams` connections in parallel (each moves its
@@ -137,12 +157,17 @@ async fn rdma_path(objects: usize, size_mib: usize, rounds: usize, out: PathBuf)
         "gib_s_rdma_tcp": rdma, "gib_s_http": http, "gib_s_raw_tcp": raw,
         "ratio_vs_raw_tcp": rdma / raw, "ratio_http_vs_raw_tcp": http / raw, "ratio_rdma_vs_http": rdma / http,
         "gib_s_raw_tcp_8_streams": raw8, "ratio_vs_raw_tcp_8_streams": rdma / raw8,
-        "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)},
     });
+    write_result(&out, result)
+}
+
+/// Writes a benchmark's JSON (with the machine's CPU count) to `out`.
+pub(crate) fn write_result(out: &std::path::Path, mut result: serde_json::Value) -> anyhow::Result<()> {
+    result["machine"] = json!({"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)});
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&out, serde_json::to_string_pretty(&result)? + "\n")
+    std::fs::write(out, serde_json::to_string_pretty(&result)? + "\n")
         .with_context(|| format!("writing {}", out.display()))?;
     println!("wrote {}", out.display());
     Ok(())
@@ -152,5 +177,8 @@ async fn rdma_path(objects: usize, size_mib: usize, rounds: usize, out: PathBuf)
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().cmd {
         Cmd::RdmaPath { objects, size_mib, rounds, out } => rdma_path(objects, size_mib, rounds.max(1), out).await,
+        Cmd::Encryption { objects, size_mib, rounds, out } => {
+            encryption::run(objects, size_mib, rounds.max(1), out).await
+        }
     }
 }

@@ -15,6 +15,7 @@ use crate::hostmem::{HostMemory, HostRegion, RegionExport};
 use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
+use crate::quota::Quotas;
 use crate::s3::rdma::{Fallback, RdmaPath};
 use crate::s3::{ListPage, ObjectMeta, ObjectStore};
 
@@ -25,6 +26,21 @@ pub const DATA_PATH_RDMA_STAGED: &str = "rdma-staged";
 
 struct Tenant {
     namespaces: HashMap<String, Arc<ObjectStore>>,
+}
+
+/// A namespace's encryption, if it has it; its tenant must have a current
+/// master key (checked here, so a missing key stops the agent at startup
+/// rather than failing PUTs later).
+fn encryption(
+    ns: &crate::config::NamespaceConfig,
+    keys: &Option<Arc<dyn sluice_crypt::KeyProvider>>,
+) -> Result<Option<crate::s3::crypto::Encryption>, AgentError> {
+    if ns.encryption != "aes-256-gcm" {
+        return Ok(None);
+    }
+    let provider =
+        keys.clone().ok_or_else(|| AgentError::BadRequest("encryption needs [encryption] key_dir".into()))?;
+    Ok(Some(crate::s3::crypto::Encryption { provider, chunk_size: ns.encryption_chunk_bytes }))
 }
 
 /// The path label and fallback summary for a transfer.
@@ -53,15 +69,22 @@ pub struct SessionStats {
     pub fallbacks: AtomicU64,
 }
 
+/// A registered region and its share of the tenant's registered-memory
+/// quota, given back when the entry is dropped (release or session close).
+struct Registered {
+    region: Arc<dyn HostRegion>,
+    _quota: sluice_qos::MemoryReservation,
+}
+
 struct Session {
     tenant: String,
-    regions: Mutex<HashMap<String, Arc<dyn HostRegion>>>,
+    regions: Mutex<HashMap<String, Registered>>,
     stats: SessionStats,
 }
 
 impl Session {
-    fn registered_bytes(regions: &HashMap<String, Arc<dyn HostRegion>>) -> u64 {
-        regions.values().map(|r| r.len()).sum()
+    fn registered_bytes(regions: &HashMap<String, Registered>) -> u64 {
+        regions.values().map(|r| r.region.len()).sum()
     }
 }
 
@@ -98,6 +121,8 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     limits: Limits,
     auth: ShimAuth,
+    /// Per-tenant quotas and the fair transfer scheduler.
+    quotas: Quotas,
 }
 
 impl Agent {
@@ -110,6 +135,12 @@ impl Agent {
         dataplanes: &Dataplanes,
     ) -> Result<Self, AgentError> {
         let http = crate::s3::http_client(&cfg.s3)?;
+        let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
+            Some(dir) => Some(Arc::new(
+                sluice_crypt::FileKeyProvider::new(dir).map_err(|e| AgentError::BadRequest(e.to_string()))?,
+            )),
+            None => None,
+        };
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let mut namespaces = HashMap::new();
@@ -137,13 +168,21 @@ impl Agent {
                     metrics.s3_retries.clone(),
                     rdma,
                 )
-                .with_degraded(chosen.degraded);
+                .with_degraded(chosen.degraded)
+                .with_encryption(encryption(ns, &keys)?);
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });
         }
         let auth = ShimAuth::from_config(cfg)?;
-        Ok(Self { tenants, sessions: Mutex::new(HashMap::new()), memory, metrics, limits: cfg.limits.clone(), auth })
+        let quotas = Quotas::new(cfg, metrics.quota_refusals.clone())?;
+        let limits = cfg.limits.clone();
+        Ok(Self { tenants, sessions: Mutex::new(HashMap::new()), memory, metrics, limits, auth, quotas })
+    }
+
+    /// The QoS layer (hot reload: [`Quotas::reload_from`]).
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     fn session(&self, id: &str) -> Result<Arc<Session>, AgentError> {
@@ -186,7 +225,7 @@ impl Agent {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(region_id)
-            .cloned()
+            .map(|r| r.region.clone())
             .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))
     }
 
@@ -244,9 +283,12 @@ impl Agent {
                 self.limits.max_registered_bytes_per_session
             )));
         }
+        // The tenant's quota over all its sessions; refused (not queued):
+        // registration is on the connection path.
+        let quota = self.quotas.qos().reserve_memory(&s.tenant, length)?;
         let region = self.memory.import(export, length)?;
         let id = random_id();
-        regions.insert(id.clone(), region);
+        regions.insert(id.clone(), Registered { region, _quota: quota });
         self.metrics.regions.with_label_values(&[&s.tenant]).inc();
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).add(length as i64);
         Ok(id)
@@ -261,8 +303,29 @@ impl Agent {
             .remove(region_id)
             .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))?;
         self.metrics.regions.with_label_values(&[&s.tenant]).dec();
-        self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(r.len() as i64);
+        self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(r.region.len() as i64);
         Ok(())
+    }
+
+    /// Admits one request of the session's tenant that will move up to
+    /// `bytes` (requests/s, in-flight bytes); the permit is held until the
+    /// request ends. Refusals are `AgentError::Quota` (QUOTA_EXCEEDED).
+    async fn admit(&self, s: &Session, bytes: u64) -> Result<sluice_qos::Permit, AgentError> {
+        Ok(self.quotas.qos().admit(&s.tenant, bytes).await?)
+    }
+
+    /// Upper bound of what a GET can move into `room` bytes of region:
+    /// the range's length if it has one, else the room, capped at the
+    /// tenant's in-flight limit (an unknown-size GET then runs alone instead
+    /// of being refused for a region larger than the budget).
+    fn get_bound(&self, tenant: &str, room: u64, len: Option<u64>) -> u64 {
+        match len {
+            Some(l) => l.min(room),
+            None => {
+                let cap = self.quotas.qos().limits(tenant).and_then(|l| l.max_inflight_bytes);
+                cap.map_or(room, |c| room.min(c))
+            }
+        }
     }
 
     /// Runs `f` as one request: span with the request id, metrics, stats.
@@ -343,7 +406,11 @@ impl Agent {
             check_key(key)?;
             let (start, len) = range.unwrap_or((0, None));
             let t0 = Instant::now();
-            let out = store.get_into(key, start, len, &region, offset, request_id).await?;
+            // Admitted for its upper bound (requests/s, in-flight bytes); each
+            // part is then paced and scheduled fairly inside the S3 client.
+            let bound = self.get_bound(&s.tenant, region.len().saturating_sub(offset), len);
+            let permit = self.admit(&s, bound).await?;
+            let out = store.get_into(key, start, len, &region, offset, request_id, Some(&permit)).await?;
             self.record_fallbacks(&s, namespace, "get", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
@@ -379,7 +446,10 @@ impl Agent {
             check_key(key)?;
             region.check(offset, length)?;
             let t0 = Instant::now();
-            let out = store.put_from(key, &region, offset, length, content_type, request_id).await?;
+            // Admitted for its length; each part is paced and scheduled
+            // fairly inside the S3 client.
+            let permit = self.admit(&s, length).await?;
+            let out = store.put_from(key, &region, offset, length, content_type, request_id, Some(&permit)).await?;
             self.record_fallbacks(&s, namespace, "put", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
@@ -407,6 +477,7 @@ impl Agent {
         let work = async {
             let store = self.authorize(&s, namespace, Permission::Read, "head")?;
             check_key(key)?;
+            let _permit = self.admit(&s, 0).await?;
             Ok(store.head(key, request_id).await?)
         };
         self.run(&s, request_id, namespace, "head", |_| (0, DATA_PATH_HTTP), work).await
@@ -427,6 +498,7 @@ impl Agent {
         let work = async {
             let store = self.authorize(&s, namespace, Permission::List, "list")?;
             check_prefix(prefix)?;
+            let _permit = self.admit(&s, 0).await?;
             Ok(store.list_page(prefix, continuation_token, max_keys, delimiter, request_id).await?)
         };
         self.run(&s, request_id, namespace, "list", |_| (0, DATA_PATH_HTTP), work).await
@@ -443,6 +515,7 @@ impl Agent {
         let work = async {
             let store = self.authorize(&s, namespace, Permission::Delete, "delete")?;
             check_key(key)?;
+            let _permit = self.admit(&s, 0).await?;
             Ok(store.delete(key, request_id).await?)
         };
         self.run(&s, request_id, namespace, "delete", |_| (0, DATA_PATH_HTTP), work).await

@@ -43,6 +43,12 @@ pub struct AgentConfig {
     pub limits: Limits,
     #[serde(default)]
     pub dataplane: DataplaneConfig,
+    /// Agent-wide settings of the per-tenant QoS layer (`[qos]`).
+    #[serde(default)]
+    pub qos: QosSettings,
+    /// Master keys for namespaces with `encryption = "aes-256-gcm"`.
+    #[serde(default)]
+    pub encryption: EncryptionConfig,
     /// Named S3 credentials, referenced by namespaces.
     #[serde(default)]
     pub credentials: BTreeMap<String, CredentialConfig>,
@@ -62,6 +68,56 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self { max_regions_per_session: 4096, max_registered_bytes_per_session: 64 << 30 }
+    }
+}
+
+/// Agent-wide QoS settings: the fair transfer scheduler shared by all
+/// tenants. Fixed at startup (a reload only changes per-tenant limits).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QosSettings {
+    /// Transfers in flight across all tenants; when they are all taken,
+    /// tenants are served by weighted deficit round robin (cost = bytes).
+    pub global_slots: usize,
+    /// How long a request waits for in-flight budget or a transfer slot
+    /// before it is refused (QUOTA_EXCEEDED).
+    pub queue_timeout_ms: u64,
+}
+
+impl Default for QosSettings {
+    fn default() -> Self {
+        Self { global_slots: 64, queue_timeout_ms: 30_000 }
+    }
+}
+
+/// A tenant's QoS limits (`[tenants.limits]`); every limit is optional
+/// (absent = unlimited). Hot-reloadable: SIGHUP re-reads them.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantLimits {
+    /// Object bytes per second (GET and PUT together). Paced, never refused.
+    pub bytes_per_sec: Option<u64>,
+    /// Requests per second (burst: one second's worth). Beyond it requests
+    /// are refused with QUOTA_EXCEEDED and a retry-after hint.
+    pub requests_per_sec: Option<u64>,
+    /// Bytes of transfers in flight at once; further requests wait (up to
+    /// `[qos] queue_timeout_ms`), a single larger request is refused.
+    pub max_inflight_bytes: Option<u64>,
+    /// Host memory the tenant may have registered, over all its sessions.
+    pub max_registered_bytes: Option<u64>,
+    /// Share of the transfer scheduler relative to other tenants (>= 1).
+    pub weight: u32,
+}
+
+impl Default for TenantLimits {
+    fn default() -> Self {
+        Self {
+            bytes_per_sec: None,
+            requests_per_sec: None,
+            max_inflight_bytes: None,
+            max_registered_bytes: None,
+            weight: 1,
+        }
     }
 }
 
@@ -141,6 +197,9 @@ pub struct TenantConfig {
     /// to the tenant (see `identity::ShimOrigin`).
     #[serde(default)]
     pub shim_origins: Vec<String>,
+    /// QoS limits (`[tenants.limits]`); absent: unlimited, weight 1.
+    #[serde(default)]
+    pub limits: TenantLimits,
     pub namespaces: Vec<NamespaceConfig>,
 }
 
@@ -182,6 +241,34 @@ pub struct NamespaceConfig {
     /// What the tenant may do here: any of "read", "write", "list", "delete".
     #[serde(default = "all_permissions")]
     pub access: Vec<Permission>,
+    /// `none` (default) or `aes-256-gcm`: the agent encrypts on PUT and
+    /// decrypts on GET under the tenant's master key; bytes then pass
+    /// through the agent (staged, over HTTP). See docs/encryption-format.md.
+    #[serde(default = "default_encryption")]
+    pub encryption: String,
+    /// Plaintext bytes per sealed chunk for new objects (power of two,
+    /// 4 KiB..16 MiB). Ranged GETs decrypt whole chunks.
+    #[serde(default = "default_encryption_chunk")]
+    pub encryption_chunk_bytes: u32,
+}
+
+fn default_encryption() -> String {
+    "none".into()
+}
+
+fn default_encryption_chunk() -> u32 {
+    sluice_crypt::DEFAULT_CHUNK_SIZE
+}
+
+/// Where tenants' master keys live.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncryptionConfig {
+    /// Directory with one subdirectory per tenant holding key files (64 hex
+    /// characters, mode 0600, named by key id) and a `current` file naming
+    /// the key for new objects. Rotation: add a key, point `current` at it;
+    /// old ids stay readable. A key: `head -c 32 /dev/urandom | xxd -p -c 64`.
+    pub key_dir: Option<PathBuf>,
 }
 
 /// One right on a namespace.
@@ -319,6 +406,11 @@ impl AgentConfig {
                 }
             }
         }
+        if let Some(d) = &mut cfg.encryption.key_dir {
+            if d.is_relative() {
+                *d = base.join(&*d);
+            }
+        }
         for t in &mut cfg.tenants {
             if t.shim_secret_file.is_relative() {
                 t.shim_secret_file = base.join(&t.shim_secret_file);
@@ -341,6 +433,14 @@ impl AgentConfig {
         for t in &self.tenants {
             if t.name.is_empty() || !seen.insert(&t.name) {
                 return bad(format!("tenant names must be unique and non-empty ({:?})", t.name));
+            }
+            let l = &t.limits;
+            if l.bytes_per_sec == Some(0) || l.requests_per_sec == Some(0) || l.weight == 0 {
+                return bad(format!(
+                    "tenant {:?}: limits: bytes_per_sec and requests_per_sec must be > 0 (omit for unlimited), \
+                     weight >= 1",
+                    t.name
+                ));
             }
             for o in &t.shim_origins {
                 if o != "unix" && o.parse::<std::net::IpAddr>().is_err() {
@@ -387,6 +487,24 @@ impl AgentConfig {
                         ns.name
                     ));
                 }
+                match ns.encryption.parse::<sluice_crypt::EncryptionPolicy>() {
+                    Err(_) => {
+                        return bad(format!(
+                            "namespace {:?}: encryption {:?} (use \"none\" or \"aes-256-gcm\")",
+                            ns.name, ns.encryption
+                        ))
+                    }
+                    Ok(sluice_crypt::EncryptionPolicy::Aes256Gcm) if self.encryption.key_dir.is_none() => {
+                        return bad(format!("namespace {:?}: encryption needs [encryption] key_dir", ns.name))
+                    }
+                    Ok(_) => {}
+                }
+                if sluice_crypt::check_chunk_size(u64::from(ns.encryption_chunk_bytes)).is_err() {
+                    return bad(format!(
+                        "namespace {:?}: encryption_chunk_bytes must be a power of two from 4 KiB to 16 MiB",
+                        ns.name
+                    ));
+                }
                 if !self.credentials.contains_key(&ns.credentials) {
                     return bad(format!(
                         "namespace {:?}: credentials {:?} not found in [credentials]",
@@ -399,6 +517,9 @@ impl AgentConfig {
             if c.secret_key.is_some() == c.secret_key_file.is_some() {
                 return bad(format!("credentials {name:?}: set exactly one of secret_key and secret_key_file"));
             }
+        }
+        if self.qos.global_slots == 0 || self.qos.queue_timeout_ms == 0 {
+            return bad("qos: global_slots >= 1 and queue_timeout_ms >= 1".into());
         }
         let s = &self.s3;
         if s.get_part_size == 0 || s.put_part_size < 5 << 20 || s.max_concurrency == 0 || s.max_attempts == 0 {
@@ -444,6 +565,25 @@ mod tests {
         let cfg: AgentConfig = toml::from_str(EXAMPLE).unwrap();
         cfg.validate().unwrap();
         assert!(!cfg.tenants.is_empty());
+    }
+
+    #[test]
+    fn example_limits_parse_uncommented() {
+        // The commented [tenants.limits] examples, uncommented, are valid.
+        let keys = ["bytes_per_sec =", "requests_per_sec =", "max_inflight_bytes =", "max_registered_bytes ="];
+        let text: String = EXAMPLE
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if keys.iter().any(|k| rest.starts_with(k)) => format!("{rest}\n"),
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        let cfg: AgentConfig = toml::from_str(&text).unwrap();
+        cfg.validate().unwrap();
+        let l = &cfg.tenants[0].limits;
+        let got = (l.bytes_per_sec, l.requests_per_sec, l.max_inflight_bytes, l.max_registered_bytes, l.weight);
+        assert_eq!(got, (Some(2 << 30), Some(5000), Some(4 << 30), Some(64 << 30), 1));
+        assert_eq!(cfg.qos, QosSettings::default());
     }
 
     #[test]

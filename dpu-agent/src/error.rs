@@ -29,6 +29,11 @@ pub enum AgentError {
     AccessDenied(String),
     #[error("limit reached: {0}")]
     ResourceExhausted(String),
+    /// A tenant quota (requests/s, in-flight bytes, registered memory, or
+    /// waiting too long for the fair scheduler) refused the request. Rate
+    /// refusals carry `retry_after` in the message.
+    #[error("quota exceeded: {0}")]
+    Quota(#[from] sluice_qos::QosError),
     #[error(transparent)]
     Memory(#[from] MemError),
     #[error(transparent)]
@@ -48,6 +53,9 @@ impl AgentError {
             Self::Unauthenticated(_) => ErrorCode::Unauthenticated,
             Self::AccessDenied(_) => ErrorCode::AccessDenied,
             Self::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
+            Self::Quota(sluice_qos::QosError::UnknownTenant { .. }) => ErrorCode::UnknownTenant,
+            Self::Quota(sluice_qos::QosError::InvalidLimits { .. }) => ErrorCode::Internal,
+            Self::Quota(_) => ErrorCode::QuotaExceeded,
             Self::Memory(e) => crate::hostmem::mem_code(e),
             Self::S3(e) => e.code(),
         }

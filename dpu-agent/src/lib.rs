@@ -14,6 +14,7 @@ pub mod hostmem;
 pub mod identity;
 pub mod ids;
 pub mod metrics;
+pub mod quota;
 pub mod s3;
 pub mod server;
 

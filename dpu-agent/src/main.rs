@@ -34,7 +34,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("configuration is valid");
         return Ok(());
     }
-    sluice_agent::server::run(cfg, shutdown_signal()).await.context("agent failed")?;
+    sluice_agent::server::run(cfg, Some(args.config.clone()), shutdown_signal()).await.context("agent failed")?;
     Ok(())
 }
 

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub auth_failures: IntCounterVec,
     /// Requests refused by a namespace ACL or key scoping.
     pub access_denied: IntCounterVec,
+    /// Requests and registrations refused by a tenant quota, by tenant and
+    /// limit (`kind`: requests_per_sec, max_inflight_bytes, busy_slots, ...).
+    /// Tenants that are not configured count as `<unknown>`.
+    pub quota_refusals: IntCounterVec,
 }
 
 impl Metrics {
@@ -68,6 +72,11 @@ impl Metrics {
             Opts::new("access_denied_total", "Requests refused by a namespace ACL or key scoping"),
             &["tenant", "namespace", "op"],
         )?;
+        let quota_refusals = IntCounterVec::new(
+            Opts::new("quota_refusals_total", "Requests and registrations refused by a tenant quota"),
+            &["tenant", "kind"],
+        )?;
+        registry.register(Box::new(quota_refusals.clone()))?;
         registry.register(Box::new(auth_failures.clone()))?;
         registry.register(Box::new(access_denied.clone()))?;
         registry.register(Box::new(requests.clone()))?;
@@ -92,6 +101,7 @@ impl Metrics {
             registered_bytes,
             auth_failures,
             access_denied,
+            quota_refusals,
         })
     }
 

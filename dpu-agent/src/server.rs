@@ -54,15 +54,24 @@ fn bind_unix(what: &'static str, path: &Path) -> Result<UnixListener, ServeError
     UnixListener::bind(path).map_err(err)
 }
 
-/// Runs the agent until `shutdown` resolves.
+/// Runs the agent until `shutdown` resolves. With `config_path` (the file
+/// `cfg` came from), SIGHUP re-reads it and applies the tenants' QoS limits.
 pub async fn run(
     cfg: AgentConfig,
+    config_path: Option<PathBuf>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
     let memory = ColocatedMemory::new();
     let dataplanes = Dataplanes::start(&cfg, &metrics).await?;
     let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone(), &dataplanes)?);
+
+    if let Some(path) = config_path {
+        // Registered before "ready": SIGHUP's default action would kill us.
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|source| ServeError::Bind { what: "SIGHUP handler", at: path.display().to_string(), source })?;
+        tokio::spawn(reload_on_sighup(hup, path, agent.clone()));
+    }
 
     let mem_listener = bind_unix("memory socket", &cfg.memory_socket)?;
     tokio::spawn(memory.serve(mem_listener));
@@ -141,4 +150,22 @@ pub async fn run(
         let _ = std::fs::remove_file(p);
     }
     Ok(())
+}
+
+/// On every SIGHUP: re-read the config file and apply its QoS limits; a bad
+/// file is logged and the running limits stay.
+async fn reload_on_sighup(mut hup: tokio::signal::unix::Signal, path: PathBuf, agent: Arc<Agent>) {
+    while hup.recv().await.is_some() {
+        match agent.quotas().reload_from(&path) {
+            Ok(changes) if changes.is_empty() => info!(config = %path.display(), "SIGHUP: QoS limits unchanged"),
+            Ok(changes) => {
+                for c in &changes {
+                    info!(config = %path.display(), change = %c, "SIGHUP: QoS limits reloaded");
+                }
+            }
+            Err(e) => {
+                tracing::error!(config = %path.display(), error = %e, "SIGHUP: reload failed; keeping the old limits")
+            }
+        }
+    }
 }

@@ -60,6 +60,10 @@ def main() -> int:
             "bytes": h.get("x-amz-rdma-bytes-transferred"),
             "body_len": body_len,
         }))
+    elif cmd == "copy":
+        # copy BUCKET KEY DEST_KEY: server-side copy, metadata included.
+        s3.copy_object(Bucket=bucket, Key=rest[0], CopySource={"Bucket": bucket, "Key": key})
+        print("ok")
     elif cmd == "count":
         n = 0
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):

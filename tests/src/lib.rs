@@ -66,8 +66,13 @@ pub struct Options {
     pub gateway_backend: String,
     /// `[dataplane]` section of the agent config.
     pub agent_dataplane: String,
+    /// `[qos]` section of the agent config (e.g. `global_slots = 2`).
+    pub agent_qos: String,
     /// Extra settings of tenant "alpha" / "beta" in the agent config
     /// (`shims`, `shim_origins`, limits ...), each line ending in a newline.
+    /// They go right before the tenant's `[[tenants.namespaces]]`, so a
+    /// `[tenants.limits]` table (after any plain keys) works as well as
+    /// `limits = { ... }`.
     pub alpha: String,
     pub beta: String,
     /// Also start a second shim (`Stack::beta_socket`) mapping this user to
@@ -88,6 +93,7 @@ impl Default for Options {
             gateway_rdma: String::new(),
             gateway_backend: String::new(),
             agent_dataplane: String::new(),
+            agent_qos: String::new(),
             alpha: String::new(),
             beta: String::new(),
             beta_shim: false,
@@ -212,8 +218,8 @@ impl Stack {
         }
         let cfg = d.join("agent.toml");
         std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[dataplane]\n{}\n[s3]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
-            opts.agent_dataplane, opts.s3, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display())).expect("write config");
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display())).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs
@@ -260,6 +266,22 @@ impl Stack {
                 let _ = c.wait();
             }
         }
+    }
+
+    /// The process id of one of the stack's processes (e.g. "sluice-agent").
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.iter().find(|(n, _)| n == name).map(|(_, c)| c.id())
+    }
+
+    /// Sends `signal` (e.g. "HUP") to one of the stack's processes with
+    /// kill(1) (keeps the harness free of libc calls).
+    pub fn signal(&self, name: &str, signal: &str) {
+        let pid = self.pid(name).unwrap_or_else(|| panic!("no process {name}"));
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("running kill: {e}"));
+        assert!(status.success(), "kill -{signal} {pid} failed: {status}");
     }
 
     /// The agent's Prometheus text.

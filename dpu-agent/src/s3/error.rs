@@ -31,6 +31,16 @@ pub enum S3Error {
     Destination(String),
     #[error("unexpected response from the store: {0}")]
     Protocol(String),
+    /// An encrypted object failed authentication (tampered, truncated,
+    /// swapped, or not encrypted where it must be).
+    #[error("integrity check failed: {0}")]
+    Integrity(String),
+    /// The tenant's quota or the fair scheduler refused a part.
+    #[error("{0}")]
+    Quota(String),
+    /// Keys or the encryption machinery failed (not the object's fault).
+    #[error("encryption: {0}")]
+    Encryption(String),
 }
 
 fn attempts_note(n: u32) -> String {
@@ -68,7 +78,9 @@ impl S3Error {
             Self::Server { .. } | Self::Connection { .. } => ErrorCode::StoreUnavailable,
             Self::TransferFailed { .. } => ErrorCode::TransferFailed,
             Self::DoesNotFit { .. } => ErrorCode::RegionTooSmall,
-            Self::Destination(_) | Self::Protocol(_) => ErrorCode::Internal,
+            Self::Destination(_) | Self::Protocol(_) | Self::Encryption(_) => ErrorCode::Internal,
+            Self::Integrity(_) => ErrorCode::Integrity,
+            Self::Quota(_) => ErrorCode::QuotaExceeded,
         }
     }
 

@@ -11,7 +11,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::rdma::{Fallback, Via};
 use super::request::Spec;
-use super::{error, ObjectStore, S3Error};
+use super::{enter, error, Gate, ObjectStore, S3Error};
 use crate::config::DataPathMode;
 use crate::hostmem::HostRegion;
 
@@ -32,7 +32,7 @@ pub struct GetOutcome {
 }
 
 impl GetOutcome {
-    fn from_parts(bytes: u64, object_size: u64, etag: String, vias: Vec<Via>) -> Self {
+    pub(super) fn from_parts(bytes: u64, object_size: u64, etag: String, vias: Vec<Via>) -> Self {
         let rdma_parts = vias.iter().filter(|v| matches!(v, Via::Rdma)).count() as u32;
         let fallbacks =
             vias.iter().filter_map(|v| if let Via::Fallback(f) = v { Some(f.clone()) } else { None }).collect();
@@ -62,6 +62,7 @@ impl ObjectStore {
     /// Reads `key` (or `length` bytes from `start`; `None` = to the end) into
     /// `region` at `offset`. Nothing is written unless the whole requested
     /// span fits in the region.
+    #[allow(clippy::too_many_arguments)]
     pub async fn get_into(
         &self,
         key: &str,
@@ -70,9 +71,13 @@ impl ObjectStore {
         region: &Arc<dyn HostRegion>,
         offset: u64,
         request_id: &str,
+        gate: Gate<'_>,
     ) -> Result<GetOutcome, S3Error> {
         if length == Some(0) {
             return Err(S3Error::InvalidRange("a range must cover at least one byte".into()));
+        }
+        if let Some(enc) = &self.encryption {
+            return self.get_encrypted(enc, key, start, length, region, offset, request_id, gate).await;
         }
         let full = self.full_key(key);
         let part = self.tuning.get_part_size;
@@ -89,8 +94,10 @@ impl ObjectStore {
             }
             (meta.size, meta.etag, None)
         } else {
+            // The first part's slot is held until its body has streamed.
+            let slot = enter(gate, length.unwrap_or(part).min(part)).await?;
             match self.first_part(key, &full, start, length, base, request_id).await? {
-                Ok((size, etag, first)) => (size, etag, Some(first)),
+                Ok((size, etag, first)) => (size, etag, Some((first, slot))),
                 Err(empty_etag) => (0, empty_etag, None),
             }
         };
@@ -109,9 +116,10 @@ impl ObjectStore {
         let (full, etag) = (&full, &etag);
         let mut futs: Vec<PartFuture<'_>> = Vec::new();
         let mut pos = start;
-        if let Some(FirstPart { resp, body_start, asked_end }) = first {
+        if let Some((FirstPart { resp, body_start, asked_end }, slot)) = first {
             let cover = asked_end.min(end);
             futs.push(Box::pin(async move {
+                let _slot = slot;
                 match stream_body(resp, region, offset, cover - body_start).await {
                     Ok(()) => Ok(Via::Http),
                     Err(e) if e.is_retryable() => {
@@ -131,6 +139,7 @@ impl ObjectStore {
             let use_rdma = rdma.filter(|r| r.mode == DataPathMode::Rdma || stop - pos >= r.min_bytes);
             let (from, dst) = (pos, offset + (pos - start));
             futs.push(Box::pin(async move {
+                let _slot = enter(gate, stop - from).await?;
                 if let Some(r) = use_rdma {
                     match self.get_part_rdma(r, full, from, stop, etag, region, dst, base + i, request_id).await? {
                         None => return Ok(Via::Rdma),

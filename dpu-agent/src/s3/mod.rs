@@ -2,6 +2,7 @@
 //! endpoints, with retries, ranged/concurrent GETs into host memory, single and
 //! multipart PUTs from host memory, HEAD, ListObjectsV2 and DELETE.
 
+pub mod crypto;
 mod error;
 mod get;
 mod put;
@@ -18,6 +19,20 @@ pub use put::PutOutcome;
 pub use xml::{ListPage, ObjectMeta};
 
 use crate::config::{NamespaceConfig, S3Tuning};
+
+/// Per-part admission of a transfer: its tenant's permit paces each part
+/// (bytes/s) and takes a fair-scheduler slot for it, held while the part
+/// moves, so one tenant's large transfer never holds the agent for longer
+/// than a part. `None`: no quotas (tests of the S3 client alone).
+pub type Gate<'a> = Option<&'a sluice_qos::Permit>;
+
+/// Waits for `gate` to admit a part of `n` bytes.
+async fn enter(gate: Gate<'_>, n: u64) -> Result<Option<sluice_qos::Slot>, S3Error> {
+    match gate {
+        Some(p) => p.chunk(n).await.map(Some).map_err(|e| S3Error::Quota(e.to_string())),
+        None => Ok(None),
+    }
+}
 
 /// One namespace's view of an S3 store: endpoints, bucket, key prefix,
 /// region and credentials.
@@ -37,6 +52,8 @@ pub struct ObjectStore {
     rdma: Option<rdma::RdmaPath>,
     degraded: Option<rdma::Fallback>,
     access: Vec<crate::config::Permission>,
+    /// Inline encryption, when the namespace has it.
+    encryption: Option<crypto::Encryption>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -86,7 +103,20 @@ impl ObjectStore {
             rdma,
             degraded: None,
             access: ns.access.clone(),
+            encryption: None,
         }
+    }
+
+    /// Encrypts this namespace's objects.
+    pub fn with_encryption(mut self, enc: Option<crypto::Encryption>) -> Self {
+        self.encryption = enc;
+        self
+    }
+
+    /// Whether objects are encrypted by the agent (their bytes then pass
+    /// through it: staged, over HTTP).
+    pub fn encrypted(&self) -> bool {
+        self.encryption.is_some()
     }
 
     /// Whether the namespace's ACL grants `perm`.
@@ -175,8 +205,11 @@ impl ObjectStore {
         }
     }
 
-    /// HeadObject.
+    /// HeadObject (plaintext size for encrypted objects).
     pub async fn head(&self, key: &str, request_id: &str) -> Result<ObjectMeta, S3Error> {
+        if self.encryption.is_some() {
+            return self.head_encrypted(key, request_id).await;
+        }
         let full = &self.full_key(key);
         let base = self.next_base();
         self.retrying(|attempt| async move {
@@ -241,6 +274,16 @@ impl ObjectStore {
         for o in &mut page.objects {
             if let Some(k) = o.key.strip_prefix(&self.prefix) {
                 o.key = k.to_owned();
+            }
+        }
+        if let Some(enc) = &self.encryption {
+            // Plaintext sizes: from the namespace's chunk size when the stored
+            // size fits it, else from the object's metadata.
+            for o in &mut page.objects {
+                match sluice_crypt::plaintext_len(o.size, enc.chunk_size) {
+                    Ok(n) => o.size = n,
+                    Err(_) => o.size = self.head(&o.key, request_id).await.map(|m| m.size).unwrap_or(o.size),
+                }
             }
         }
         for p in &mut page.common_prefixes {

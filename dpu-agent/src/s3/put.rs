@@ -9,7 +9,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::rdma::{Fallback, Via};
 use super::request::{Payload, Spec};
-use super::{error, xml, ObjectStore, S3Error};
+use super::{enter, error, xml, Gate, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
 
 /// Bytes read from the region per body chunk.
@@ -28,7 +28,7 @@ pub struct PutOutcome {
 }
 
 impl PutOutcome {
-    fn from_parts(etag: String, vias: &[Via]) -> Self {
+    pub(super) fn from_parts(etag: String, vias: &[Via]) -> Self {
         Self {
             etag,
             parts: vias.len() as u32,
@@ -65,6 +65,7 @@ fn region_body(region: Arc<dyn HostRegion>, offset: u64, len: u64) -> Payload {
 impl ObjectStore {
     /// Stores `[offset, offset+len)` of `region` as `key`. The caller has
     /// checked the window against the region.
+    #[allow(clippy::too_many_arguments)]
     pub async fn put_from(
         &self,
         key: &str,
@@ -73,11 +74,16 @@ impl ObjectStore {
         len: u64,
         content_type: &str,
         request_id: &str,
+        gate: Gate<'_>,
     ) -> Result<PutOutcome, S3Error> {
+        if let Some(enc) = &self.encryption {
+            return self.put_encrypted(enc, key, region, offset, len, content_type, request_id, gate).await;
+        }
         let full = self.full_key(key);
         if len > self.tuning.multipart_threshold {
-            return self.put_multipart(&full, region, offset, len, content_type, request_id).await;
+            return self.put_multipart(&full, region, offset, len, content_type, request_id, gate).await;
         }
+        let _slot = enter(gate, len).await?;
         let base = self.next_base();
         let mut via = Via::Http;
         if let Some(r) = self.rdma_for(len) {
@@ -107,6 +113,7 @@ impl ObjectStore {
         Ok(PutOutcome::from_parts(etag, &[via]))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn put_multipart(
         &self,
         full: &str,
@@ -115,19 +122,12 @@ impl ObjectStore {
         len: u64,
         content_type: &str,
         request_id: &str,
+        gate: Gate<'_>,
     ) -> Result<PutOutcome, S3Error> {
         let base = self.next_base();
-        let upload_id = self
-            .retrying(|attempt| async move {
-                let mut spec =
-                    Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
-                if !content_type.is_empty() {
-                    spec = spec.header("content-type", content_type.to_owned());
-                }
-                let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-                xml::parse_upload_id(&resp.text().await.map_err(S3Error::from_reqwest)?)
-            })
-            .await?;
+        let headers: Vec<(&'static str, String)> =
+            if content_type.is_empty() { vec![] } else { vec![("content-type", content_type.to_owned())] };
+        let upload_id = self.create_upload(full, base, request_id, &headers).await?;
 
         let part = self.tuning.put_part_size;
         let count = len.div_ceil(part);
@@ -136,6 +136,7 @@ impl ObjectStore {
             let from = i * part;
             let n = part.min(len - from);
             let number = (i + 1).to_string();
+            let _slot = enter(gate, n).await?;
             let mut via = Via::Http;
             if let Some(r) = self.rdma_for(n) {
                 match self.put_rdma(r, full, Some((i + 1, upload)), region, offset + from, n, "", base + i as usize, request_id).await? {
@@ -174,7 +175,41 @@ impl ObjectStore {
         etags.sort_by_key(|(i, _, _)| *i);
         let vias: Vec<Via> = etags.iter().map(|(_, _, v)| v.clone()).collect();
         let etags: Vec<String> = etags.into_iter().map(|(_, e, _)| e).collect();
-        let body = Bytes::from(xml::complete_body(&etags));
+        let etag = self.complete_upload(full, upload, &etags, base, request_id).await?;
+        Ok(PutOutcome::from_parts(etag, &vias))
+    }
+
+    /// CreateMultipartUpload; `headers` adds the object's headers (content
+    /// type, user metadata).
+    pub(super) async fn create_upload(
+        &self,
+        full: &str,
+        base: usize,
+        request_id: &str,
+        headers: &[(&'static str, String)],
+    ) -> Result<String, S3Error> {
+        self.retrying(|attempt| async move {
+            let mut spec = Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
+            for (k, v) in headers {
+                spec = spec.header(k, v.clone());
+            }
+            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+            xml::parse_upload_id(&resp.text().await.map_err(S3Error::from_reqwest)?)
+        })
+        .await
+    }
+
+    /// CompleteMultipartUpload with the parts' ETags in order; aborts the
+    /// upload if completing fails.
+    pub(super) async fn complete_upload(
+        &self,
+        full: &str,
+        upload: &str,
+        etags: &[String],
+        base: usize,
+        request_id: &str,
+    ) -> Result<String, S3Error> {
+        let body = Bytes::from(xml::complete_body(etags));
         let done = self
             .retrying(|attempt| {
                 let body = body.clone();
@@ -189,17 +224,14 @@ impl ObjectStore {
                 }
             })
             .await;
-        match done {
-            Ok(etag) => Ok(PutOutcome::from_parts(etag, &vias)),
-            Err(e) => {
-                self.abort_multipart(full, upload, base, request_id).await;
-                Err(e)
-            }
+        if done.is_err() {
+            self.abort_multipart(full, upload, base, request_id).await;
         }
+        done
     }
 
     /// Best effort: a failed upload should not leave parts behind.
-    async fn abort_multipart(&self, full: &str, upload: &str, base: usize, request_id: &str) {
+    pub(super) async fn abort_multipart(&self, full: &str, upload: &str, base: usize, request_id: &str) {
         let spec = Spec::new(http::Method::DELETE, self.endpoint(base, 0)).key(full).query("uploadId", upload);
         match self.send(spec, request_id).await {
             Ok(r) if r.status().is_success() => {}
@@ -209,6 +241,6 @@ impl ObjectStore {
     }
 }
 
-fn etag_of(resp: &reqwest::Response) -> String {
+pub(super) fn etag_of(resp: &reqwest::Response) -> String {
     resp.headers().get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
 }

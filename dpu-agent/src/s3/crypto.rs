@@ -1,0 +1,364 @@
+//! Inline encryption of a namespace's objects (`encryption = "aes-256-gcm"`):
+//! the agent seals on PUT and opens on GET with `sluice-crypt`'s chunked
+//! AES-256-GCM format (docs/encryption-format.md), under the tenant's master
+//! key. Objects are bound to bucket and full key (namespace prefix included),
+//! so a copy to another key does not open.
+//!
+//! The bytes pass through the agent (staged): ciphertext moves over HTTP, the
+//! host region only ever receives authenticated plaintext, one chunk at a
+//! time. A GET whose object fails authentication returns `INTEGRITY` and the
+//! request is not reported as filled. HEAD and LIST report plaintext sizes
+//! (from the `sluice-*` user metadata, checked against the header on GET).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use sluice_crypt::{CryptError, KeyProvider, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN};
+
+use super::get::GetOutcome;
+use super::put::PutOutcome;
+use super::rdma::Via;
+use super::request::{Payload, Spec};
+use super::{enter, error, xml, Gate, ObjectStore, S3Error};
+use crate::hostmem::HostRegion;
+
+/// A namespace's encryption settings.
+pub struct Encryption {
+    pub provider: Arc<dyn KeyProvider>,
+    /// Plaintext bytes per chunk for new objects.
+    pub chunk_size: u32,
+}
+
+impl std::fmt::Debug for Encryption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encryption").field("chunk_size", &self.chunk_size).finish_non_exhaustive()
+    }
+}
+
+/// Maps format errors: tampering and malformed objects are integrity
+/// failures; key problems are the agent's own.
+fn crypt_err(e: CryptError) -> S3Error {
+    match e {
+        CryptError::Integrity
+        | CryptError::BadHeader(_)
+        | CryptError::UnsupportedVersion(_)
+        | CryptError::BadMetadata(_)
+        | CryptError::BadCiphertextLength { .. }
+        | CryptError::ChunkLength { .. } => S3Error::Integrity(e.to_string()),
+        CryptError::RangeOutOfBounds { .. } => S3Error::InvalidRange(e.to_string()),
+        other => S3Error::Encryption(other.to_string()),
+    }
+}
+
+fn blocking_err(e: tokio::task::JoinError) -> S3Error {
+    S3Error::Encryption(format!("crypto task failed: {e}"))
+}
+
+/// The `sluice-*` user metadata of a HEAD response (`x-amz-meta-` stripped).
+fn metadata_of(headers: &reqwest::header::HeaderMap) -> Result<Option<Metadata>, S3Error> {
+    let pairs = headers.iter().filter_map(|(k, v)| {
+        let name = k.as_str().strip_prefix("x-amz-meta-")?;
+        Some((name.to_owned(), v.to_str().ok()?.to_owned()))
+    });
+    Metadata::from_pairs(pairs).map_err(crypt_err)
+}
+
+impl ObjectStore {
+    /// HEAD with the plaintext size of an encrypted object.
+    pub(super) async fn head_encrypted(&self, key: &str, request_id: &str) -> Result<xml::ObjectMeta, S3Error> {
+        let (mut meta, enc) = self.head_with_metadata(key, request_id).await?;
+        if let Some(m) = enc {
+            meta.size = m.plaintext_len;
+        }
+        Ok(meta)
+    }
+
+    async fn head_with_metadata(
+        &self,
+        key: &str,
+        request_id: &str,
+    ) -> Result<(xml::ObjectMeta, Option<Metadata>), S3Error> {
+        let full = &self.full_key(key);
+        let base = self.next_base();
+        self.retrying(|attempt| async move {
+            let spec = Spec::new(http::Method::HEAD, self.endpoint(base, attempt)).key(full);
+            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+            Ok((xml::meta_from_headers(key, resp.headers())?, metadata_of(resp.headers())?))
+        })
+        .await
+    }
+
+    /// Bytes `[from, to)` of the stored (encrypted) object, guarded by its ETag.
+    async fn fetch_bytes(
+        &self,
+        full: &str,
+        from: u64,
+        to: u64,
+        etag: &str,
+        request_id: &str,
+    ) -> Result<Vec<u8>, S3Error> {
+        let base = self.next_base();
+        self.retrying(|attempt| async move {
+            let spec = self.part_spec(self.endpoint(base, attempt), full, from, to, etag);
+            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+            if resp.status() != http::StatusCode::PARTIAL_CONTENT {
+                return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status())));
+            }
+            let body = resp.bytes().await.map_err(S3Error::from_reqwest)?;
+            if body.len() as u64 != to - from {
+                // A short body is a truncated object or a broken transfer.
+                return Err(S3Error::Integrity(format!("asked for {} bytes, got {}", to - from, body.len())));
+            }
+            Ok(body.to_vec())
+        })
+        .await
+    }
+
+    /// Decrypts plaintext `[start, start+length)` of `key` into `region` at `offset`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn get_encrypted(
+        &self,
+        enc: &Encryption,
+        key: &str,
+        start: u64,
+        length: Option<u64>,
+        region: &Arc<dyn HostRegion>,
+        offset: u64,
+        request_id: &str,
+        gate: Gate<'_>,
+    ) -> Result<GetOutcome, S3Error> {
+        let full = self.full_key(key);
+        let (meta, m) = self.head_with_metadata(key, request_id).await?;
+        // A plaintext object where only ciphertext may be is refused: a
+        // store-side attacker must not be able to substitute plaintext.
+        let m =
+            m.ok_or_else(|| S3Error::Integrity("the object is not encrypted in this encrypted namespace".into()))?;
+        let size = m.plaintext_len;
+        if start >= size && !(start == 0 && size == 0) {
+            return Err(S3Error::InvalidRange(format!("bytes {start}- of a {size}-byte object")));
+        }
+        let end = length.map_or(size, |l| start.saturating_add(l).min(size));
+        let needed = end - start;
+        if region.check(offset, needed).is_err() || offset > region.len() {
+            return Err(S3Error::DoesNotFit { needed, offset, region_len: region.len() });
+        }
+        // The header authenticates everything: parse it and check the
+        // (unauthenticated) metadata against it before trusting the sizes.
+        let header = self.fetch_bytes(&full, 0, HEADER_LEN as u64, &meta.etag, request_id).await?;
+        let opener =
+            ObjectOpener::new(&*enc.provider, &self.tenant, &self.bucket, &full, &header).map_err(crypt_err)?;
+        opener.check_metadata(&m).map_err(crypt_err)?;
+        if meta.size != opener.layout().ciphertext_len() {
+            return Err(S3Error::Integrity(format!(
+                "stored size {} is not that of the {}-byte object its header describes",
+                meta.size, size
+            )));
+        }
+        if needed == 0 {
+            // An empty object: its one empty final chunk must still open.
+            let range = opener.layout().chunk_ciphertext_range(0).map_err(crypt_err)?;
+            let mut tag = self.fetch_bytes(&full, range.start, range.end, &meta.etag, request_id).await?;
+            opener.open_chunk(0, &mut tag).map_err(crypt_err)?;
+            return Ok(GetOutcome::from_parts(0, 0, meta.etag, vec![Via::Http]));
+        }
+        let plan = opener.layout().plan_range(start, needed).map_err(crypt_err)?;
+        let chunk = u64::from(m.chunk_size);
+        let per_part = (self.tuning.get_part_size / chunk).max(1) as u32;
+        let opener = Arc::new(opener);
+        let (full, etag) = (&full, &meta.etag);
+        let groups = plan.chunks().step_by(per_part as usize).map(|first| {
+            let last = (first + per_part).min(plan.chunks().end); // exclusive
+            let opener = opener.clone();
+            async move {
+                let layout = opener.layout();
+                let from = layout.chunk_ciphertext_range(first).map_err(crypt_err)?.start;
+                let to = layout.chunk_ciphertext_range(last - 1).map_err(crypt_err)?.end;
+                let _slot = enter(gate, to - from).await?;
+                let mut cipher = self.fetch_bytes(full, from, to, etag, request_id).await?;
+                // Decrypt off the async threads; only authenticated plaintext
+                // comes back.
+                let plain = tokio::task::spawn_blocking(move || -> Result<Vec<(u64, Vec<u8>)>, S3Error> {
+                    let layout = opener.layout();
+                    let mut out = Vec::new();
+                    for i in first..last {
+                        let r = layout.chunk_ciphertext_range(i).map_err(crypt_err)?;
+                        let slice = &mut cipher[(r.start - from) as usize..(r.end - from) as usize];
+                        let p = opener.open_chunk(i, slice).map_err(crypt_err)?;
+                        out.push((layout.chunk_plaintext_offset(i), p.to_vec()));
+                    }
+                    Ok(out)
+                })
+                .await
+                .map_err(blocking_err)??;
+                for (at, bytes) in plain {
+                    // Clip the chunk to the requested range.
+                    let lo = start.max(at);
+                    let hi = end.min(at + bytes.len() as u64);
+                    if lo < hi {
+                        region
+                            .write_at(offset + (lo - start), &bytes[(lo - at) as usize..(hi - at) as usize])
+                            .map_err(|e| S3Error::Destination(e.to_string()))?;
+                    }
+                }
+                Ok::<_, S3Error>(Via::Http)
+            }
+        });
+        let vias: Vec<Via> =
+            futures::stream::iter(groups).buffer_unordered(self.tuning.max_concurrency).try_collect().await?;
+        Ok(GetOutcome::from_parts(needed, size, etag.clone(), vias))
+    }
+
+    /// Seals chunks `[first, last)` of `[offset, offset+len)` of `region`,
+    /// prefixed with the header when `first == 0`.
+    async fn sealed_part(
+        sealer: Arc<ObjectSealer>,
+        header: Option<Bytes>,
+        region: Arc<dyn HostRegion>,
+        offset: u64,
+        first: u32,
+        last: u32,
+    ) -> Result<Bytes, S3Error> {
+        tokio::task::spawn_blocking(move || -> Result<Bytes, S3Error> {
+            let layout = *sealer.layout();
+            let mut out = header.map(|h| h.to_vec()).unwrap_or_default();
+            for i in first..last {
+                let n = layout.chunk_plaintext_len(i).map_err(crypt_err)?;
+                let mut chunk = vec![0u8; n];
+                region
+                    .read_at(offset + layout.chunk_plaintext_offset(i), &mut chunk)
+                    .map_err(|e| S3Error::Destination(e.to_string()))?;
+                sealer.seal_in_place(i, &mut chunk).map_err(crypt_err)?;
+                out.extend_from_slice(&chunk);
+            }
+            Ok(Bytes::from(out))
+        })
+        .await
+        .map_err(blocking_err)?
+    }
+
+    /// Encrypts `[offset, offset+len)` of `region` and stores it as `key`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn put_encrypted(
+        &self,
+        enc: &Encryption,
+        key: &str,
+        region: &Arc<dyn HostRegion>,
+        offset: u64,
+        len: u64,
+        content_type: &str,
+        request_id: &str,
+        gate: Gate<'_>,
+    ) -> Result<PutOutcome, S3Error> {
+        let full = self.full_key(key);
+        let (header, sealer) =
+            ObjectSealer::new(&*enc.provider, &self.tenant, &self.bucket, &full, len, enc.chunk_size)
+                .map_err(crypt_err)?;
+        let meta: Vec<(&'static str, String)> = sealer.metadata().to_pairs();
+        let layout = *sealer.layout();
+        let sealer = Arc::new(sealer);
+        let header = Bytes::copy_from_slice(&header);
+        let chunks = layout.chunk_count();
+        let per_part = (self.tuning.put_part_size / u64::from(enc.chunk_size)).max(1) as u32;
+        let mut headers: Vec<(&'static str, String)> =
+            meta.iter().map(|(k, v)| (meta_header_name(k), v.clone())).collect();
+        if !content_type.is_empty() {
+            headers.push(("content-type", content_type.to_owned()));
+        }
+        let headers = &headers;
+        if layout.ciphertext_len() <= self.tuning.multipart_threshold {
+            let _slot = enter(gate, layout.ciphertext_len()).await?;
+            let body = Self::sealed_part(sealer, Some(header), region.clone(), offset, 0, chunks).await?;
+            let base = self.next_base();
+            let etag = self
+                .retrying(|attempt| {
+                    let (full, body) = (&full, body.clone());
+                    async move {
+                        let mut spec = Spec::new(http::Method::PUT, self.endpoint(base, attempt)).key(full);
+                        for (k, v) in headers {
+                            spec = spec.header(k, v.clone());
+                        }
+                        let spec = spec.payload(Payload::Bytes(body));
+                        let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+                        Ok(super::put::etag_of(&resp))
+                    }
+                })
+                .await?;
+            return Ok(PutOutcome::from_parts(etag, &[Via::Http]));
+        }
+        // Multipart: each part holds whole chunks; the first also the header.
+        let base = self.next_base();
+        let full = &full;
+        let upload = self.create_upload(full, base, request_id, headers).await?;
+        let parts = (0..chunks).step_by(per_part as usize).enumerate().map(|(i, first)| {
+            let (sealer, header, upload) = (sealer.clone(), header.clone(), upload.as_str());
+            async move {
+                let last = (first + per_part).min(chunks);
+                let _slot = enter(gate, u64::from(last - first) * u64::from(enc.chunk_size)).await?;
+                let body =
+                    Self::sealed_part(sealer, (first == 0).then_some(header), region.clone(), offset, first, last)
+                        .await?;
+                let number = (i + 1).to_string();
+                let etag = self
+                    .retrying(|attempt| {
+                        let (body, number) = (body.clone(), number.clone());
+                        async move {
+                            let spec = Spec::new(http::Method::PUT, self.endpoint(base + i, attempt))
+                                .key(full)
+                                .query("partNumber", &number)
+                                .query("uploadId", upload)
+                                .payload(Payload::Bytes(body));
+                            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+                            Ok(super::put::etag_of(&resp))
+                        }
+                    })
+                    .await?;
+                Ok::<_, S3Error>((i, etag))
+            }
+        });
+        let etags: Result<Vec<(usize, String)>, S3Error> =
+            futures::stream::iter(parts).buffer_unordered(self.tuning.max_concurrency).try_collect().await;
+        let etags = match etags {
+            Ok(mut v) => {
+                v.sort_by_key(|(i, _)| *i);
+                v.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
+            }
+            Err(e) => {
+                self.abort_multipart(full, &upload, base, request_id).await;
+                return Err(e);
+            }
+        };
+        let n = etags.len();
+        let etag = self.complete_upload(full, &upload, &etags, base, request_id).await?;
+        Ok(PutOutcome::from_parts(etag, &vec![Via::Http; n]))
+    }
+}
+
+/// `x-amz-meta-<name>` as a static header name (the metadata names are
+/// fixed by the format).
+fn meta_header_name(name: &str) -> &'static str {
+    match name {
+        sluice_crypt::META_ENC => "x-amz-meta-sluice-enc",
+        sluice_crypt::META_PLAIN_SIZE => "x-amz-meta-sluice-plain-size",
+        sluice_crypt::META_CHUNK => "x-amz-meta-sluice-chunk",
+        sluice_crypt::META_KEY_ID => "x-amz-meta-sluice-key-id",
+        _ => "x-amz-meta-sluice-unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_names_are_the_format_s() {
+        for (k, want) in [
+            (sluice_crypt::META_ENC, "x-amz-meta-sluice-enc"),
+            (sluice_crypt::META_PLAIN_SIZE, "x-amz-meta-sluice-plain-size"),
+            (sluice_crypt::META_CHUNK, "x-amz-meta-sluice-chunk"),
+            (sluice_crypt::META_KEY_ID, "x-amz-meta-sluice-key-id"),
+        ] {
+            assert_eq!(meta_header_name(k), want);
+        }
+    }
+}
