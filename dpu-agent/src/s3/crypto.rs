@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use sluice_crypt::{CryptError, KeyProvider, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN};
+use sluice_crypt::{CryptError, KeyProvider, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN};
 
 use super::get::GetOutcome;
 use super::put::PutOutcome;
@@ -53,6 +53,79 @@ fn crypt_err(e: CryptError) -> S3Error {
 
 fn blocking_err(e: tokio::task::JoinError) -> S3Error {
     S3Error::Encryption(format!("crypto task failed: {e}"))
+}
+
+/// Where decrypted bytes go: plaintext `[start, end)` lands in `region` at
+/// `offset`.
+#[derive(Clone)]
+struct Dest {
+    region: Arc<dyn HostRegion>,
+    offset: u64,
+    start: u64,
+    end: u64,
+}
+
+/// Opens `chunks` held in `buf` (stored bytes from `buf_from`) and writes
+/// their plaintext, clipped to the requested range, into the region. A chunk
+/// is written only once it has authenticated.
+fn open_into(
+    opener: &ObjectOpener,
+    mut buf: Vec<u8>,
+    buf_from: u64,
+    chunks: std::ops::Range<u32>,
+    dst: &Dest,
+) -> Result<(), S3Error> {
+    let layout = opener.layout();
+    for i in chunks {
+        let r = layout.chunk_ciphertext_range(i).map_err(crypt_err)?;
+        let slice = buf
+            .get_mut((r.start - buf_from) as usize..(r.end - buf_from) as usize)
+            .ok_or_else(|| S3Error::Integrity("chunk outside the fetched bytes".into()))?;
+        let plain = opener.open_chunk(i, slice).map_err(crypt_err)?;
+        let at = layout.chunk_plaintext_offset(i);
+        let (lo, hi) = (dst.start.max(at), dst.end.min(at + plain.len() as u64));
+        if lo < hi {
+            dst.region
+                .write_at(dst.offset + (lo - dst.start), &plain[(lo - at) as usize..(hi - at) as usize])
+                .map_err(|e| S3Error::Destination(e.to_string()))?;
+        }
+    }
+    give_buffer(buf);
+    Ok(())
+}
+
+/// Ciphertext buffers, reused: a fresh multi-MiB allocation per part costs
+/// page faults that show up as a large share of an encrypted GET's CPU.
+static BUFFERS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+/// Buffers kept for reuse.
+const POOLED: usize = 16;
+
+fn take_buffer(capacity: usize) -> Vec<u8> {
+    let mut pool = BUFFERS.lock().unwrap_or_else(|p| p.into_inner());
+    match pool.iter().position(|b| b.capacity() >= capacity) {
+        Some(i) => pool.swap_remove(i),
+        None => Vec::with_capacity(capacity),
+    }
+}
+
+fn give_buffer(mut b: Vec<u8>) {
+    b.clear();
+    let mut pool = BUFFERS.lock().unwrap_or_else(|p| p.into_inner());
+    if pool.len() < POOLED && b.capacity() <= 64 << 20 {
+        pool.push(b);
+    }
+}
+
+/// Reads a response body into one buffer sized for `expected` bytes.
+async fn read_body(mut resp: reqwest::Response, expected: u64) -> Result<Vec<u8>, S3Error> {
+    let mut out = take_buffer(expected as usize);
+    while let Some(c) = resp.chunk().await.map_err(S3Error::from_reqwest)? {
+        out.extend_from_slice(&c);
+        if out.len() as u64 > expected {
+            break;
+        }
+    }
+    Ok(out)
 }
 
 /// The `sluice-*` user metadata of a HEAD response (`x-amz-meta-` stripped).
@@ -105,17 +178,48 @@ impl ObjectStore {
             if resp.status() != http::StatusCode::PARTIAL_CONTENT {
                 return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status())));
             }
-            let body = resp.bytes().await.map_err(S3Error::from_reqwest)?;
+            let body = read_body(resp, to - from).await?;
             if body.len() as u64 != to - from {
                 // A short body is a truncated object or a broken transfer.
                 return Err(S3Error::Integrity(format!("asked for {} bytes, got {}", to - from, body.len())));
             }
-            Ok(body.to_vec())
+            Ok(body)
         })
         .await
     }
 
-    /// Decrypts plaintext `[start, start+length)` of `key` into `region` at `offset`.
+    /// The first bytes `[0, to)` of the stored object (or all of it if
+    /// shorter), with the stored size and ETag: the header, and for a read
+    /// from the start the first chunks too, in one round trip.
+    async fn fetch_head_bytes(&self, full: &str, to: u64, request_id: &str) -> Result<(Vec<u8>, u64, String), S3Error> {
+        let base = self.next_base();
+        self.retrying(|attempt| async move {
+            let spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
+                .key(full)
+                .header("range", format!("bytes=0-{}", to - 1));
+            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+            let h = resp.headers();
+            let etag = h.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            let total = match h.get("content-range").and_then(|v| v.to_str().ok()) {
+                Some(cr) => cr.rsplit('/').next().and_then(|t| t.parse().ok()),
+                None => h.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()),
+            }
+            .ok_or_else(|| S3Error::Protocol("ranged GET without a usable Content-Range".into()))?;
+            let want = to.min(total);
+            let mut body = read_body(resp, want).await?;
+            if (body.len() as u64) < want {
+                return Err(S3Error::Integrity(format!("asked for {want} bytes, got {}", body.len())));
+            }
+            body.truncate(want as usize);
+            Ok((body, total, etag))
+        })
+        .await
+    }
+
+    /// Decrypts plaintext `[start, start+length)` of `key` into `region` at
+    /// `offset`. The header is fetched first (with the first chunks when
+    /// reading from the start); it authenticates the object's size and
+    /// layout, so no HEAD is needed.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn get_encrypted(
         &self,
@@ -129,12 +233,31 @@ impl ObjectStore {
         gate: Gate<'_>,
     ) -> Result<GetOutcome, S3Error> {
         let full = self.full_key(key);
-        let (meta, m) = self.head_with_metadata(key, request_id).await?;
-        // A plaintext object where only ciphertext may be is refused: a
-        // store-side attacker must not be able to substitute plaintext.
-        let m =
-            m.ok_or_else(|| S3Error::Integrity("the object is not encrypted in this encrypted namespace".into()))?;
-        let size = m.plaintext_len;
+        let chunk_guess = u64::from(enc.chunk_size);
+        let per_part_guess = (self.tuning.get_part_size / chunk_guess).max(1);
+        let first_to = if start == 0 {
+            HEADER_LEN as u64 + per_part_guess * (chunk_guess + TAG_LEN as u64)
+        } else {
+            HEADER_LEN as u64
+        };
+        let slot = enter(gate, first_to).await?;
+        let (prefetched, stored, etag) = self.fetch_head_bytes(&full, first_to, request_id).await?;
+        drop(slot);
+        if prefetched.len() < HEADER_LEN || prefetched[..4] != sluice_crypt::MAGIC {
+            // A plaintext object where only ciphertext may be is refused: a
+            // store-side attacker must not be able to substitute plaintext.
+            return Err(S3Error::Integrity("the object is not encrypted in this encrypted namespace".into()));
+        }
+        let opener = ObjectOpener::new(&*enc.provider, &self.tenant, &self.bucket, &full, &prefetched[..HEADER_LEN])
+            .map_err(crypt_err)?;
+        let layout = *opener.layout();
+        if stored != layout.ciphertext_len() {
+            return Err(S3Error::Integrity(format!(
+                "stored size {stored} is not that of the {}-byte object its header describes",
+                layout.plaintext_len()
+            )));
+        }
+        let size = layout.plaintext_len();
         if start >= size && !(start == 0 && size == 0) {
             return Err(S3Error::InvalidRange(format!("bytes {start}- of a {size}-byte object")));
         }
@@ -143,69 +266,49 @@ impl ObjectStore {
         if region.check(offset, needed).is_err() || offset > region.len() {
             return Err(S3Error::DoesNotFit { needed, offset, region_len: region.len() });
         }
-        // The header authenticates everything: parse it and check the
-        // (unauthenticated) metadata against it before trusting the sizes.
-        let header = self.fetch_bytes(&full, 0, HEADER_LEN as u64, &meta.etag, request_id).await?;
-        let opener =
-            ObjectOpener::new(&*enc.provider, &self.tenant, &self.bucket, &full, &header).map_err(crypt_err)?;
-        opener.check_metadata(&m).map_err(crypt_err)?;
-        if meta.size != opener.layout().ciphertext_len() {
-            return Err(S3Error::Integrity(format!(
-                "stored size {} is not that of the {}-byte object its header describes",
-                meta.size, size
-            )));
-        }
-        if needed == 0 {
-            // An empty object: its one empty final chunk must still open.
-            let range = opener.layout().chunk_ciphertext_range(0).map_err(crypt_err)?;
-            let mut tag = self.fetch_bytes(&full, range.start, range.end, &meta.etag, request_id).await?;
-            opener.open_chunk(0, &mut tag).map_err(crypt_err)?;
-            return Ok(GetOutcome::from_parts(0, 0, meta.etag, vec![Via::Http]));
-        }
-        let plan = opener.layout().plan_range(start, needed).map_err(crypt_err)?;
-        let chunk = u64::from(m.chunk_size);
-        let per_part = (self.tuning.get_part_size / chunk).max(1) as u32;
         let opener = Arc::new(opener);
-        let (full, etag) = (&full, &meta.etag);
-        let groups = plan.chunks().step_by(per_part as usize).map(|first| {
-            let last = (first + per_part).min(plan.chunks().end); // exclusive
-            let opener = opener.clone();
+        let chunks = if needed == 0 {
+            0..1 // an empty object: its one empty final chunk must still open
+        } else {
+            layout.plan_range(start, needed).map_err(crypt_err)?.chunks()
+        };
+        // Chunks already in the first response (from the start only).
+        let mut have = chunks.start;
+        while have < chunks.end
+            && layout.chunk_ciphertext_range(have).map_err(crypt_err)?.end <= prefetched.len() as u64
+        {
+            have += 1;
+        }
+        let dst = Dest { region: region.clone(), offset, start, end };
+        let mut vias = Vec::new();
+        if have > chunks.start {
+            let (o, d, first) = (opener.clone(), dst.clone(), chunks.start);
+            tokio::task::spawn_blocking(move || open_into(&o, prefetched, 0, first..have, &d))
+                .await
+                .map_err(blocking_err)??;
+            vias.push(Via::Http);
+        }
+        let per_part = (self.tuning.get_part_size / u64::from(layout.chunk_size())).max(1) as u32;
+        let (full, etag) = (&full, &etag);
+        let groups = (have..chunks.end).step_by(per_part as usize).map(|first| {
+            let last = (first + per_part).min(chunks.end); // exclusive
+            let (opener, dst) = (opener.clone(), dst.clone());
             async move {
-                let layout = opener.layout();
                 let from = layout.chunk_ciphertext_range(first).map_err(crypt_err)?.start;
                 let to = layout.chunk_ciphertext_range(last - 1).map_err(crypt_err)?.end;
                 let _slot = enter(gate, to - from).await?;
-                let mut cipher = self.fetch_bytes(full, from, to, etag, request_id).await?;
+                let cipher = self.fetch_bytes(full, from, to, etag, request_id).await?;
                 // Decrypt off the async threads; only authenticated plaintext
-                // comes back.
-                let plain = tokio::task::spawn_blocking(move || -> Result<Vec<(u64, Vec<u8>)>, S3Error> {
-                    let layout = opener.layout();
-                    let mut out = Vec::new();
-                    for i in first..last {
-                        let r = layout.chunk_ciphertext_range(i).map_err(crypt_err)?;
-                        let slice = &mut cipher[(r.start - from) as usize..(r.end - from) as usize];
-                        let p = opener.open_chunk(i, slice).map_err(crypt_err)?;
-                        out.push((layout.chunk_plaintext_offset(i), p.to_vec()));
-                    }
-                    Ok(out)
-                })
-                .await
-                .map_err(blocking_err)??;
-                for (at, bytes) in plain {
-                    // Clip the chunk to the requested range.
-                    let lo = start.max(at);
-                    let hi = end.min(at + bytes.len() as u64);
-                    if lo < hi {
-                        region
-                            .write_at(offset + (lo - start), &bytes[(lo - at) as usize..(hi - at) as usize])
-                            .map_err(|e| S3Error::Destination(e.to_string()))?;
-                    }
-                }
+                // reaches the region.
+                tokio::task::spawn_blocking(move || open_into(&opener, cipher, from, first..last, &dst))
+                    .await
+                    .map_err(blocking_err)??;
                 Ok::<_, S3Error>(Via::Http)
             }
         });
-        let vias: Vec<Via> =
+        let rest: Vec<Via> =
             futures::stream::iter(groups).buffer_unordered(self.tuning.max_concurrency).try_collect().await?;
+        vias.extend(rest);
         Ok(GetOutcome::from_parts(needed, size, etag.clone(), vias))
     }
 
@@ -222,14 +325,18 @@ impl ObjectStore {
         tokio::task::spawn_blocking(move || -> Result<Bytes, S3Error> {
             let layout = *sealer.layout();
             let mut out = header.map(|h| h.to_vec()).unwrap_or_default();
+            let plain: u64 = (first..last).map(|i| layout.chunk_plaintext_len(i).map_or(0, |n| n as u64)).sum();
+            out.reserve((plain + u64::from(last - first) * TAG_LEN as u64) as usize);
             for i in first..last {
+                // Read straight into the body and seal in place there.
                 let n = layout.chunk_plaintext_len(i).map_err(crypt_err)?;
-                let mut chunk = vec![0u8; n];
+                let at = out.len();
+                out.resize(at + n, 0);
                 region
-                    .read_at(offset + layout.chunk_plaintext_offset(i), &mut chunk)
+                    .read_at(offset + layout.chunk_plaintext_offset(i), &mut out[at..])
                     .map_err(|e| S3Error::Destination(e.to_string()))?;
-                sealer.seal_in_place(i, &mut chunk).map_err(crypt_err)?;
-                out.extend_from_slice(&chunk);
+                let tag = sealer.seal_in_place_detached(i, &mut out[at..]).map_err(crypt_err)?;
+                out.extend_from_slice(&tag);
             }
             Ok(Bytes::from(out))
         })
