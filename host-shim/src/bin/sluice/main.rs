@@ -17,7 +17,7 @@ use sluice_client::Client;
 /// taken from --socket, then $SLUICE_SOCKET, then ./.sluice/run/shim.sock if a
 /// local stack is up, then /run/sluice/shim.sock.
 #[derive(Parser, Debug)]
-#[command(version, propagate_version = true)]
+#[command(name = "sluice", version, propagate_version = true)]
 struct Cli {
     /// Shim socket to connect to.
     #[arg(long, global = true, env = "SLUICE_SOCKET")]

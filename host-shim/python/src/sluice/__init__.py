@@ -1,0 +1,95 @@
+"""Sluice: S3 objects straight into shared memory, through the local shim.
+
+A pure-Python client for ``sluice-shim``'s Unix-socket protocol
+(``docs/shim-protocol.md``)::
+
+    import sluice
+
+    with sluice.Client() as c:                      # $SLUICE_SOCKET or /run/sluice/shim.sock
+        c.put("data/hello", b"hi")
+        assert c.get_bytes("data/hello") == b"hi"
+        with c.register(1 << 20) as region:         # shim-created memfd, mapped here
+            t = c.get("data/hello", into=region)
+            print(region.numpy()[: t.bytes], t.data_path, t.fallback_reason)
+
+See :class:`Client` (blocking, thread-safe), :class:`AsyncClient` (asyncio),
+:mod:`sluice.errors` (typed exceptions) and :mod:`sluice.torch` (datasets).
+"""
+
+from ._core import DEFAULT_SOCKET, __version__, resolve_socket
+from ._wire import MAX_FRAME_LEN, PROTOCOL_VERSION
+from .aio import AsyncClient
+from .client import Client
+from .errors import (
+    AccessDenied,
+    BadRequest,
+    Disconnected,
+    ErrorCode,
+    IntegrityError,
+    InternalError,
+    InvalidRange,
+    NoSuchBucket,
+    NoSuchKey,
+    OutOfBounds,
+    PreconditionFailed,
+    ProtocolError,
+    QuotaExceeded,
+    RegionReleased,
+    RegionTooSmall,
+    ResourceExhausted,
+    ShimConnectionError,
+    SluiceError,
+    StoreUnavailable,
+    Timeout,
+    TransferFailed,
+    Unauthenticated,
+    UnknownNamespace,
+    UnknownRegion,
+    UnknownTenant,
+    UnsupportedVersion,
+)
+from .region import Region
+from .types import GetSpec, ItemResult, ListPage, ObjectInfo, Stats, Transfer
+
+__all__ = [
+    "__version__",
+    "Client",
+    "AsyncClient",
+    "Region",
+    "GetSpec",
+    "ItemResult",
+    "ListPage",
+    "ObjectInfo",
+    "Stats",
+    "Transfer",
+    "DEFAULT_SOCKET",
+    "MAX_FRAME_LEN",
+    "PROTOCOL_VERSION",
+    "resolve_socket",
+    "ErrorCode",
+    "SluiceError",
+    "AccessDenied",
+    "BadRequest",
+    "Disconnected",
+    "IntegrityError",
+    "InternalError",
+    "InvalidRange",
+    "NoSuchBucket",
+    "NoSuchKey",
+    "OutOfBounds",
+    "PreconditionFailed",
+    "ProtocolError",
+    "QuotaExceeded",
+    "RegionReleased",
+    "RegionTooSmall",
+    "ResourceExhausted",
+    "ShimConnectionError",
+    "StoreUnavailable",
+    "Timeout",
+    "TransferFailed",
+    "Unauthenticated",
+    "UnknownNamespace",
+    "UnknownRegion",
+    "UnknownTenant",
+    "UnsupportedVersion",
+]

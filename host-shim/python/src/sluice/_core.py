@@ -1,0 +1,645 @@
+"""State and operations shared by the blocking and the asyncio client.
+
+Every operation is written once, as a generator that does no I/O: it yields a
+*batch* of :class:`Call`\\ s and receives, in the same order, one outcome per
+call (a :class:`Reply`, or the :class:`~sluice.SluiceError` for that call).
+A driver sends the whole batch before waiting for any answer, so each batch
+is pipelined on the connection; the blocking client drives operations with
+threads-and-futures, the asyncio client with asyncio futures.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple, TypeVar, Union
+
+from . import _wire
+from .errors import (
+    BadRequest,
+    ProtocolError,
+    RegionTooSmall,
+    ShimConnectionError,
+    SluiceError,
+    from_detail,
+)
+from .region import Region
+from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer, as_spec
+
+__version__ = "0.1.0"
+
+DEFAULT_SOCKET = "/run/sluice/shim.sock"
+LOCAL_STACK_SOCKET = ".sluice/run/shim.sock"
+
+#: Smallest scratch region the client registers for ``get_bytes``/``put(bytes)``.
+SCRATCH_MIN = 1 << 20
+
+
+def resolve_socket(socket: "Optional[Union[str, os.PathLike[str]]]") -> str:
+    """The shim socket to use: ``socket``, else ``$SLUICE_SOCKET``, else
+    ``./.sluice/run/shim.sock`` if it exists (a ``sluice up`` stack), else
+    ``/run/sluice/shim.sock`` (the same order as the ``sluice`` CLI)."""
+    if socket is not None:
+        return os.fspath(socket)
+    env = os.environ.get("SLUICE_SOCKET")
+    if env:
+        return env
+    if os.path.exists(LOCAL_STACK_SOCKET):
+        return LOCAL_STACK_SOCKET
+    return DEFAULT_SOCKET
+
+
+@dataclass
+class Call:
+    """One request to send: the ``Request.op`` member, its fields, and an
+    optional descriptor to attach (SCM_RIGHTS)."""
+
+    op: str
+    fields: Dict[str, Any]
+    fd: Optional[int] = None
+    request_id: str = ""
+
+
+@dataclass
+class Reply:
+    """A successful response: the ``Response.result`` member and its fields,
+    plus the descriptor that came with it (``Registered`` only)."""
+
+    id: int
+    request_id: str
+    kind: str
+    body: Dict[str, Any]
+    fd: Optional[int] = None
+
+
+Outcome = Union[Reply, SluiceError]
+T = TypeVar("T")
+Op = Generator[List[Call], List[Outcome], T]
+
+
+def one(call: Call, expect: str) -> "Op[Reply]":
+    """Sends one call; returns its reply (of kind ``expect``) or raises its error."""
+    (out,) = yield [call]
+    return check(out, expect)
+
+
+def check(out: Outcome, expect: str) -> Reply:
+    if isinstance(out, BaseException):
+        raise out
+    if out.kind != expect:
+        close_fd(out.fd)
+        raise ProtocolError(f"expected a {expect} response, got {out.kind}", request_id=out.request_id)
+    return out
+
+
+def close_fd(fd: Optional[int]) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _u64(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if not 0 <= v < 1 << 64:
+        raise BadRequest(f"{name} {v} is out of range (0 <= {name} < 2**64)")
+    return v
+
+
+def _path(p: Any) -> str:
+    if isinstance(p, os.PathLike):
+        p = os.fspath(p)
+    if not isinstance(p, str):
+        raise TypeError(f"path must be a str like 'namespace/key', not {type(p).__name__}")
+    return p
+
+
+def _range(r: Optional[ByteRange]) -> Optional[Dict[str, Any]]:
+    if r is None:
+        return None
+    if isinstance(r, range) and r.step == 1:
+        return {"start": _u64("range start", r.start), "length": _u64("range length", max(0, r.stop - r.start))}
+    try:
+        start, length = r  # type: ignore[misc]
+    except (TypeError, ValueError):
+        raise TypeError("range must be (start, length) or (start, None)") from None
+    return {"start": _u64("range start", start), "length": None if length is None else _u64("range length", length)}
+
+
+def _region_id(region: Any) -> str:
+    if isinstance(region, Region):
+        return region.id
+    if isinstance(region, str):
+        return region
+    raise TypeError(f"expected a Region (or a region id), not {type(region).__name__}")
+
+
+def _scratch_size(n: int) -> int:
+    n = max(n, SCRATCH_MIN)
+    p = 1 << (n - 1).bit_length()
+    return p if p - n <= n // 4 else (n + 4095) & ~4095
+
+
+class _ScratchPool:
+    """Regions the client registers for itself (``get_bytes``, ``put(bytes)``,
+    ``get_many`` without ``into``) and reuses, up to ``budget`` bytes kept in
+    total. Each is lent to one operation at a time. Thread-safe."""
+
+    def __init__(self, budget: int) -> None:
+        self._free: List[Region] = []
+        self._evicted: List[Region] = []
+        self._budget = max(0, budget)
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> Optional[Region]:
+        """The smallest free region of at least ``n`` bytes, if any."""
+        with self._lock:
+            best = None
+            for r in self._free:
+                if r.nbytes >= n and not r.released and (best is None or r.nbytes < best.nbytes):
+                    best = r
+            if best is not None:
+                self._free.remove(best)
+            return best
+
+    def give(self, region: Region) -> bool:
+        """Keeps ``region`` for reuse; False if the caller must release it."""
+        if region.released or region.nbytes > self._budget:
+            return False
+        with self._lock:
+            over = sum(r.nbytes for r in self._free) + region.nbytes - self._budget
+            if over > 0:
+                # Make room by evicting smaller regions, smallest first, but
+                # only if that is enough.
+                smaller = sorted((r for r in self._free if r.nbytes < region.nbytes), key=lambda r: r.nbytes)
+                if sum(r.nbytes for r in smaller) < over:
+                    return False
+                for r in smaller:
+                    if over <= 0:
+                        break
+                    self._free.remove(r)
+                    self._evicted.append(r)
+                    over -= r.nbytes
+            self._free.append(region)
+            return True
+
+    def pop_evicted(self) -> List[Region]:
+        with self._lock:
+            out, self._evicted = self._evicted, []
+            return out
+
+    def clear(self) -> List[Region]:
+        with self._lock:
+            out = self._free + self._evicted
+            self._free, self._evicted = [], []
+            return out
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+
+_LIVE: "weakref.WeakSet[CoreClient]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child must not use its parent's connections (the answers go
+    to the parent's reader). Close the child's copies of their sockets
+    (close, not shutdown: the parent's connection stays intact) so that the
+    shim sees the connection end when the parent goes away."""
+    for c in list(_LIVE):
+        c._abandon()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class CoreClient:
+    """Connection state and protocol operations; no I/O."""
+
+    def __init__(
+        self,
+        socket: "Optional[Union[str, os.PathLike[str]]]",
+        *,
+        timeout: Optional[float],
+        client_name: Optional[str],
+        scratch_bytes: int,
+        get_many_batch_bytes: int,
+    ) -> None:
+        self.socket_path = resolve_socket(socket)
+        self.timeout = timeout
+        self._client_name = client_name or f"sluice-python/{__version__}"
+        self._next_id = 1
+        self._id_lock = threading.Lock()
+        self._pending: Dict[int, Any] = {}
+        self._pending_lock = threading.Lock()
+        self._regions: "weakref.WeakValueDictionary[str, Region]" = weakref.WeakValueDictionary()
+        self._pool = _ScratchPool(scratch_bytes)
+        self._batch_bytes = max(1, get_many_batch_bytes)
+        self._decoder = _wire.FrameDecoder()
+        self._orphans: List[str] = []  # regions registered for callers that gave up
+        self._last_conn_error = ""
+        self.tenant = ""
+        self.namespaces: List[str] = []
+        self.closed = False
+        self._pid = os.getpid()
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------ framing --
+    def _new_id(self) -> int:
+        with self._id_lock:
+            i = self._next_id
+            self._next_id += 1
+            return i
+
+    def _encode(self, id_: int, call: Call) -> bytes:
+        try:
+            return _wire.encode_frame("Request", {"id": id_, "request_id": call.request_id, call.op: call.fields})
+        except _wire.WireError as e:
+            raise BadRequest(str(e)) from None
+
+    def _check_usable(self) -> None:
+        if os.getpid() != self._pid:
+            raise ShimConnectionError(
+                "this Client was created in another process (before a fork); create a new Client in each process"
+            )
+        if self.closed:
+            raise ShimConnectionError(f"the client is closed{self._why()}")
+
+    def _abandon(self) -> None:
+        self.closed = True
+        self._last_conn_error = "inherited from the parent process across fork"
+        sock = getattr(self, "_sock", None)
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _note_end(self, err: str) -> None:
+        """Records why the connection ended, after anything the shim said
+        (an ``id = 0`` error) just before."""
+        if self._last_conn_error and err not in self._last_conn_error:
+            self._last_conn_error = f"{self._last_conn_error}; then {err}"
+        else:
+            self._last_conn_error = err
+
+    def _why(self) -> str:
+        return f" ({self._last_conn_error})" if self._last_conn_error else ""
+
+    def _parse(self, payload: bytes) -> Tuple[int, Outcome]:
+        """Decodes one response frame; claims its descriptor if it has one."""
+        try:
+            resp = _wire.decode_message("Response", payload)
+        except _wire.WireError as e:
+            raise ProtocolError(f"undecodable response from the shim: {e}") from None
+        kind: Optional[str] = resp["result"]
+        rid: str = resp["request_id"]
+        if kind is None:
+            return resp["id"], ProtocolError("response without a result", request_id=rid)
+        body: Dict[str, Any] = resp[kind]
+        fd = None
+        if kind == "registered" and body["fd_attached"]:
+            fd = self._decoder.take_fd()
+        for stray in self._decoder.stray_fds():
+            close_fd(stray)
+        if kind == "error":
+            return resp["id"], from_detail(body["code"], body["message"], rid)
+        return resp["id"], Reply(resp["id"], rid, kind, body, fd)
+
+    def _orphan(self, outcome: Outcome) -> None:
+        """An answer nobody waits for (timed out / cancelled): if it created
+        a region, release it on the next request."""
+        if isinstance(outcome, Reply):
+            close_fd(outcome.fd)
+            if outcome.kind == "registered":
+                with self._pending_lock:
+                    self._orphans.append(outcome.body["region_id"])
+
+    def _take_orphans(self) -> List[str]:
+        with self._pending_lock:
+            out, self._orphans = self._orphans, []
+            return out
+
+    def _connection_level(self, outcome: Outcome) -> None:
+        if isinstance(outcome, SluiceError):
+            self._last_conn_error = str(outcome)
+
+    # ------------------------------------------------------------ regions --
+    def _track(self, region: Region) -> Region:
+        self._regions[region.id] = region
+        return region
+
+    def _invalidate_all(self) -> None:
+        for r in list(self._regions.values()):
+            r._invalidate()
+        for r in self._pool.clear():
+            r._invalidate()
+
+    def _release_later(self, region: Region) -> None:
+        """Forgets ``region`` here and queues its release; the driver sends
+        queued releases without waiting for their answers."""
+        region._invalidate()
+        self._regions.pop(region.id, None)
+        self._release_later_id(region.id)
+
+    def _checkout(self, n: int) -> "Op[Region]":
+        r = self._pool.take(n)
+        if r is not None:
+            return r
+        return (yield from self._register_op(_scratch_size(n)))
+
+    def _give_back(self, region: Region, reuse: bool = True) -> None:
+        """Returns a scratch region: to the pool, or (if the pool is full, or
+        an abandoned request may still be using it) to the shim."""
+        if not reuse or not self._pool.give(region):
+            self._release_later(region)
+        for r in self._pool.pop_evicted():
+            self._release_later(r)
+
+    # --------------------------------------------------------- operations --
+    def _hello_op(self, version: int = _wire.PROTOCOL_VERSION) -> "Op[None]":
+        r = yield from one(Call("hello", {"version": version, "client": self._client_name}), "hello")
+        self.tenant = r.body["tenant"]
+        self.namespaces = list(r.body["namespaces"])
+
+    def _register_op(self, nbytes: int, fd: Optional[int] = None, local: bool = False) -> "Op[Region]":
+        nbytes = _u64("nbytes", nbytes)
+        own_fd = None
+        if local:
+            own_fd = os.memfd_create("sluice-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(own_fd, nbytes)
+            except OSError:
+                os.close(own_fd)
+                raise
+            fd = own_fd
+        try:
+            call = Call("register", {"length": nbytes, "fd_attached": fd is not None}, fd=fd)
+            r = yield from one(call, "registered")
+            got_fd = r.fd
+            if fd is None and (got_fd is None or not r.body["fd_attached"]):
+                self._release_later_id(r.body["region_id"])
+                raise ProtocolError("Registered came without a descriptor", request_id=r.request_id)
+            map_fd = fd if fd is not None else got_fd
+            assert map_fd is not None
+            length = r.body["length"] or nbytes
+            try:
+                mm = mmap.mmap(map_fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            except (OSError, ValueError) as e:
+                self._release_later_id(r.body["region_id"])
+                raise SluiceError(f"mapping region {r.body['region_id']} failed: {e}") from e
+            finally:
+                close_fd(got_fd)  # mmap keeps its own duplicate
+            return self._track(Region(self, r.body["region_id"], length, mm, local=fd is not None))
+        finally:
+            close_fd(own_fd)
+
+    def _release_later_id(self, region_id: str) -> None:
+        with self._pending_lock:
+            self._orphans.append(region_id)
+
+    def _release_op(self, region: Union[Region, str]) -> "Op[None]":
+        rid = _region_id(region)
+        try:
+            yield from one(Call("release", {"region_id": rid}), "released")
+        finally:
+            r = region if isinstance(region, Region) else self._regions.get(rid)
+            if r is not None and r._owner is self:  # never another client's region
+                r._invalidate()
+                self._regions.pop(rid, None)
+
+    def _get_op(
+        self, path: Any, into: Any, offset: int, range: Optional[ByteRange], request_id: str = ""
+    ) -> "Op[Transfer]":
+        call = self._get_call(path, into, offset, range, request_id)
+        r = yield from one(call, "get")
+        return Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+
+    def _get_call(self, path: Any, into: Any, offset: int, range: Optional[ByteRange], request_id: str = "") -> Call:
+        if into is None:
+            raise TypeError("get() needs a region: get(path, into=region); use get_bytes() for bytes")
+        fields = {
+            "path": _path(path),
+            "range": _range(range),
+            "region_id": _region_id(into),
+            "offset": _u64("offset", offset),
+        }
+        return Call("get", fields, request_id=request_id)
+
+    def _put_op(
+        self,
+        path: Any,
+        src: Any,
+        offset: int = 0,
+        length: Optional[int] = None,
+        content_type: str = "",
+        request_id: str = "",
+    ) -> "Op[Transfer]":
+        path = _path(path)
+        if not isinstance(content_type, str):
+            raise TypeError("content_type must be a str")
+        if isinstance(src, (Region, str)):
+            if length is None:
+                if not isinstance(src, Region):
+                    raise TypeError("put() by region id needs length=")
+                length = src.nbytes - _u64("offset", offset) if offset <= src.nbytes else 0
+            fields = {
+                "path": path,
+                "region_id": _region_id(src),
+                "offset": _u64("offset", offset),
+                "length": _u64("length", length),
+                "content_type": content_type,
+            }
+            r = yield from one(Call("put", fields, request_id=request_id), "put")
+            return Transfer._from_wire(r.body["report"], r.body["etag"], length)
+        try:
+            data = memoryview(src).cast("B")
+        except TypeError:
+            raise TypeError(f"put() takes a Region or a bytes-like object, not {type(src).__name__}") from None
+        if offset or length is not None:
+            data = data[_u64("offset", offset) :]
+            if length is not None:
+                data = data[: _u64("length", length)]
+        n = data.nbytes
+        region = yield from self._checkout(max(n, 1))
+        reuse = True
+        try:
+            region.write(data)
+            fields = {"path": path, "region_id": region.id, "offset": 0, "length": n, "content_type": content_type}
+            r = yield from one(Call("put", fields, request_id=request_id), "put")
+            return Transfer._from_wire(r.body["report"], r.body["etag"], n)
+        except GeneratorExit:
+            reuse = False  # abandoned mid-request: the shim may still use the region
+            raise
+        finally:
+            self._give_back(region, reuse)
+
+    def _get_bytes_op(
+        self, path: Any, range: Optional[ByteRange] = None, size_hint: Optional[int] = None, request_id: str = ""
+    ) -> "Op[Tuple[bytes, Transfer]]":
+        path = _path(path)
+        rng = _range(range)
+        want = size_hint or 0
+        if rng is not None and rng["length"] is not None:
+            want = rng["length"]
+        for attempt in itertools.count():
+            region = yield from self._checkout(max(want, 1))
+            reuse = True
+            try:
+                fields = {"path": path, "range": rng, "region_id": region.id, "offset": 0}
+                (out,) = yield [Call("get", fields, request_id=request_id)]
+                if isinstance(out, RegionTooSmall) and attempt < 3:
+                    # The object is bigger than the scratch region: size it and retry.
+                    info = check((yield [Call("head", {"path": path})])[0], "head")
+                    want = _span(info.body["size"], rng)
+                    continue
+                r = check(out, "get")
+                t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+                return region.read(0, t.bytes), t
+            except GeneratorExit:
+                reuse = False  # abandoned mid-request: the shim may still use the region
+                raise
+            finally:
+                self._give_back(region, reuse)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _get_many_op(self, items: Sequence[GetItem]) -> "Op[List[ItemResult]]":
+        specs = [as_spec(i) for i in items]
+        results = [ItemResult(_path(s.path), i) for i, s in enumerate(specs)]
+        # Validate everything before sending anything.
+        direct: List[Tuple[int, Call]] = []
+        sized: List[Tuple[int, Optional[int]]] = []  # (index, known span or None)
+        for i, s in enumerate(specs):
+            if s.into is not None:
+                direct.append((i, self._get_call(s.path, s.into, s.offset, s.range)))
+            else:
+                rng = _range(s.range)
+                sized.append((i, rng["length"] if rng and rng["length"] is not None else None))
+
+        # Batch 1: every GET into a caller's region, and a HEAD for each
+        # bytes-item whose size we do not know yet.
+        heads = [(i, Call("head", {"path": results[i].path})) for i, span in sized if span is None]
+        outs = yield [c for _, c in direct] + [c for _, c in heads]
+        for (i, _), out in zip(direct, outs[: len(direct)]):
+            _fill(results[i], out, None)
+        spans: Dict[int, int] = {i: span for i, span in sized if span is not None}
+        for (i, _), out in zip(heads, outs[len(direct) :]):
+            if isinstance(out, BaseException):
+                results[i].error = out
+            else:
+                try:
+                    spans[i] = _span(check(out, "head").body["size"], _range(specs[i].range))
+                except SluiceError as e:
+                    results[i].error = e
+
+        # Batch 2..n: bytes-items into one scratch region per batch, at offsets.
+        todo = [i for i, _ in sized if i in spans]
+        retry: List[int] = []
+        while todo:
+            batch: List[Tuple[int, int]] = []
+            total = 0
+            while todo and (not batch or total + _slot(spans[todo[0]]) <= self._batch_bytes):
+                i = todo.pop(0)
+                batch.append((i, total))
+                total += _slot(spans[i])
+            region = yield from self._checkout(total)
+            reuse = True
+            try:
+                calls = [
+                    Call(
+                        "get",
+                        {
+                            "path": results[i].path,
+                            "range": _range(specs[i].range),
+                            "region_id": region.id,
+                            "offset": off,
+                        },
+                    )
+                    for i, off in batch
+                ]
+                outs = yield calls
+                for (i, off), out in zip(batch, outs):
+                    if isinstance(out, RegionTooSmall):
+                        retry.append(i)  # grew since the HEAD
+                    else:
+                        _fill(results[i], out, (region, off))
+            except GeneratorExit:
+                reuse = False  # abandoned mid-request: the shim may still use the region
+                raise
+            finally:
+                self._give_back(region, reuse)
+        for i in retry:
+            try:
+                data, t = yield from self._get_bytes_op(results[i].path, specs[i].range)
+                results[i].ok, results[i].data, results[i].nbytes, results[i].transfer = True, data, t.bytes, t
+            except SluiceError as e:
+                results[i].error = e
+        return results
+
+    def _head_op(self, path: Any, request_id: str = "") -> "Op[ObjectInfo]":
+        r = yield from one(Call("head", {"path": _path(path)}, request_id=request_id), "head")
+        return ObjectInfo._from_wire(r.body)
+
+    def _list_page_op(
+        self, prefix: Any, continuation_token: str = "", max_keys: int = 0, delimiter: str = "", request_id: str = ""
+    ) -> "Op[ListPage]":
+        if _u64("max_keys", max_keys) > 0xFFFFFFFF:
+            raise BadRequest("max_keys must fit in 32 bits")
+        fields = {
+            "path": _path(prefix),
+            "continuation_token": continuation_token,
+            "max_keys": max_keys,
+            "delimiter": delimiter,
+        }
+        r = yield from one(Call("list", fields, request_id=request_id), "list")
+        return ListPage._from_wire(r.body)
+
+    def _delete_op(self, path: Any, request_id: str = "") -> "Op[None]":
+        yield from one(Call("delete", {"path": _path(path)}, request_id=request_id), "deleted")
+
+    def _stats_op(self) -> "Op[Stats]":
+        r = yield from one(Call("stats", {}), "stats")
+        return Stats._from_wire(r.body)
+
+
+def _span(size: int, rng: Optional[Dict[str, Any]]) -> int:
+    if rng is None:
+        return size
+    avail = max(0, size - rng["start"])
+    return avail if rng["length"] is None else min(avail, rng["length"])
+
+
+def _slot(span: int) -> int:
+    """Room for one item in a shared scratch region (64-byte aligned, >= 1 byte)."""
+    return (max(span, 1) + 63) & ~63
+
+
+def _fill(res: ItemResult, out: Outcome, scratch: Optional[Tuple[Region, int]]) -> None:
+    try:
+        r = check(out, "get")
+    except SluiceError as e:
+        res.error = e
+        return
+    t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+    res.ok, res.transfer, res.nbytes = True, t, t.bytes
+    if scratch is not None:
+        region, off = scratch
+        res.data = region.read(off, t.bytes)
+
+
+def drive_step(gen: "Op[T]", outcomes: Optional[List[Outcome]]) -> Tuple[bool, Any]:
+    """Advances ``gen``: returns (True, result) when it finished, else
+    (False, next batch of calls). Exceptions propagate."""
+    try:
+        calls = next(gen) if outcomes is None else gen.send(outcomes)
+    except StopIteration as stop:
+        return True, stop.value
+    return False, calls
+

@@ -1,0 +1,421 @@
+"""Hand-written protobuf codec and framing for the shim's socket protocol.
+
+Only the messages of ``proto/proto/sluice/shim.proto`` and ``common.proto``
+are described here; field numbers and types are copied from those files.
+The codec follows proto3 wire rules:
+
+* scalars equal to their default are omitted on encode (``optional`` fields
+  and message fields are sent whenever they are set, even when empty);
+* unknown fields of any wire type are skipped on decode;
+* a message field that appears several times is merged (its bytes are
+  concatenated before decoding, which is exactly protobuf's merge rule);
+* for a ``oneof`` the last member seen wins.
+
+Frames are a 4-byte big-endian length followed by that many bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+
+#: Largest frame either side may send (``sluice_proto::MAX_FRAME_LEN``).
+MAX_FRAME_LEN = 1 << 20
+#: The protocol version ``Hello`` must name (``sluice.shim.v1.Version.VERSION_1``).
+PROTOCOL_VERSION = 1
+
+_VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
+_U64_MASK = (1 << 64) - 1
+
+
+class WireError(ValueError):
+    """Bytes that are not a valid encoding of the expected message."""
+
+
+# --------------------------------------------------------------------------
+# Schema: message name -> {field number: (field name, kind, label)}
+#   kind:  "u64" "u32" "i64" "bool" "enum" "string" or a message name
+#   label: ""         plain proto3 field (omitted when default)
+#          "optional" explicit presence (None when absent)
+#          "repeated"
+#          "oneof:<name>" member of the oneof <name>
+# --------------------------------------------------------------------------
+SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
+    # sluice.common.v1
+    "ErrorDetail": {1: ("code", "enum", ""), 2: ("message", "string", "")},
+    "ByteRange": {1: ("start", "u64", ""), 2: ("length", "u64", "optional")},
+    "ObjectInfo": {
+        1: ("key", "string", ""),
+        2: ("size", "u64", ""),
+        3: ("etag", "string", ""),
+        4: ("last_modified_unix_ms", "i64", ""),
+        5: ("content_type", "string", ""),
+    },
+    "TransferReport": {
+        1: ("request_id", "string", ""),
+        2: ("bytes", "u64", ""),
+        3: ("data_path", "enum", ""),
+        4: ("fallback_reason", "string", ""),
+        5: ("elapsed_us", "u64", ""),
+        6: ("parts", "u32", ""),
+    },
+    # sluice.shim.v1
+    "Request": {
+        1: ("id", "u64", ""),
+        2: ("request_id", "string", ""),
+        10: ("hello", "Hello", "oneof:op"),
+        11: ("register", "Register", "oneof:op"),
+        12: ("release", "Release", "oneof:op"),
+        13: ("get", "Get", "oneof:op"),
+        14: ("put", "Put", "oneof:op"),
+        15: ("head", "Head", "oneof:op"),
+        16: ("list", "List", "oneof:op"),
+        17: ("delete", "Delete", "oneof:op"),
+        18: ("stats", "Stats", "oneof:op"),
+    },
+    "Response": {
+        1: ("id", "u64", ""),
+        2: ("request_id", "string", ""),
+        10: ("error", "ErrorDetail", "oneof:result"),
+        11: ("hello", "HelloOk", "oneof:result"),
+        12: ("registered", "Registered", "oneof:result"),
+        13: ("released", "Released", "oneof:result"),
+        14: ("get", "GetResult", "oneof:result"),
+        15: ("put", "PutResult", "oneof:result"),
+        16: ("head", "ObjectInfo", "oneof:result"),
+        17: ("list", "ListPage", "oneof:result"),
+        18: ("deleted", "Deleted", "oneof:result"),
+        19: ("stats", "StatsResult", "oneof:result"),
+    },
+    "Hello": {1: ("version", "u32", ""), 2: ("client", "string", "")},
+    "HelloOk": {
+        1: ("version", "u32", ""),
+        2: ("tenant", "string", ""),
+        3: ("namespaces", "string", "repeated"),
+    },
+    "Register": {1: ("length", "u64", ""), 2: ("fd_attached", "bool", "")},
+    "Registered": {
+        1: ("region_id", "string", ""),
+        2: ("length", "u64", ""),
+        3: ("fd_attached", "bool", ""),
+    },
+    "Release": {1: ("region_id", "string", "")},
+    "Released": {},
+    "Get": {
+        1: ("path", "string", ""),
+        2: ("range", "ByteRange", "optional"),
+        3: ("region_id", "string", ""),
+        4: ("offset", "u64", ""),
+    },
+    "GetResult": {
+        1: ("report", "TransferReport", ""),
+        2: ("object_size", "u64", ""),
+        3: ("etag", "string", ""),
+    },
+    "Put": {
+        1: ("path", "string", ""),
+        2: ("region_id", "string", ""),
+        3: ("offset", "u64", ""),
+        4: ("length", "u64", ""),
+        5: ("content_type", "string", ""),
+    },
+    "PutResult": {1: ("report", "TransferReport", ""), 2: ("etag", "string", "")},
+    "Head": {1: ("path", "string", "")},
+    "List": {
+        1: ("path", "string", ""),
+        2: ("continuation_token", "string", ""),
+        3: ("max_keys", "u32", ""),
+        4: ("delimiter", "string", ""),
+    },
+    "ListPage": {
+        1: ("objects", "ObjectInfo", "repeated"),
+        2: ("common_prefixes", "string", "repeated"),
+        3: ("next_continuation_token", "string", ""),
+    },
+    "Delete": {1: ("path", "string", "")},
+    "Deleted": {},
+    "Stats": {},
+    "StatsResult": {
+        1: ("requests", "u64", ""),
+        2: ("bytes_read", "u64", ""),
+        3: ("bytes_written", "u64", ""),
+        4: ("errors", "u64", ""),
+        5: ("fallbacks", "u64", ""),
+        6: ("regions", "u32", ""),
+        7: ("registered_bytes", "u64", ""),
+    },
+}
+
+_SCALARS = {"u64", "u32", "i64", "bool", "enum", "string"}
+_BY_NAME: Dict[str, Dict[str, Tuple[int, str, str]]] = {
+    msg: {name: (num, kind, label) for num, (name, kind, label) in fields.items()}
+    for msg, fields in SCHEMA.items()
+}
+
+
+def _default(kind: str, label: str) -> Any:
+    if label == "repeated":
+        return []
+    if label == "optional" or label.startswith("oneof:") or kind not in _SCALARS:
+        return None
+    return "" if kind == "string" else (False if kind == "bool" else 0)
+
+
+# ------------------------------- encoding ---------------------------------
+
+
+def encode_varint(value: int, out: bytearray) -> None:
+    """Appends ``value`` (taken modulo 2**64) as a base-128 varint."""
+    value &= _U64_MASK
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _encode_scalar(kind: str, value: Any, num: int, out: bytearray) -> None:
+    if kind == "string":
+        data = value.encode("utf-8")
+        encode_varint(num << 3 | _LEN, out)
+        encode_varint(len(data), out)
+        out += data
+        return
+    if kind in ("u64", "u32", "i64", "enum", "bool"):
+        v = int(value)
+        if kind == "u32" and not 0 <= v <= 0xFFFFFFFF:
+            raise WireError(f"field {num}: {v} does not fit uint32")
+        if kind == "u64" and not 0 <= v <= _U64_MASK:
+            raise WireError(f"field {num}: {v} does not fit uint64")
+        encode_varint(num << 3 | _VARINT, out)
+        encode_varint(v, out)
+        return
+    raise WireError(f"unknown scalar kind {kind}")
+
+
+def encode_message(msg: str, values: Dict[str, Any]) -> bytes:
+    """Encodes ``values`` (field name -> value) as message ``msg``."""
+    spec = _BY_NAME[msg]
+    out = bytearray()
+    oneofs_seen: Dict[str, str] = {}
+    for name, value in values.items():
+        if name not in spec:
+            raise WireError(f"{msg} has no field {name!r}")
+        num, kind, label = spec[name]
+        if value is None:
+            continue
+        if label.startswith("oneof:"):
+            group = label[6:]
+            if group in oneofs_seen:
+                raise WireError(f"{msg}: both {oneofs_seen[group]} and {name} set in oneof {group}")
+            oneofs_seen[group] = name
+        items = value if label == "repeated" else [value]
+        for item in items:
+            if kind in _SCALARS:
+                if label == "" and item == _default(kind, label):
+                    continue  # proto3: defaults are not sent
+                _encode_scalar(kind, item, num, out)
+            else:
+                body = encode_message(kind, item)
+                encode_varint(num << 3 | _LEN, out)
+                encode_varint(len(body), out)
+                out += body
+    return bytes(out)
+
+
+def encode_frame(msg: str, values: Dict[str, Any]) -> bytes:
+    """A whole frame: big-endian length prefix plus the encoded message."""
+    body = encode_message(msg, values)
+    if len(body) > MAX_FRAME_LEN:
+        raise WireError(f"a {msg} of {len(body)} bytes exceeds the {MAX_FRAME_LEN}-byte frame limit")
+    return struct.pack(">I", len(body)) + body
+
+
+# ------------------------------- decoding ---------------------------------
+
+
+def decode_varint(data: bytes, pos: int) -> Tuple[int, int]:
+    """Reads a varint at ``pos``; returns (value mod 2**64, new position)."""
+    result = 0
+    shift = 0
+    while True:
+        if pos >= len(data):
+            raise WireError("truncated varint")
+        b = data[pos]
+        pos += 1
+        if shift < 64:
+            result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result & _U64_MASK, pos
+        shift += 7
+        if shift >= 70:
+            raise WireError("varint longer than 10 bytes")
+
+
+def _skip(data: bytes, pos: int, wtype: int, num: int, depth: int = 0) -> int:
+    if wtype == _VARINT:
+        return decode_varint(data, pos)[1]
+    if wtype == _I64:
+        pos += 8
+    elif wtype == _I32:
+        pos += 4
+    elif wtype == _LEN:
+        n, pos = decode_varint(data, pos)
+        pos += n
+    elif wtype == _SGROUP:
+        # Deprecated groups: skip nested fields up to the matching end-group.
+        if depth > 32:
+            raise WireError("groups nested too deeply")
+        while True:
+            key, pos = decode_varint(data, pos)
+            inner_type, inner_num = key & 7, key >> 3
+            if inner_type == _EGROUP:
+                if inner_num != num:
+                    raise WireError("mismatched end-group")
+                return pos
+            pos = _skip(data, pos, inner_type, inner_num, depth + 1)
+    else:
+        raise WireError(f"invalid wire type {wtype}")
+    if pos > len(data):
+        raise WireError("truncated field")
+    return pos
+
+
+def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
+    """Decodes ``data`` as message ``msg`` into a dict with every field.
+
+    Absent plain fields hold their proto3 default, absent optional/message
+    fields ``None``. For a oneof ``<name>`` the dict also holds
+    ``"<name>"`` = the member that was set (or ``None``).
+    """
+    spec = SCHEMA[msg]
+    out: Dict[str, Any] = {}
+    for _num, (name, kind, label) in spec.items():
+        out[name] = _default(kind, label)
+        if label.startswith("oneof:"):
+            out[label[6:]] = None
+    raw_msgs: Dict[str, bytearray] = {}  # non-repeated message fields, merged
+    order: List[str] = []
+    data = memoryview(data).tobytes() if not isinstance(data, bytes) else data
+    pos, end = 0, len(data)
+    while pos < end:
+        key, pos = decode_varint(data, pos)
+        num, wtype = key >> 3, key & 7
+        if num == 0:
+            raise WireError("field number 0")
+        field = spec.get(num)
+        if field is None:
+            pos = _skip(data, pos, wtype, num)
+            continue
+        name, kind, label = field
+        if kind in _SCALARS and kind != "string":
+            if wtype == _LEN and label == "repeated":
+                raise WireError("packed repeated scalars are not used by this protocol")
+            if wtype != _VARINT:
+                raise WireError(f"{msg}.{name}: wire type {wtype}, expected varint")
+            v, pos = decode_varint(data, pos)
+            if kind == "u32":
+                v &= 0xFFFFFFFF
+            elif kind == "i64":
+                v = v - (1 << 64) if v >= 1 << 63 else v
+            elif kind == "enum":
+                v &= 0xFFFFFFFF
+                v = v - (1 << 32) if v >= 1 << 31 else v
+            elif kind == "bool":
+                v = v != 0
+            value: Any = v
+        else:
+            if wtype != _LEN:
+                raise WireError(f"{msg}.{name}: wire type {wtype}, expected length-delimited")
+            n, pos = decode_varint(data, pos)
+            if pos + n > end:
+                raise WireError(f"{msg}.{name}: truncated")
+            chunk = data[pos : pos + n]
+            pos += n
+            if kind == "string":
+                try:
+                    value = chunk.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise WireError(f"{msg}.{name}: invalid UTF-8") from e
+            elif label == "repeated":
+                value = decode_message(kind, chunk)
+            else:
+                if label.startswith("oneof:"):
+                    group = label[6:]
+                    previous = out[group]
+                    if previous is not None and previous != name:
+                        # Setting another member clears the oneof.
+                        raw_msgs.pop(previous, None)
+                        raw_msgs.pop(name, None)
+                    out[group] = name
+                raw_msgs.setdefault(name, bytearray()).extend(chunk)
+                if name not in order:
+                    order.append(name)
+                continue
+        if label == "repeated":
+            out[name].append(value)
+        else:
+            if label.startswith("oneof:"):
+                out[label[6:]] = name
+            out[name] = value
+    for name in order:
+        if name in raw_msgs:
+            kind = _BY_NAME[msg][name][1]
+            out[name] = decode_message(kind, bytes(raw_msgs[name]))
+    for _num, (name, _kind, label) in spec.items():
+        if label.startswith("oneof:") and out[label[6:]] != name:
+            out[name] = None
+    return out
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames; keeps received descriptors in order.
+
+    Descriptors (SCM_RIGHTS) arrive with the first byte of the frame that
+    carries them, so a FIFO of descriptors matched against frames in order
+    reproduces the sender's pairing (this is what ``sluice_shm::FrameReader``
+    does on the Rust side).
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME_LEN) -> None:
+        self._buf = bytearray()
+        self._fds: Deque[int] = deque()
+        self._max = max_frame
+
+    def feed(self, data: bytes, fds: List[int]) -> None:
+        self._buf += data
+        self._fds.extend(fds)
+
+    def frames(self) -> Iterator[bytes]:
+        """Yields every complete frame buffered so far."""
+        while len(self._buf) >= 4:
+            (n,) = struct.unpack_from(">I", self._buf, 0)
+            if n > self._max:
+                raise WireError(f"frame of {n} bytes exceeds {self._max}")
+            if len(self._buf) < 4 + n:
+                return
+            payload = bytes(self._buf[4 : 4 + n])
+            del self._buf[: 4 + n]
+            yield payload
+
+    def take_fd(self) -> Optional[int]:
+        """The oldest unclaimed descriptor, if any (the caller owns it)."""
+        return self._fds.popleft() if self._fds else None
+
+    def stray_fds(self) -> List[int]:
+        """Descriptors nobody can claim any more: with no partial frame
+        buffered, a queued descriptor cannot belong to a future frame."""
+        if self._buf or not self._fds:
+            return []
+        out = list(self._fds)
+        self._fds.clear()
+        return out
+
+    def drain_fds(self) -> List[int]:
+        out = list(self._fds)
+        self._fds.clear()
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)

@@ -1,0 +1,468 @@
+"""The blocking client."""
+
+from __future__ import annotations
+
+import array
+import os
+import socket as _socket
+import threading
+from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as _FutureTimeout
+from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+
+from . import _core
+from ._core import Call, CoreClient, Op, Outcome, close_fd, drive_step
+from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
+from .region import Region
+from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer
+
+T = TypeVar("T")
+
+_MAX_FDS = 16  # the shim attaches at most 4 per sendmsg; leave room
+ANC_SPACE = _socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+RECV_FLAGS = getattr(_socket, "MSG_CMSG_CLOEXEC", 0)
+RECV_SIZE = 1 << 18
+
+
+def fds_from_ancillary(ancdata: List[Tuple[int, int, bytes]]) -> List[int]:
+    """The descriptors of the SCM_RIGHTS messages in ``recvmsg`` ancillary data."""
+    fds: List[int] = []
+    for level, kind, data in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            arr = array.array("i")
+            arr.frombytes(data[: len(data) - len(data) % arr.itemsize])
+            fds.extend(arr)
+    return fds
+
+
+def scm_rights(fd: int) -> List[Tuple[int, int, bytes]]:
+    return [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
+
+
+class _Handle:
+    """One operation in progress on a blocking client (see ``_core``)."""
+
+    def __init__(self, client: "Client", gen: "Op[Any]") -> None:
+        self._c = client
+        self._gen = gen
+        self._futs: List["Future[Outcome]"] = []
+        self.done = False
+        self._value: Any = None
+        self._exc: Optional[BaseException] = None
+        self._step(None)
+
+    def _step(self, outcomes: Optional[List[Outcome]]) -> None:
+        try:
+            finished, val = drive_step(self._gen, outcomes)
+        except BaseException as e:  # the operation's own error
+            self.done, self._exc = True, e
+            self._c._flush_orphans()
+            return
+        if finished:
+            self.done, self._value = True, val
+            self._c._flush_orphans()
+        else:
+            self._futs = self._c._submit_batch(val)
+
+    def poll(self) -> None:
+        """Advances without blocking as far as the answers so far allow."""
+        while not self.done and all(f.done() for f in self._futs):
+            self._step([f.result() for f in self._futs])
+
+    def result(self) -> Any:
+        """Runs the operation to completion and returns its value (or raises)."""
+        try:
+            while not self.done:
+                self._step([self._c._wait(f) for f in self._futs])
+        except BaseException:
+            self.cancel()
+            raise
+        if self._exc is not None:
+            exc, self._exc = self._exc, None
+            raise exc
+        return self._value
+
+    def cancel(self) -> None:
+        """Abandons the operation; late answers are discarded (regions they
+        create are released)."""
+        if not self.done:
+            self.done = True
+            self._c._forget(self._futs)
+            self._gen.close()
+
+
+class Client(CoreClient):
+    """A blocking connection to the shim.
+
+    ::
+
+        with sluice.Client() as c:                  # $SLUICE_SOCKET or the default socket
+            with c.register(64 << 20) as region:    # shared memory, released on exit
+                t = c.get("data/train/shard-0001", into=region)
+                arr = region.numpy()[: t.bytes]
+
+    Args:
+        socket: path of the shim socket; default ``$SLUICE_SOCKET``, then
+            ``./.sluice/run/shim.sock`` if present, then ``/run/sluice/shim.sock``.
+        timeout: seconds to wait for each answer (``None``: no limit). On
+            expiry :class:`~sluice.Timeout` is raised; the connection stays
+            usable.
+        connect_timeout: seconds for connecting and the handshake.
+        client_name: sent in ``Hello`` (shows in the shim's log).
+        scratch_bytes: how much internal scratch memory (regions used by
+            :meth:`get_bytes`, :meth:`put` of bytes, :meth:`get_many` and
+            :meth:`iter_get`) to keep registered for reuse; more is
+            registered on demand and released after use.
+        get_many_batch_bytes: :meth:`get_many` reads bytes-items into shared
+            scratch regions of at most this size per pipelined batch.
+
+    Thread safety: a ``Client`` may be shared by threads; requests from
+    different threads are pipelined on the one connection (a background
+    thread routes answers by request id). A client must not be used in a
+    process forked after it was created; make one per process (e.g. per
+    DataLoader worker), as :mod:`sluice.torch` does.
+    """
+
+    def __init__(
+        self,
+        socket: "Optional[Union[str, os.PathLike[str]]]" = None,
+        *,
+        timeout: Optional[float] = None,
+        connect_timeout: Optional[float] = 30.0,
+        client_name: Optional[str] = None,
+        scratch_bytes: int = 256 << 20,
+        get_many_batch_bytes: int = 256 << 20,
+        _protocol_version: int = _core._wire.PROTOCOL_VERSION,
+    ) -> None:
+        super().__init__(
+            socket,
+            timeout=timeout,
+            client_name=client_name,
+            scratch_bytes=scratch_bytes,
+            get_many_batch_bytes=get_many_batch_bytes,
+        )
+        self._dead = False
+        self._wlock = threading.Lock()
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            sock.settimeout(connect_timeout)
+            sock.connect(self.socket_path)
+            sock.settimeout(None)
+        except OSError as e:
+            sock.close()
+            self.closed = True
+            raise ShimConnectionError(f"connecting to the shim at {self.socket_path}: {e}") from e
+        self._sock = sock
+        self._reader = threading.Thread(target=self._read_loop, name="sluice-client-reader", daemon=True)
+        self._reader.start()
+        saved, self.timeout = self.timeout, connect_timeout
+        try:
+            self._run(self._hello_op(_protocol_version))
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self.timeout = saved
+
+    # --------------------------------------------------------- lifecycle --
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the connection. The shim releases every region this
+        connection registered; they become unusable here. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if threading.current_thread() is not self._reader:
+            self._reader.join(timeout=10)
+        self._sock.close()
+        self._invalidate_all()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"tenant={self.tenant!r}"
+        return f"<sluice.Client {self.socket_path} {state}>"
+
+    # --------------------------------------------------------------- I/O --
+    def _read_loop(self) -> None:
+        err = ""
+        try:
+            while True:
+                data, anc, flags, _ = self._sock.recvmsg(RECV_SIZE, ANC_SPACE, RECV_FLAGS)
+                fds = fds_from_ancillary(anc)
+                if flags & getattr(_socket, "MSG_CTRUNC", 0):
+                    for fd in fds:
+                        close_fd(fd)
+                    err = "descriptors from the shim were truncated"
+                    break
+                if not data:
+                    for fd in fds:
+                        close_fd(fd)
+                    break
+                self._decoder.feed(data, fds)
+                for payload in self._decoder.frames():
+                    self._dispatch(*self._parse(payload))
+        except (OSError, ValueError, SluiceError) as e:
+            err = "" if self.closed else str(e)
+        finally:
+            self._lost(err)
+
+    def _dispatch(self, id_: int, outcome: Outcome) -> None:
+        if id_ == 0:
+            self._connection_level(outcome)
+            return
+        with self._pending_lock:
+            fut = self._pending.pop(id_, None)
+        if fut is None or fut.done():
+            self._orphan(outcome)
+        else:
+            fut.set_result(outcome)
+
+    def _lost(self, err: str) -> None:
+        with self._pending_lock:
+            self._dead = True
+            if err:
+                self._note_end(err)
+            pending, self._pending = self._pending, {}
+        gone = Disconnected(f"the shim connection closed{self._why()}")
+        for fut in pending.values():
+            if fut is not None and not fut.done():
+                fut.set_result(gone)
+        for fd in self._decoder.drain_fds():
+            close_fd(fd)
+
+    def _send(self, frame: bytes, fd: Optional[int]) -> None:
+        with self._wlock:
+            view = memoryview(frame)
+            if fd is not None:
+                n = self._sock.sendmsg([view], scm_rights(fd))
+                view = view[n:]
+            if view:
+                self._sock.sendall(view)
+
+    def _submit(self, call: Call, wait: bool = True) -> "Optional[Future[Outcome]]":
+        self._check_usable()
+        id_ = self._new_id()
+        frame = self._encode(id_, call)
+        fut: "Optional[Future[Outcome]]" = Future() if wait else None
+        with self._pending_lock:
+            if self._dead:
+                raise Disconnected(f"the shim connection closed{self._why()}")
+            self._pending[id_] = fut
+        if fut is not None:
+            fut.sluice_id = id_  # type: ignore[attr-defined]
+        try:
+            self._send(frame, call.fd)
+        except OSError as e:
+            with self._pending_lock:
+                self._pending.pop(id_, None)
+            if threading.current_thread() is not self._reader:
+                # The shim may have said why before closing: let the reader
+                # take that in so the error can tell.
+                self._reader.join(timeout=2)
+            raise Disconnected(f"sending to the shim failed: {e}{self._why()}") from e
+        return fut
+
+    def _submit_batch(self, calls: Sequence[Call]) -> "List[Future[Outcome]]":
+        """Sends every call (pipelined) before anyone waits for an answer."""
+        self._flush_orphans()
+        futs: "List[Future[Outcome]]" = []
+        for c in calls:
+            try:
+                f = self._submit(c)
+                assert f is not None
+            except SluiceError as e:
+                f = Future()
+                f.set_result(e)
+            futs.append(f)
+        return futs
+
+    def _flush_orphans(self) -> None:
+        for rid in self._take_orphans():
+            try:
+                self._submit(Call("release", {"region_id": rid}), wait=False)
+            except SluiceError:
+                return
+
+    def _wait(self, fut: "Future[Outcome]") -> Outcome:
+        try:
+            return fut.result(timeout=self.timeout)
+        except _FutureTimeout:
+            with self._pending_lock:
+                self._pending.pop(getattr(fut, "sluice_id", -1), None)
+            if fut.done():
+                return fut.result()
+            raise Timeout(f"no answer from the shim within {self.timeout}s") from None
+
+    def _forget(self, futs: "Sequence[Future[Outcome]]") -> None:
+        for f in futs:
+            with self._pending_lock:
+                self._pending.pop(getattr(f, "sluice_id", -1), None)
+            if f.done():
+                self._orphan(f.result())
+
+    def _run(self, gen: "Op[T]") -> T:
+        return _Handle(self, gen).result()
+
+    def _release_region_blocking(self, region: Region) -> None:
+        self.release(region)
+
+    # --------------------------------------------------------------- API --
+    def register(self, nbytes: int, *, local: bool = False, fd: Optional[int] = None) -> Region:
+        """Registers a shared-memory region of ``nbytes`` bytes.
+
+        By default the shim creates the memfd and passes it back
+        (SCM_RIGHTS). With ``local=True`` this process creates the memfd and
+        hands it in; with ``fd=`` an existing memory file of at least
+        ``nbytes`` bytes is handed in (the shim answers
+        :class:`~sluice.RegionTooSmall` if it is shorter). Either way the
+        region is mapped here read-write.
+        """
+        return self._run(self._register_op(nbytes, fd=fd, local=local))
+
+    def release(self, region: Union[Region, str]) -> None:
+        """Releases a region (the shim and agent drop it). Releasing a
+        :class:`Region` twice is a no-op; releasing an id the shim does not
+        know raises :class:`~sluice.UnknownRegion`."""
+        if isinstance(region, Region) and region.released:
+            return
+        self._run(self._release_op(region))
+
+    def get(
+        self,
+        path: str,
+        into: Union[Region, str],
+        offset: int = 0,
+        range: Optional[ByteRange] = None,
+        *,
+        request_id: str = "",
+    ) -> Transfer:
+        """Reads object ``path`` (``"namespace/key"``), or ``range`` of it
+        (``(start, length)``, ``(start, None)`` = to the end), into region
+        ``into`` at ``offset``. Returns the :class:`~sluice.Transfer`; its
+        ``bytes`` is how many bytes landed. If the span does not fit,
+        :class:`~sluice.RegionTooSmall` is raised and nothing is written."""
+        return self._run(self._get_op(path, into, offset, range, request_id))
+
+    def get_bytes(self, path: str, range: Optional[ByteRange] = None, *, size_hint: Optional[int] = None) -> bytes:
+        """Reads an object (or a range of it) and returns its bytes, via an
+        internal scratch region. ``size_hint`` avoids a retry for objects
+        larger than the scratch region."""
+        return self._run(self._get_bytes_op(path, range, size_hint))[0]
+
+    def put(
+        self,
+        path: str,
+        data: Any,
+        offset: int = 0,
+        length: Optional[int] = None,
+        *,
+        content_type: str = "",
+        request_id: str = "",
+    ) -> Transfer:
+        """Stores an object.
+
+        ``data`` is a :class:`Region` (``length`` bytes from ``offset``;
+        default: to the region's end; outside the region:
+        :class:`~sluice.OutOfBounds`) or any bytes-like object (bytes,
+        bytearray, memoryview, numpy array), which is copied into a scratch
+        region first."""
+        return self._run(self._put_op(path, data, offset, length, content_type, request_id))
+
+    def head(self, path: str, *, request_id: str = "") -> ObjectInfo:
+        """The object's metadata; :class:`~sluice.NoSuchKey` if it does not exist."""
+        return self._run(self._head_op(path, request_id))
+
+    def list_page(
+        self, prefix: str, continuation_token: str = "", max_keys: int = 0, delimiter: str = ""
+    ) -> ListPage:
+        """One page of a listing of ``prefix`` (``"namespace"`` or
+        ``"namespace/prefix"``)."""
+        return self._run(self._list_page_op(prefix, continuation_token, max_keys, delimiter))
+
+    def list(self, prefix: str, *, page_size: int = 0, delimiter: str = "") -> Iterator[ObjectInfo]:
+        """Iterates over every object under ``prefix`` (``"namespace"`` or
+        ``"namespace/prefix"``), fetching pages lazily. Keys are relative to
+        the namespace. (Use :meth:`list_page` for common prefixes.)"""
+        token = ""
+        while True:
+            page = self.list_page(prefix, token, page_size, delimiter)
+            yield from page.objects
+            if not page.next_continuation_token:
+                return
+            token = page.next_continuation_token
+
+    def delete(self, path: str, *, request_id: str = "") -> None:
+        """Deletes an object (a missing key is not an error: S3 semantics)."""
+        self._run(self._delete_op(path, request_id))
+
+    def stats(self) -> Stats:
+        """This connection's session counters."""
+        return self._run(self._stats_op())
+
+    def get_many(self, items: Iterable[GetItem]) -> List[ItemResult]:
+        """Reads many objects with pipelined requests; never raises for a
+        single item's failure.
+
+        Each item is a path (bytes returned in :attr:`ItemResult.data`), a
+        :class:`~sluice.GetSpec` (``into=`` a region to read into), or a tuple
+        of GetSpec's fields. Returns one :class:`~sluice.ItemResult` per item,
+        in order: ``ok``, ``data``/``nbytes``, ``data_path`` (transport),
+        ``fallback_reason``, ``error``.
+
+        All requests go out before any answer is awaited (items without a
+        region first get their sizes with pipelined HEADs, then are read into
+        shared scratch regions with pipelined GETs).
+        """
+        return self._run(self._get_many_op(list(items)))
+
+    def iter_get(
+        self, items: Iterable[Union[str, Tuple[str, Optional[int]]]], *, prefetch: int = 8
+    ) -> Iterator[ItemResult]:
+        """Yields an :class:`~sluice.ItemResult` with the bytes of each path,
+        in order, keeping up to ``prefetch`` reads in flight ahead of the
+        consumer. Items are paths or ``(path, size_hint)``. Failures are
+        reported per item, never raised."""
+        if prefetch < 1:
+            raise ValueError("prefetch must be >= 1")
+        source = iter(enumerate(items))
+        queue: Deque[Tuple[int, str, _Handle]] = deque()
+
+        def start() -> bool:
+            try:
+                i, item = next(source)
+            except StopIteration:
+                return False
+            path, hint = (item, None) if isinstance(item, str) else item
+            queue.append((i, path, _Handle(self, self._get_bytes_op(path, size_hint=hint))))
+            return True
+
+        try:
+            while len(queue) < prefetch and start():
+                pass
+            while queue:
+                i, path, h = queue.popleft()
+                res = ItemResult(path, i)
+                try:
+                    data, t = h.result()
+                    res.ok, res.data, res.transfer, res.nbytes = True, data, t, t.bytes
+                except SluiceError as e:
+                    res.error = e
+                start()
+                for _, _, other in queue:
+                    other.poll()
+                yield res
+        finally:
+            for _, _, h in queue:
+                h.cancel()
+
+
+__all__ = ["Client"]

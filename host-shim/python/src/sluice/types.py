@@ -1,0 +1,204 @@
+"""Plain result types returned by :class:`sluice.Client` and :class:`sluice.AsyncClient`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .errors import SluiceError
+
+#: ``sluice.common.v1.DataPath`` values as the strings used in reports.
+DATA_PATHS = {0: "unknown", 1: "http", 2: "rdma", 3: "rdma-staged"}
+
+#: A byte range: ``(start, length)``; ``length = None`` means "to the end".
+ByteRange = Tuple[int, Optional[int]]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """An object's metadata (``sluice.common.v1.ObjectInfo``).
+
+    ``key`` is the key inside the namespace (no namespace prefix).
+    """
+
+    key: str
+    size: int
+    etag: str = ""
+    last_modified_unix_ms: int = 0
+    content_type: str = ""
+
+    @classmethod
+    def _from_wire(cls, d: Dict[str, Any]) -> "ObjectInfo":
+        return cls(d["key"], d["size"], d["etag"], d["last_modified_unix_ms"], d["content_type"])
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """How one GET or PUT went (``TransferReport`` plus the object's etag/size).
+
+    Attributes:
+        request_id: trace id, also in the shim's and agent's logs.
+        bytes: bytes moved.
+        data_path: ``"http"``, ``"rdma"``, ``"rdma-staged"`` (``"unknown"``
+            if the shim did not say).
+        fallback_reason: empty unless the request fell back from the
+            configured data path.
+        elapsed_us: time the transfer took, in microseconds.
+        parts: how many S3 requests carried the data.
+        etag: the object's ETag.
+        object_size: GET: size of the whole object; PUT: bytes stored.
+    """
+
+    request_id: str
+    bytes: int
+    data_path: str
+    fallback_reason: str
+    elapsed_us: int
+    parts: int
+    etag: str
+    object_size: int
+
+    @property
+    def transport(self) -> str:
+        """Alias of :attr:`data_path`."""
+        return self.data_path
+
+    @property
+    def fell_back(self) -> bool:
+        return bool(self.fallback_reason)
+
+    @classmethod
+    def _from_wire(cls, report: Optional[Dict[str, Any]], etag: str, object_size: int) -> "Transfer":
+        r = report or {"request_id": "", "bytes": 0, "data_path": 0, "fallback_reason": "", "elapsed_us": 0, "parts": 0}
+        return cls(
+            request_id=r["request_id"],
+            bytes=r["bytes"],
+            data_path=DATA_PATHS.get(r["data_path"], "unknown"),
+            fallback_reason=r["fallback_reason"],
+            elapsed_us=r["elapsed_us"],
+            parts=r["parts"],
+            etag=etag,
+            object_size=object_size,
+        )
+
+
+@dataclass
+class ItemResult:
+    """The outcome of one item of :meth:`sluice.Client.get_many`.
+
+    Exactly one of ``transfer`` / ``error`` is set.
+
+    Attributes:
+        path: the item's path.
+        ok: ``True`` if the item succeeded.
+        data: the bytes read, for items read without an ``into`` region
+            (``None`` for items read into a caller's region, and on error).
+        nbytes: bytes read (0 on error).
+        transfer: the transfer report (``None`` on error).
+        error: the typed exception for this item (``None`` on success).
+        index: position of the item in the request list.
+    """
+
+    path: str
+    index: int
+    ok: bool = False
+    data: Optional[bytes] = None
+    nbytes: int = 0
+    transfer: Optional[Transfer] = None
+    error: Optional[SluiceError] = None
+
+    @property
+    def data_path(self) -> Optional[str]:
+        """``"http"``, ``"rdma"``, ``"rdma-staged"``; ``None`` on error."""
+        return self.transfer.data_path if self.transfer else None
+
+    #: Alias of :attr:`data_path`.
+    transport = data_path
+
+    @property
+    def fallback_reason(self) -> str:
+        return self.transfer.fallback_reason if self.transfer else ""
+
+    @property
+    def request_id(self) -> str:
+        if self.transfer:
+            return self.transfer.request_id
+        return self.error.request_id if self.error else ""
+
+    def unwrap(self) -> Optional[bytes]:
+        """Returns :attr:`data`, or raises :attr:`error`."""
+        if self.error is not None:
+            raise self.error
+        return self.data
+
+
+@dataclass(frozen=True)
+class ListPage:
+    """One page of a listing (``sluice.shim.v1.ListPage``)."""
+
+    objects: List[ObjectInfo]
+    common_prefixes: List[str]
+    next_continuation_token: str
+
+    @classmethod
+    def _from_wire(cls, d: Dict[str, Any]) -> "ListPage":
+        return cls(
+            [ObjectInfo._from_wire(o) for o in d["objects"]],
+            list(d["common_prefixes"]),
+            d["next_continuation_token"],
+        )
+
+
+@dataclass(frozen=True)
+class Stats:
+    """This connection's session counters (``StatsResult``)."""
+
+    requests: int
+    bytes_read: int
+    bytes_written: int
+    errors: int
+    fallbacks: int
+    regions: int
+    registered_bytes: int
+
+    @classmethod
+    def _from_wire(cls, d: Dict[str, Any]) -> "Stats":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class GetSpec:
+    """One item of :meth:`sluice.Client.get_many`.
+
+    Attributes:
+        path: ``"namespace/key"``.
+        into: a region to read into; without one the bytes are returned in
+            :attr:`ItemResult.data`.
+        offset: where in ``into`` the bytes land.
+        range: ``(start, length)`` or ``(start, None)`` for "to the end".
+    """
+
+    path: str
+    into: Optional[Any] = None  # sluice.Region
+    offset: int = 0
+    range: Optional[ByteRange] = None
+
+
+GetItem = Union[str, GetSpec, Tuple[Any, ...]]
+
+
+def as_spec(item: GetItem) -> GetSpec:
+    """Normalises a ``get_many`` item: a path, a :class:`GetSpec`, or a
+    tuple of :class:`GetSpec`'s fields."""
+    if isinstance(item, GetSpec):
+        return item
+    if isinstance(item, str):
+        return GetSpec(item)
+    if isinstance(item, tuple):
+        return GetSpec(*item)
+    if isinstance(item, dict):
+        return GetSpec(**item)
+    raise TypeError(f"get_many items are paths, GetSpec or tuples, not {type(item).__name__}")
+
+
+__all__ = ["ObjectInfo", "Transfer", "ItemResult", "ListPage", "Stats", "GetSpec", "ByteRange", "DATA_PATHS"]
