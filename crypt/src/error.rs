@@ -85,6 +85,12 @@ pub enum CryptError {
         source: std::io::Error,
     },
 
+    /// A [`Cipher`](crate::Cipher) implementation failed [`self_test`](crate::self_test): it is not
+    /// a correct AES-256-GCM and must not be used. `check` names the failed check (e.g.
+    /// "known answer (seal)", "round trip", "tamper: flipped tag byte"); `why` has the detail.
+    #[error("cipher {cipher:?} failed its self-test, check {check:?}: {why}")]
+    SelfTest { cipher: &'static str, check: &'static str, why: String },
+
     /// The system random number generator or the AEAD primitive failed for a reason that is not
     /// an authentication failure.
     #[error("cryptographic primitive failed: {0}")]

@@ -13,10 +13,20 @@
 //! * GET: [`Metadata::from_pairs`] → [`Metadata::plan_range`] for a ranged read → fetch the header
 //!   and the planned bytes → [`ObjectOpener::new`] → [`ObjectOpener::open_range`] (or
 //!   [`ObjectOpener::open_chunk`] per chunk after [`ObjectOpener::check_metadata`]).
+//!
+//! Chunk encryption is pluggable: the [`Cipher`] trait (keys prepared as [`ChunkKey`]s) is
+//! AES-256-GCM with a 96-bit nonce and a 128-bit tag, in place. [`RingCipher`] (software, `ring`)
+//! is the default; a hardware implementation is passed to [`ObjectSealer::new_with_cipher`] /
+//! [`ObjectOpener::new_with_cipher`] after it passes [`self_test`]. The stored bytes do not depend
+//! on the implementation, so objects sealed by one open with any other. The per-object data-key
+//! wrap in the header always uses ring.
 
 #![forbid(unsafe_code)]
 
 mod bench;
+mod cipher;
+#[cfg(feature = "doca")]
+mod doca_cipher;
 mod error;
 mod file_provider;
 mod header;
@@ -26,6 +36,9 @@ mod metadata;
 mod object;
 
 pub use bench::aes_gcm_throughput;
+pub use cipher::{self_test, ChunkKey, Cipher, RingCipher, NONCE_LEN};
+#[cfg(feature = "doca")]
+pub use doca_cipher::DocaCipher;
 pub use error::CryptError;
 pub use file_provider::{FileKeyProvider, DEFAULT_CURRENT_TTL};
 pub use header::{FORMAT_VERSION, HEADER_LEN, MAGIC};

@@ -3,11 +3,15 @@
 //! Both [`ObjectSealer`] and [`ObjectOpener`] take `&self` for every chunk operation and hold no
 //! per-chunk state, so the agent can seal or open the chunks of one object on several threads at
 //! once and in any order.
+//!
+//! Chunks go through a [`Cipher`] (ring by default, a hardware engine via the `new_with_cipher`
+//! constructors); the data-key wrap in the header always uses ring (see [`ObjectSealer::new`]).
 
-use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use ring::aead::{Aad, Nonce};
 use ring::digest::{Context, SHA256, SHA256_OUTPUT_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 
+use crate::cipher::{ring_key, ChunkKey, Cipher, RingCipher, NONCE_LEN};
 use crate::header::{Header, HEADER_LEN, NONCE_PREFIX_LEN, OFF_WRAPPED_KEY, WRAPPED_KEY_LEN, WRAP_NONCE_LEN};
 use crate::keys::{check_tenant, KeyId, KeyProvider, MasterKey, KEY_LEN};
 use crate::layout::{Layout, RangePlan, TAG_LEN};
@@ -24,11 +28,6 @@ fn random<const N: usize>(rng: &SystemRandom) -> Result<[u8; N], CryptError> {
     let mut out = [0u8; N];
     rng.fill(&mut out).map_err(|_| CryptError::Crypto("system random number generator"))?;
     Ok(out)
-}
-
-fn aes_key(bytes: &[u8; KEY_LEN]) -> Result<LessSafeKey, CryptError> {
-    let unbound = UnboundKey::new(&AES_256_GCM, bytes).map_err(|_| CryptError::Crypto("AES-256-GCM key setup"))?;
-    Ok(LessSafeKey::new(unbound))
 }
 
 /// Appends a length-prefixed field so that, e.g., bucket "ab" + key "c" differs from "a" + "bc".
@@ -68,7 +67,9 @@ fn chunk_binding(header: &[u8; HEADER_LEN], bucket: &str, key: &str) -> [u8; SHA
 
 /// The per-object chunk AEAD shared by sealer and opener.
 struct ChunkCipher {
-    key: LessSafeKey,
+    key: Box<dyn ChunkKey>,
+    /// The [`Cipher::name`] that prepared `key`, for Debug output (logs).
+    cipher_name: &'static str,
     nonce_prefix: [u8; NONCE_PREFIX_LEN],
     binding: [u8; SHA256_OUTPUT_LEN],
     layout: Layout,
@@ -78,11 +79,11 @@ struct ChunkCipher {
 impl ChunkCipher {
     /// Nonce = 8-byte random per-object prefix || 32-bit big-endian chunk index. Unique per chunk
     /// because the index is, and the key is fresh per object anyway.
-    fn nonce(&self, index: u32) -> Nonce {
+    fn nonce(&self, index: u32) -> [u8; NONCE_LEN] {
         let mut n = [0u8; NONCE_LEN];
         n[..NONCE_PREFIX_LEN].copy_from_slice(&self.nonce_prefix);
         n[NONCE_PREFIX_LEN..].copy_from_slice(&index.to_be_bytes());
-        Nonce::assume_unique_for_key(n)
+        n
     }
 
     fn ad(&self, index: u32) -> [u8; CHUNK_AD_LEN] {
@@ -107,7 +108,25 @@ impl ObjectSealer {
     /// Draws a data key, wraps it under the tenant's current master key and returns the header to
     /// store in front of the chunks. `plaintext_len` must be the exact object size: the last chunk
     /// is marked final from it, and it is recorded (authenticated) in the header.
+    ///
+    /// Chunks are sealed with [`RingCipher`]; use [`ObjectSealer::new_with_cipher`] for another
+    /// implementation. The stored bytes are the same either way.
     pub fn new<P: KeyProvider + ?Sized>(
+        provider: &P,
+        tenant: &str,
+        bucket: &str,
+        key: &str,
+        plaintext_len: u64,
+        chunk_size: u32,
+    ) -> Result<([u8; HEADER_LEN], ObjectSealer), CryptError> {
+        Self::new_with_cipher(&RingCipher, provider, tenant, bucket, key, plaintext_len, chunk_size)
+    }
+
+    /// Like [`ObjectSealer::new`], but chunks are sealed by `cipher` (e.g. a hardware engine;
+    /// run [`self_test`](crate::self_test) on it first). The data key is still wrapped with ring:
+    /// that is one 32-byte operation per object, not worth a trip to an accelerator.
+    pub fn new_with_cipher<P: KeyProvider + ?Sized>(
+        cipher: &dyn Cipher,
         provider: &P,
         tenant: &str,
         bucket: &str,
@@ -130,21 +149,23 @@ impl ObjectSealer {
         let mut bytes = header.encode();
         let ad = wrap_ad(&bytes, tenant, bucket, key);
         // The wrap nonce is random, so a master key must be rotated before ~2^32 wraps (NIST's
-        // random-nonce GCM limit; see the format document).
+        // random-nonce GCM limit; see the format document). The wrap stays on ring whatever `cipher`
+        // is: it seals just the 32-byte data key, far too little to gain from an accelerator.
         let mut wrapped = data_key;
-        let tag = aes_key(master.bytes())?
+        let tag = ring_key(master.bytes())?
             .seal_in_place_separate_tag(Nonce::assume_unique_for_key(header.wrap_nonce), Aad::from(&ad), &mut wrapped)
             .map_err(|_| CryptError::Crypto("wrapping the data key"))?;
         bytes[OFF_WRAPPED_KEY..OFF_WRAPPED_KEY + KEY_LEN].copy_from_slice(&wrapped);
         bytes[OFF_WRAPPED_KEY + KEY_LEN..].copy_from_slice(tag.as_ref());
-        let cipher = ChunkCipher {
-            key: aes_key(&data_key)?,
+        let chunks = ChunkCipher {
+            key: cipher.chunk_key(&data_key)?,
+            cipher_name: cipher.name(),
             nonce_prefix: header.nonce_prefix,
             binding: chunk_binding(&bytes, bucket, key),
             layout,
             key_id,
         };
-        Ok((bytes, ObjectSealer { cipher }))
+        Ok((bytes, ObjectSealer { cipher: chunks }))
     }
 
     pub fn layout(&self) -> &Layout {
@@ -174,13 +195,7 @@ impl ObjectSealer {
     pub fn seal_in_place_detached(&self, index: u32, chunk: &mut [u8]) -> Result<[u8; TAG_LEN], CryptError> {
         self.check_len(index, chunk.len())?;
         let c = &self.cipher;
-        let tag = c
-            .key
-            .seal_in_place_separate_tag(c.nonce(index), Aad::from(c.ad(index)), chunk)
-            .map_err(|_| CryptError::Crypto("sealing a chunk"))?;
-        let mut out = [0u8; TAG_LEN];
-        out.copy_from_slice(tag.as_ref());
-        Ok(out)
+        c.key.seal_in_place(&c.nonce(index), &c.ad(index), chunk)
     }
 
     /// Encrypts chunk `index` in place and appends the tag.
@@ -211,6 +226,7 @@ impl std::fmt::Debug for ObjectSealer {
         f.debug_struct("ObjectSealer")
             .field("layout", &self.cipher.layout)
             .field("key_id", &self.cipher.key_id)
+            .field("cipher", &self.cipher.cipher_name)
             .finish()
     }
 }
@@ -220,6 +236,7 @@ impl std::fmt::Debug for ObjectOpener {
         f.debug_struct("ObjectOpener")
             .field("layout", &self.cipher.layout)
             .field("key_id", &self.cipher.key_id)
+            .field("cipher", &self.cipher.cipher_name)
             .finish()
     }
 }
@@ -236,7 +253,23 @@ impl ObjectOpener {
     /// unwraps the data key. Any modified header byte, or a header moved to another tenant, bucket
     /// or key, fails here with [`CryptError::Integrity`] (or `BadHeader`/`UnsupportedVersion`/
     /// `UnknownKey` when the change makes the header unparsable or names another key).
+    ///
+    /// Chunks are opened with [`RingCipher`]; see [`ObjectOpener::new_with_cipher`].
     pub fn new<P: KeyProvider + ?Sized>(
+        provider: &P,
+        tenant: &str,
+        bucket: &str,
+        key: &str,
+        header: &[u8],
+    ) -> Result<ObjectOpener, CryptError> {
+        Self::new_with_cipher(&RingCipher, provider, tenant, bucket, key, header)
+    }
+
+    /// Like [`ObjectOpener::new`], but chunks are opened by `cipher`. Any conforming cipher opens
+    /// objects sealed by any other: the format does not depend on the implementation. The data
+    /// key is still unwrapped with ring (one 32-byte operation per object).
+    pub fn new_with_cipher<P: KeyProvider + ?Sized>(
+        cipher: &dyn Cipher,
         provider: &P,
         tenant: &str,
         bucket: &str,
@@ -251,13 +284,15 @@ impl ObjectOpener {
         let ad = wrap_ad(&bytes, tenant, bucket, key);
         let mut wrapped = parsed.wrapped_key;
         let nonce = Nonce::assume_unique_for_key(parsed.wrap_nonce);
-        let data_key = aes_key(master.bytes())?
+        // Unwrapping stays on ring, as wrapping does: one 32-byte message per object.
+        let data_key = ring_key(master.bytes())?
             .open_in_place(nonce, Aad::from(&ad), &mut wrapped)
             .map_err(|_| CryptError::Integrity)?;
         let data_key: &[u8; KEY_LEN] = (&*data_key).try_into().map_err(|_| CryptError::Integrity)?;
         Ok(ObjectOpener {
             cipher: ChunkCipher {
-                key: aes_key(data_key)?,
+                key: cipher.chunk_key(data_key)?,
+                cipher_name: cipher.name(),
                 nonce_prefix: parsed.nonce_prefix,
                 binding: chunk_binding(&bytes, bucket, key),
                 layout: parsed.layout,
@@ -299,7 +334,11 @@ impl ObjectOpener {
         if chunk.len() != expected + TAG_LEN {
             return Err(CryptError::Integrity);
         }
-        c.key.open_in_place(c.nonce(index), Aad::from(c.ad(index)), chunk).map_err(|_| CryptError::Integrity)
+        let (data, tag) = chunk.split_last_chunk_mut::<TAG_LEN>().ok_or(CryptError::Integrity)?;
+        // Errors pass through unchanged: authentication failures are `Integrity` by the ChunkKey
+        // contract, and a failing engine (`Crypto`) must not be reported as tampering.
+        c.key.open_in_place(&c.nonce(index), &c.ad(index), data, &*tag)?;
+        Ok(data)
     }
 
     /// Decrypts the chunks of `plan` held in `ciphertext` (exactly the bytes `plan.ciphertext` of the

@@ -131,10 +131,10 @@ impl Transport for DcOwner {
     }
 
     fn expose(&self, grant: Grant) -> Result<Exposure, TransportError> {
-        let mr = register_window(&self.pd, &grant)?;
-        let token = standard_token(mr.addr(), grant.len as u32, mr.rkey(), &self.at)
+        let w = register_window(&self.pd, &grant)?;
+        let token = standard_token(w.addr, grant.len as u32, w.rkey, &self.at)
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        Ok(Exposure { token, guard: Box::new(mr) })
+        Ok(Exposure { token, guard: w.guard })
     }
 }
 

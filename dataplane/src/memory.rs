@@ -16,6 +16,27 @@ pub enum MemError {
     Map(String),
     #[error("{0}")]
     Unsupported(String),
+    /// A memory export (DOCA envelope/descriptor) that does not parse or
+    /// does not match the registration.
+    #[error("bad memory export: {0}")]
+    BadExport(String),
+}
+
+/// A window of memory the NIC reaches through a key made by another stack
+/// (DOCA's RDMA bridge for host memory imported on a DPU), valid on one PD.
+pub struct NicWindow {
+    /// The address remote peers put in their work requests.
+    pub addr: u64,
+    /// The key valid on the PD the window was made for.
+    pub rkey: u32,
+    /// Keeps the key valid; dropping it ends the window.
+    pub guard: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for NicWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NicWindow").field("addr", &format_args!("{:#x}", self.addr)).field("rkey", &self.rkey).finish()
+    }
 }
 
 impl From<sluice_shm::ShmError> for MemError {
@@ -69,6 +90,19 @@ pub trait RegionMemory: Send + Sync + std::fmt::Debug {
     /// The memory as something a NIC can register (verbs transport), if it
     /// is pinned at a fixed address.
     fn pinned(&self) -> Option<std::sync::Arc<dyn sluice_rdma::PinnedMemory>> {
+        None
+    }
+
+    /// For memory that is not [`pinned`](Self::pinned) here but that the NIC
+    /// can still reach (host memory imported on a DPU): a key for
+    /// `[offset, offset + len)` valid on `pd`. `None`: not reachable that way.
+    fn nic_window(
+        &self,
+        _pd: &std::sync::Arc<sluice_rdma::ProtectionDomain>,
+        _offset: u64,
+        _len: u64,
+        _remote_write: bool,
+    ) -> Option<Result<NicWindow, MemError>> {
         None
     }
 }

@@ -34,13 +34,42 @@ struct Tenant {
 fn encryption(
     ns: &crate::config::NamespaceConfig,
     keys: &Option<Arc<dyn sluice_crypt::KeyProvider>>,
+    cipher: &Arc<dyn sluice_crypt::Cipher>,
 ) -> Result<Option<crate::s3::crypto::Encryption>, AgentError> {
     if ns.encryption != "aes-256-gcm" {
         return Ok(None);
     }
     let provider =
         keys.clone().ok_or_else(|| AgentError::BadRequest("encryption needs [encryption] key_dir".into()))?;
-    Ok(Some(crate::s3::crypto::Encryption { provider, chunk_size: ns.encryption_chunk_bytes }))
+    Ok(Some(crate::s3::crypto::Encryption { provider, cipher: cipher.clone(), chunk_size: ns.encryption_chunk_bytes }))
+}
+
+/// The configured chunk cipher. A DOCA engine must pass the known-answer
+/// self-test before it sees data.
+fn chunk_cipher(cfg: &crate::config::EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, AgentError> {
+    match cfg.engine {
+        crate::config::CipherEngine::Ring => Ok(Arc::new(sluice_crypt::RingCipher)),
+        crate::config::CipherEngine::Doca => doca_cipher(cfg),
+    }
+}
+
+#[cfg(feature = "doca")]
+fn doca_cipher(cfg: &crate::config::EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, AgentError> {
+    let fail = |e: String| AgentError::BadRequest(format!("[encryption] engine = \"doca\": {e}"));
+    let device = cfg.doca_device.as_deref().ok_or_else(|| fail("doca_device is not set".into()))?;
+    let lib = sluice_doca::load().map_err(|e| fail(e.to_string()))?;
+    let dev = sluice_doca::Device::open(&lib, device).map_err(|e| fail(e.to_string()))?;
+    let cipher = sluice_crypt::DocaCipher::new(&dev).map_err(|e| fail(e.to_string()))?;
+    sluice_crypt::self_test(&cipher).map_err(|e| fail(e.to_string()))?;
+    tracing::info!(device, "DOCA AES-GCM engine passed its self-test");
+    Ok(Arc::new(cipher))
+}
+
+#[cfg(not(feature = "doca"))]
+fn doca_cipher(_cfg: &crate::config::EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, AgentError> {
+    Err(AgentError::BadRequest(
+        "[encryption] engine = \"doca\", but this sluice-agent was built without the `doca` feature".into(),
+    ))
 }
 
 /// The path label and fallback summary for a transfer.
@@ -141,6 +170,7 @@ impl Agent {
             )),
             None => None,
         };
+        let cipher = chunk_cipher(&cfg.encryption)?;
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let mut namespaces = HashMap::new();
@@ -169,7 +199,7 @@ impl Agent {
                     rdma,
                 )
                 .with_degraded(chosen.degraded)
-                .with_encryption(encryption(ns, &keys)?);
+                .with_encryption(encryption(ns, &keys, &cipher)?);
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });

@@ -43,6 +43,10 @@ pub struct AgentConfig {
     pub limits: Limits,
     #[serde(default)]
     pub dataplane: DataplaneConfig,
+    /// How host regions are reached (`[host_memory]`): co-located memfds
+    /// (default) or DOCA exports on a BlueField.
+    #[serde(default)]
+    pub host_memory: crate::hostmem::HostMemoryConfig,
     /// Agent-wide settings of the per-tenant QoS layer (`[qos]`).
     #[serde(default)]
     pub qos: QosSettings,
@@ -269,6 +273,22 @@ pub struct EncryptionConfig {
     /// the key for new objects. Rotation: add a key, point `current` at it;
     /// old ids stay readable. A key: `head -c 32 /dev/urandom | xxd -p -c 64`.
     pub key_dir: Option<PathBuf>,
+    /// Which AES-256-GCM implementation seals and opens chunks: `ring` (the
+    /// CPU; default) or `doca` (the BlueField-3 crypto engine; needs an
+    /// agent built with the `doca` feature). The stored format is the same.
+    #[serde(default)]
+    pub engine: CipherEngine,
+    /// With `engine = "doca"`: the device (PCI address or `mlx5_N`).
+    #[serde(default)]
+    pub doca_device: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CipherEngine {
+    #[default]
+    Ring,
+    Doca,
 }
 
 /// One right on a namespace.
@@ -428,6 +448,10 @@ impl AgentConfig {
         }
         if self.tenants.is_empty() {
             return bad("no [[tenants]] configured".into());
+        }
+        self.host_memory.validate().map_err(ConfigError::Invalid)?;
+        if self.encryption.engine == CipherEngine::Doca && self.encryption.doca_device.is_none() {
+            return bad("[encryption] engine = \"doca\" needs doca_device = \"<PCI address or mlx5_N>\"".into());
         }
         let mut seen = std::collections::HashSet::new();
         for t in &self.tenants {

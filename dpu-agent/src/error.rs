@@ -86,6 +86,7 @@ impl From<AgentError> for tonic::Status {
             ErrorCode::ResourceExhausted | ErrorCode::QuotaExceeded => tonic::Code::ResourceExhausted,
             ErrorCode::Integrity => tonic::Code::DataLoss,
             ErrorCode::TransferFailed => tonic::Code::Aborted,
+            ErrorCode::Unsupported => tonic::Code::Unimplemented,
             _ => tonic::Code::Internal,
         };
         let msg = e.to_string();

@@ -15,6 +15,7 @@ use crate::config::AgentConfig;
 use crate::dataplane::{DataplaneError, Dataplanes};
 use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
+use crate::hostmem::{BackendKind, HostMemory};
 use crate::metrics::Metrics;
 
 /// Errors starting the agent.
@@ -33,6 +34,8 @@ pub enum ServeError {
     Grpc(#[from] tonic::transport::Error),
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
+    #[error("host memory backend: {0}")]
+    HostMemory(String),
 }
 
 /// Where the agent ended up listening.
@@ -54,6 +57,36 @@ fn bind_unix(what: &'static str, path: &Path) -> Result<UnixListener, ServeError
     UnixListener::bind(path).map_err(err)
 }
 
+/// The configured host-memory backend, and the co-located one's handle
+/// when it needs its memory socket served.
+type Backend = (Arc<dyn HostMemory>, Option<Arc<ColocatedMemory>>);
+
+fn host_memory(cfg: &AgentConfig) -> Result<Backend, ServeError> {
+    match cfg.host_memory.backend {
+        BackendKind::Colocated => {
+            let m = ColocatedMemory::new();
+            Ok((m.clone(), Some(m)))
+        }
+        BackendKind::Doca => doca_memory(cfg).map(|m| (m, None)),
+    }
+}
+
+#[cfg(feature = "doca")]
+fn doca_memory(cfg: &AgentConfig) -> Result<Arc<dyn HostMemory>, ServeError> {
+    let d = cfg.host_memory.doca.as_ref().ok_or_else(|| ServeError::HostMemory("[host_memory.doca] is missing".into()))?;
+    let m = crate::hostmem::doca::DocaMemory::open(d).map_err(|e| ServeError::HostMemory(e.to_string()))?;
+    Ok(m)
+}
+
+#[cfg(not(feature = "doca"))]
+fn doca_memory(_cfg: &AgentConfig) -> Result<Arc<dyn HostMemory>, ServeError> {
+    Err(ServeError::HostMemory(
+        "[host_memory] backend = \"doca\", but this sluice-agent was built without the `doca` feature \
+         (cargo build -p sluice-agent --features doca; the Debian package has it)"
+            .into(),
+    ))
+}
+
 /// Runs the agent until `shutdown` resolves. With `config_path` (the file
 /// `cfg` came from), SIGHUP re-reads it and applies the tenants' QoS limits.
 pub async fn run(
@@ -62,9 +95,9 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
-    let memory = ColocatedMemory::new();
+    let (memory, colocated) = host_memory(&cfg)?;
     let dataplanes = Dataplanes::start(&cfg, &metrics).await?;
-    let agent = Arc::new(Agent::new(&cfg, memory.clone(), metrics.clone(), &dataplanes)?);
+    let agent = Arc::new(Agent::new(&cfg, memory, metrics.clone(), &dataplanes)?);
 
     if let Some(path) = config_path {
         // Registered before "ready": SIGHUP's default action would kill us.
@@ -73,8 +106,10 @@ pub async fn run(
         tokio::spawn(reload_on_sighup(hup, path, agent.clone()));
     }
 
-    let mem_listener = bind_unix("memory socket", &cfg.memory_socket)?;
-    tokio::spawn(memory.serve(mem_listener));
+    if let Some(colocated) = colocated {
+        let mem_listener = bind_unix("memory socket", &cfg.memory_socket)?;
+        tokio::spawn(colocated.serve(mem_listener));
+    }
 
     let mut bound = BoundAddrs { grpc: None, metrics: None };
     if let Some(addr) = cfg.metrics_listen {

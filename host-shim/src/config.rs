@@ -38,6 +38,32 @@ pub struct ShimConfig {
     /// to listed shims). Default: the host name.
     #[serde(default)]
     pub shim_id: Option<String>,
+    /// How the agent reaches registered regions: `colocated` (memfds over
+    /// the agent's memory socket; the agent runs on this host) or `doca`
+    /// (regions exported over PCIe to the agent on this host's BlueField;
+    /// needs DOCA and a shim built with the `doca` feature).
+    #[serde(default)]
+    pub memory_backend: MemoryBackendKind,
+    /// `[doca]`, required with `memory_backend = "doca"`.
+    #[serde(default)]
+    pub doca: Option<ShimDocaConfig>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MemoryBackendKind {
+    #[default]
+    Colocated,
+    Doca,
+}
+
+/// `[doca]` in shim.toml.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShimDocaConfig {
+    /// The BlueField's PCI function on this host (`lspci -d 15b3:` shows
+    /// it, e.g. `3b:00.0`) or its verbs name (`mlx5_0`).
+    pub device: String,
 }
 
 fn default_mode() -> u32 {
@@ -51,6 +77,8 @@ pub struct AgentLink {
     /// `unix:/path/to/agent.sock` or `http://host:port`.
     pub grpc: String,
     /// The agent's memory socket (co-located mode): region memfds go here.
+    /// Not used with `memory_backend = "doca"`.
+    #[serde(default)]
     pub memory_socket: PathBuf,
 }
 
@@ -114,6 +142,17 @@ impl ShimConfig {
                 c.tenant
             )));
         }
+        match (self.memory_backend, &self.doca) {
+            (MemoryBackendKind::Colocated, _) if self.agent.memory_socket.as_os_str().is_empty() => {
+                return Err(ConfigError::Invalid("agent.memory_socket is required with memory_backend = \"colocated\"".into()))
+            }
+            (MemoryBackendKind::Doca, None) => {
+                return Err(ConfigError::Invalid(
+                    "memory_backend = \"doca\" needs a [doca] section with device = \"<PCI address or mlx5_N>\"".into(),
+                ))
+            }
+            _ => {}
+        }
         if self.socket_mode > 0o777 {
             return Err(ConfigError::Invalid(format!("socket_mode {:o} is not a permission mode", self.socket_mode)));
         }
@@ -147,5 +186,29 @@ mod tests {
         assert_eq!(rules.tenant_for(1000, 1), Some("alice"));
         assert_eq!(rules.tenant_for(7, 50), Some("team"));
         assert_eq!(rules.tenant_for(7, 7), None);
+    }
+
+    #[test]
+    fn memory_backend_settings_are_checked() {
+        let example = include_str!("../../deploy/shim.example.toml");
+        let doca: String = example
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(r) if r.starts_with("memory_backend =") || r.starts_with("[doca]") || r.starts_with("device =") => {
+                    format!("{r}\n")
+                }
+                _ => format!("{l}\n"),
+            })
+            .collect();
+        let cfg: ShimConfig = toml::from_str(&doca).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.memory_backend, MemoryBackendKind::Doca);
+        assert_eq!(cfg.doca.as_ref().map(|d| d.device.as_str()), Some("3b:00.0"));
+
+        let no_section = ShimConfig { doca: None, ..cfg.clone() };
+        assert!(no_section.validate().unwrap_err().to_string().contains("[doca]"));
+        let mut colocated = ShimConfig { memory_backend: MemoryBackendKind::Colocated, ..cfg };
+        colocated.agent.memory_socket = PathBuf::new();
+        assert!(colocated.validate().unwrap_err().to_string().contains("memory_socket"));
     }
 }

@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, Mutex, Semaphore};
 use tracing::{debug, info, warn, Instrument};
 
 use crate::error::ShimError;
+use crate::memory::ExportGuard;
 use crate::path::{list_path, object_path};
 use crate::server::Shared;
 
@@ -31,8 +32,9 @@ struct Outgoing {
 struct Session {
     id: String,
     tenant: String,
-    /// Regions registered on this connection: id -> length.
-    regions: Mutex<HashMap<String, u64>>,
+    /// Regions registered on this connection: id -> length, and what keeps
+    /// its export valid (DOCA) until the agent has released it.
+    regions: Mutex<HashMap<String, (u64, ExportGuard)>>,
 }
 
 fn new_request_id() -> String {
@@ -242,36 +244,44 @@ async fn handle(
                         r.length, shared.config.limits.max_region_bytes
                     )));
                 }
-                let (fd, give_back) = match fd {
-                    Some(fd) => {
-                        let file = std::fs::File::from(fd);
-                        let actual = file.metadata().map_err(|e| ShimError::BadRequest(format!("fstat: {e}")))?.len();
-                        if actual < r.length {
-                            return Err(ShimError::Memory(sluice_shm::ShmError::FileTooSmall {
-                                wanted: r.length,
-                                actual,
-                            }));
+                let gpu = r.kind == pb::RegionKind::GpuDmabuf as i32;
+                if r.kind != pb::RegionKind::SharedMemory as i32 && !gpu {
+                    return Err(ShimError::BadRequest(format!("unknown region kind {}", r.kind)));
+                }
+                let (export, guard, give_back) = if gpu {
+                    let fd = fd.ok_or_else(|| ShimError::BadRequest("a GPU region needs its dma-buf fd attached".into()))?;
+                    let (export, guard) = shared.memory.export_dmabuf(fd, r.dmabuf_offset, r.length, r.gpu_address)?;
+                    (export, guard, None)
+                } else {
+                    let (fd, give_back) = match fd {
+                        Some(fd) => {
+                            let file = std::fs::File::from(fd);
+                            let actual =
+                                file.metadata().map_err(|e| ShimError::BadRequest(format!("fstat: {e}")))?.len();
+                            if actual < r.length {
+                                return Err(ShimError::Memory(sluice_shm::ShmError::FileTooSmall {
+                                    wanted: r.length,
+                                    actual,
+                                }));
+                            }
+                            (OwnedFd::from(file), false)
                         }
-                        (OwnedFd::from(file), false)
-                    }
-                    None => (sluice_shm::create_memfd(&format!("sluice-{}", s.tenant), r.length)?, true),
+                        None => (sluice_shm::create_memfd(&format!("sluice-{}", s.tenant), r.length)?, true),
+                    };
+                    let (export, guard) = shared.memory.export_shared(&shared.agent, &fd, r.length).await?;
+                    (export, guard, give_back.then_some(fd))
                 };
-                let ticket = shared.agent.hand_over(fd.as_fd()).await?;
                 let reply = agent
-                    .register_region(apb::RegisterRegionRequest {
-                        session_id: sid,
-                        length: r.length,
-                        export: Some(apb::register_region_request::Export::ColocatedTicket(ticket)),
-                    })
+                    .register_region(apb::RegisterRegionRequest { session_id: sid, length: r.length, export: Some(export) })
                     .await?
                     .into_inner();
-                s.regions.lock().await.insert(reply.region_id.clone(), r.length);
+                s.regions.lock().await.insert(reply.region_id.clone(), (r.length, guard));
                 let res = Res::Registered(pb::Registered {
                     region_id: reply.region_id,
                     length: r.length,
-                    fd_attached: give_back,
+                    fd_attached: give_back.is_some(),
                 });
-                return Ok((res, give_back.then_some(fd)));
+                return Ok((res, give_back));
             }
             Op::Release(r) => {
                 check_region(s, &r.region_id).await?;

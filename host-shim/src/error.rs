@@ -21,6 +21,12 @@ pub enum ShimError {
     Memory(#[from] sluice_shm::ShmError),
     #[error("agent unreachable: {0}")]
     AgentUnavailable(String),
+    /// Not possible with this shim's memory backend, build or hardware.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The memory backend (DOCA) failed on a valid request.
+    #[error("memory backend: {0}")]
+    Backend(String),
     /// An error the agent reported, passed through unchanged.
     #[error("{}", .0.message)]
     Agent(ErrorDetail),
@@ -38,6 +44,8 @@ impl ShimError {
             Self::Memory(sluice_shm::ShmError::FileTooSmall { .. }) => ErrorCode::RegionTooSmall,
             Self::Memory(_) => ErrorCode::BadRequest,
             Self::AgentUnavailable(_) => ErrorCode::StoreUnavailable,
+            Self::Unsupported(_) => ErrorCode::Unsupported,
+            Self::Backend(_) => ErrorCode::Internal,
             Self::Agent(d) => return d.clone(),
         };
         ErrorDetail::new(code, self.to_string())

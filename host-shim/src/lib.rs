@@ -9,6 +9,7 @@ pub mod agent_link;
 pub mod config;
 pub mod connection;
 pub mod error;
+pub mod memory;
 pub mod path;
 pub mod server;
 

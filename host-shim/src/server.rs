@@ -17,6 +17,8 @@ pub struct Shared {
     pub shim_id: String,
     /// Per tenant, the secret proven to the agent (never sent).
     pub secrets: std::collections::HashMap<String, Vec<u8>>,
+    /// How regions are exported to the agent.
+    pub memory: crate::memory::MemoryBackend,
 }
 
 /// Binds the socket (replacing a stale one) with the configured mode.
@@ -44,9 +46,10 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         let secret = sluice_proto::auth::read_secret_file(path).map_err(|e| ShimError::BadRequest(e.to_string()))?;
         secrets.insert(tenant.clone(), secret);
     }
+    let memory = crate::memory::MemoryBackend::open(&cfg)?;
     let socket = cfg.socket.clone();
-    let shared = Arc::new(Shared { config: cfg, agent, shim_id, secrets });
-    info!(socket = %socket.display(), agent = %shared.config.agent.grpc, "shim ready");
+    let shared = Arc::new(Shared { config: cfg, agent, shim_id, secrets, memory });
+    info!(socket = %socket.display(), agent = %shared.config.agent.grpc, memory = shared.memory.name(), "shim ready");
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {

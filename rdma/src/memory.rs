@@ -102,6 +102,12 @@ impl ProtectionDomain {
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }
+
+    /// The `struct ibv_pd *`, for other stacks that build on a verbs PD
+    /// (DOCA's RDMA bridge). Valid while `self` lives.
+    pub fn as_raw(&self) -> *mut sys::ibv_pd {
+        self.ptr.as_ptr()
+    }
 }
 
 impl Drop for ProtectionDomain {

@@ -294,3 +294,48 @@ async fn descriptors_are_single_use_and_bounded() {
     b_mem.read_at(0, &mut after).unwrap();
     assert!(after.iter().all(|&x| x == 0xbb), "B's memory untouched");
 }
+
+#[tokio::test]
+async fn memory_exports_the_agent_cannot_use_change_nothing() {
+    let stack = Stack::with(two_tenants());
+    let b = victim(&stack).await;
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let session = open_session(&mut grpc, &stack, "alpha", "alpha-shim").await.expect("A's own session");
+    let stats = |g: &mut AgentClient<tonic::transport::Channel>, s: String| {
+        let mut g = g.clone();
+        async move { g.stats(apb::StatsRequest { session_id: s }).await.unwrap().into_inner() }
+    };
+    let before = stats(&mut grpc, session.clone()).await;
+    let register = |export| apb::RegisterRegionRequest { session_id: session.clone(), length: 4096, export };
+    // A well-formed DOCA export at this co-located agent: UNSUPPORTED, naming the backend.
+    let envelope = sluice_doca::ExportEnvelope {
+        kind: sluice_doca::MemoryKind::Host,
+        len: 4096,
+        host_addr: 0x7f00_0000_0000,
+        pci: "0000:3b:00.0".into(),
+        descriptor: vec![0xAB; 200],
+    }
+    .encode()
+    .unwrap();
+    use apb::register_region_request::Export;
+    let st = grpc.register_region(register(Some(Export::DocaExport(envelope)))).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unsupported, "{st:?}");
+    assert!(st.message().contains("co-located"), "{}", st.message());
+    // Garbage in the DOCA field, a made-up ticket, and no export at all.
+    let st = grpc.register_region(register(Some(Export::DocaExport(vec![1, 2, 3])))).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unsupported, "{st:?}");
+    let st = grpc.register_region(register(Some(Export::ColocatedTicket("f".repeat(32))))).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::BadRequest, "{st:?}");
+    let st = grpc.register_region(register(None)).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::BadRequest, "{st:?}");
+    let after = stats(&mut grpc, session.clone()).await;
+    assert_eq!((after.regions, after.registered_bytes), (before.regions, before.registered_bytes));
+
+    // Through the shim: a descriptor that is not a dma-buf is refused as a GPU region.
+    let a = stack.client().await;
+    let memfd = sluice_shm::MappedRegion::create("not-gpu", 4096).unwrap();
+    use std::os::fd::AsFd;
+    let e = a.register_dmabuf(memfd.fd().as_fd(), 0, 4096, 0x1000).await.unwrap_err();
+    assert_eq!(code(e), Code::BadRequest);
+    b.unharmed(&stack).await;
+}

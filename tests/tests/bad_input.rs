@@ -164,7 +164,7 @@ async fn malformed_frames_do_not_hurt_the_shim() {
     assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::BadRequest);
     let reg = pb::Request {
         id: 8,
-        op: Some(pb::request::Op::Register(pb::Register { length: 10, fd_attached: true })),
+        op: Some(pb::request::Op::Register(pb::Register { length: 10, fd_attached: true, ..Default::default() })),
         ..Default::default()
     };
     s.write_all(&encode_frame(&reg)).await.unwrap();

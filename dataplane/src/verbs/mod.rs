@@ -33,22 +33,36 @@ pub(crate) fn rdma_err(e: RdmaError) -> TransportError {
     }
 }
 
+/// The key and address a remote peer uses for a granted window.
+pub(crate) struct Registered {
+    pub addr: u64,
+    pub rkey: u32,
+    pub guard: Box<dyn std::any::Any + Send + Sync>,
+}
+
 /// Registers exactly the granted window in `pd`, for the granted direction
-/// only: the MR's rkey is the capability, deregistration revokes it.
-pub(crate) fn register_window(pd: &Arc<ProtectionDomain>, grant: &Grant) -> Result<Arc<MemoryRegion>, TransportError> {
+/// only: the MR's rkey is the capability, deregistration revokes it. Memory
+/// that is not pinned here but reachable through another stack's key
+/// (`nic_window`: DOCA host memory on a DPU) uses that key instead.
+pub(crate) fn register_window(pd: &Arc<ProtectionDomain>, grant: &Grant) -> Result<Registered, TransportError> {
     if grant.len == 0 || grant.len > MAX_WINDOW_BYTES {
         return Err(TransportError::WindowTooLarge(grant.len));
     }
     grant.memory.check(grant.offset, grant.len).map_err(|e| TransportError::Rejected(e.to_string()))?;
-    let pinned = grant
-        .memory
-        .pinned()
-        .ok_or_else(|| TransportError::Unsupported("this memory cannot be registered with the NIC".into()))?;
+    let Some(pinned) = grant.memory.pinned() else {
+        let write = grant.access == Access::RemoteWrite;
+        return match grant.memory.nic_window(pd, grant.offset, grant.len, write) {
+            Some(Ok(w)) => Ok(Registered { addr: w.addr, rkey: w.rkey, guard: w.guard }),
+            Some(Err(e)) => Err(TransportError::Unsupported(e.to_string())),
+            None => Err(TransportError::Unsupported("this memory cannot be registered with the NIC".into())),
+        };
+    };
     let access = match grant.access {
         Access::RemoteWrite => MrAccess::REMOTE_WRITE,
         Access::RemoteRead => MrAccess::REMOTE_READ,
     };
-    MemoryRegion::register_range(pd, pinned, grant.offset as usize, grant.len as usize, access).map_err(rdma_err)
+    let mr = MemoryRegion::register_range(pd, pinned, grant.offset as usize, grant.len as usize, access).map_err(rdma_err)?;
+    Ok(Registered { addr: mr.addr(), rkey: mr.rkey(), guard: Box::new(mr) })
 }
 
 /// The owner side. Each owner has its own listener and so its own
@@ -103,10 +117,10 @@ impl Transport for VerbsOwner {
     }
 
     fn expose(&self, grant: Grant) -> Result<Exposure, TransportError> {
-        let mr = register_window(self.listener.pd(), &grant)?;
+        let w = register_window(self.listener.pd(), &grant)?;
         let gid = self.ip.to_ipv6_mapped().octets();
-        let token = Token::new(mr.addr(), grant.len as u32, mr.rkey(), self.port(), 0, Some(gid))
+        let token = Token::new(w.addr, grant.len as u32, w.rkey, self.port(), 0, Some(gid))
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        Ok(Exposure { token, guard: Box::new(mr) })
+        Ok(Exposure { token, guard: w.guard })
     }
 }

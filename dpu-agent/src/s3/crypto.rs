@@ -26,13 +26,15 @@ use crate::hostmem::HostRegion;
 /// A namespace's encryption settings.
 pub struct Encryption {
     pub provider: Arc<dyn KeyProvider>,
+    /// The AES-GCM implementation for chunks (ring or the DPU's engine).
+    pub cipher: Arc<dyn sluice_crypt::Cipher>,
     /// Plaintext bytes per chunk for new objects.
     pub chunk_size: u32,
 }
 
 impl std::fmt::Debug for Encryption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Encryption").field("chunk_size", &self.chunk_size).finish_non_exhaustive()
+        f.debug_struct("Encryption").field("chunk_size", &self.chunk_size).field("cipher", &self.cipher.name()).finish_non_exhaustive()
     }
 }
 
@@ -248,7 +250,7 @@ impl ObjectStore {
             // store-side attacker must not be able to substitute plaintext.
             return Err(S3Error::Integrity("the object is not encrypted in this encrypted namespace".into()));
         }
-        let opener = ObjectOpener::new(&*enc.provider, &self.tenant, &self.bucket, &full, &prefetched[..HEADER_LEN])
+        let opener = ObjectOpener::new_with_cipher(&*enc.cipher, &*enc.provider, &self.tenant, &self.bucket, &full, &prefetched[..HEADER_LEN])
             .map_err(crypt_err)?;
         let layout = *opener.layout();
         if stored != layout.ciphertext_len() {
@@ -359,7 +361,7 @@ impl ObjectStore {
     ) -> Result<PutOutcome, S3Error> {
         let full = self.full_key(key);
         let (header, sealer) =
-            ObjectSealer::new(&*enc.provider, &self.tenant, &self.bucket, &full, len, enc.chunk_size)
+            ObjectSealer::new_with_cipher(&*enc.cipher, &*enc.provider, &self.tenant, &self.bucket, &full, len, enc.chunk_size)
                 .map_err(crypt_err)?;
         let meta: Vec<(&'static str, String)> = sealer.metadata().to_pairs();
         let layout = *sealer.layout();

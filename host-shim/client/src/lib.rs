@@ -234,7 +234,7 @@ impl Client {
 
     /// Registers a new shared-memory region of `len` bytes, created by the shim.
     pub async fn register(&self, len: u64) -> Result<Region, ClientError> {
-        let reply = self.call(Op::Register(pb::Register { length: len, fd_attached: false }), None, "").await?;
+        let reply = self.call(Op::Register(pb::Register { length: len, ..Default::default() }), None, "").await?;
         match (reply.resp.result, reply.fd) {
             (Some(Res::Registered(r)), Some(fd)) if r.fd_attached => {
                 Ok(Region { id: r.region_id, map: MappedRegion::map(fd, r.length)? })
@@ -246,10 +246,35 @@ impl Client {
 
     /// Registers memory this process already has: `map`'s memfd.
     pub async fn register_mapped(&self, map: MappedRegion) -> Result<Region, ClientError> {
-        let op = Op::Register(pb::Register { length: map.len(), fd_attached: true });
+        let op = Op::Register(pb::Register { length: map.len(), fd_attached: true, ..Default::default() });
         let reply = self.call(op, Some(map.fd()), "").await?;
         match reply.resp.result {
             Some(Res::Registered(r)) => Ok(Region { id: r.region_id, map }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Registers GPU memory: `len` bytes at `offset` of a CUDA dma-buf
+    /// (`cuMemGetHandleForAddressRange`) whose range starts at CUDA address
+    /// `gpu_address`. Returns the region id (release it with
+    /// [`release_id`](Self::release_id)). Needs a shim with the DOCA memory
+    /// backend; elsewhere the shim answers `UNSUPPORTED`.
+    pub async fn register_dmabuf(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        len: u64,
+        gpu_address: u64,
+    ) -> Result<String, ClientError> {
+        let op = Op::Register(pb::Register {
+            length: len,
+            fd_attached: true,
+            kind: pb::RegionKind::GpuDmabuf as i32,
+            dmabuf_offset: offset,
+            gpu_address,
+        });
+        match self.call(op, Some(fd), "").await?.resp.result {
+            Some(Res::Registered(r)) => Ok(r.region_id),
             other => Err(unexpected(other)),
         }
     }

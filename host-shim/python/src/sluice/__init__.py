@@ -46,6 +46,7 @@ from .errors import (
     UnknownNamespace,
     UnknownRegion,
     UnknownTenant,
+    Unsupported,
     UnsupportedVersion,
 )
 from .region import Region
@@ -72,6 +73,7 @@ __all__ = [
     "BadRequest",
     "Disconnected",
     "IntegrityError",
+    "Unsupported",
     "InternalError",
     "InvalidRange",
     "NoSuchBucket",

@@ -369,6 +369,17 @@ class CoreClient:
         self.tenant = r.body["tenant"]
         self.namespaces = list(r.body["namespaces"])
 
+    def _register_dmabuf_op(self, fd: int, nbytes: int, offset: int, gpu_address: int) -> "Op[str]":
+        body = {
+            "length": _u64("nbytes", nbytes),
+            "fd_attached": True,
+            "kind": 1,  # RegionKind.GPU_DMABUF
+            "dmabuf_offset": _u64("offset", offset),
+            "gpu_address": _u64("gpu_address", gpu_address),
+        }
+        r = yield from one(Call("register", body, fd=fd), "registered")
+        return str(r.body["region_id"])
+
     def _register_op(self, nbytes: int, fd: Optional[int] = None, local: bool = False) -> "Op[Region]":
         nbytes = _u64("nbytes", nbytes)
         own_fd = None

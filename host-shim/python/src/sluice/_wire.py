@@ -94,7 +94,13 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         2: ("tenant", "string", ""),
         3: ("namespaces", "string", "repeated"),
     },
-    "Register": {1: ("length", "u64", ""), 2: ("fd_attached", "bool", "")},
+    "Register": {
+        1: ("length", "u64", ""),
+        2: ("fd_attached", "bool", ""),
+        3: ("kind", "enum", ""),
+        4: ("dmabuf_offset", "u64", ""),
+        5: ("gpu_address", "u64", ""),
+    },
     "Registered": {
         1: ("region_id", "string", ""),
         2: ("length", "u64", ""),

@@ -308,6 +308,10 @@ class AsyncClient(CoreClient):
         ``await region.arelease()`` to release it."""
         return await self._run(self._register_op(nbytes, fd=fd, local=local))
 
+    async def register_dmabuf(self, fd: int, nbytes: int, *, offset: int = 0, gpu_address: int = 0) -> str:
+        """See :meth:`sluice.Client.register_dmabuf`."""
+        return await self._run(self._register_dmabuf_op(fd, nbytes, offset, gpu_address))
+
     async def release(self, region: Union[Region, str]) -> None:
         """See :meth:`sluice.Client.release`."""
         if isinstance(region, Region) and region.released:

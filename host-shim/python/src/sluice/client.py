@@ -328,6 +328,16 @@ class Client(CoreClient):
         """
         return self._run(self._register_op(nbytes, fd=fd, local=local))
 
+    def register_dmabuf(self, fd: int, nbytes: int, *, offset: int = 0, gpu_address: int = 0) -> str:
+        """Registers GPU memory: ``nbytes`` bytes at ``offset`` of the CUDA
+        dma-buf ``fd`` (``cuMemGetHandleForAddressRange``), whose range starts
+        at CUDA address ``gpu_address``. Returns the region id to pass to
+        :meth:`get`/:meth:`put` and :meth:`release`. The memory is not mapped
+        here. Needs a shim with the DOCA memory backend; other shims raise
+        :class:`~sluice.Unsupported`, and a descriptor that is not a dma-buf
+        raises :class:`~sluice.BadRequest`."""
+        return self._run(self._register_dmabuf_op(fd, nbytes, offset, gpu_address))
+
     def release(self, region: Union[Region, str]) -> None:
         """Releases a region (the shim and agent drop it). Releasing a
         :class:`Region` twice is a no-op; releasing an id the shim does not

@@ -45,6 +45,7 @@ class ErrorCode(enum.IntEnum):
     RESOURCE_EXHAUSTED = 18
     QUOTA_EXCEEDED = 19
     INTEGRITY = 20
+    UNSUPPORTED = 21
 
 
 class SluiceError(Exception):
@@ -220,6 +221,14 @@ class IntegrityError(SluiceError):
     CODE = ErrorCode.INTEGRITY
 
 
+class Unsupported(SluiceError):
+    """UNSUPPORTED: not possible in this deployment (memory backend, hardware,
+    build features), e.g. a GPU dma-buf region on a shim without the DOCA
+    backend."""
+
+    CODE = ErrorCode.UNSUPPORTED
+
+
 # ------------------------------------------------------------ client-side ---
 
 
@@ -264,6 +273,7 @@ _BY_CODE: Dict[int, Type[SluiceError]] = {
         ResourceExhausted,
         QuotaExceeded,
         IntegrityError,
+        Unsupported,
     )
     if cls.CODE is not None
 }
@@ -302,6 +312,7 @@ __all__ = [
     "ResourceExhausted",
     "QuotaExceeded",
     "IntegrityError",
+    "Unsupported",
     "ShimConnectionError",
     "Disconnected",
     "Timeout",

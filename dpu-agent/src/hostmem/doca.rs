@@ -1,0 +1,242 @@
+//! The DOCA host-memory backend (agent on a BlueField-3).
+//!
+//! The shim maps each region with `doca_mmap_export_pci` and sends the
+//! descriptor inside a Sluice envelope ([`sluice_doca::ExportEnvelope`]);
+//! the agent checks the envelope against the registration, imports the
+//! descriptor on its DPU device and then reaches the region two ways:
+//!
+//! * direct placement (verbs transports): [`DocaRegion::nic_window`] imports
+//!   the same descriptor on a DOCA device opened over the tenant's verbs PD
+//!   (RDMA bridge) and hands the storage node that buffer's memory key, so
+//!   RDMA WRITEs land in host (or GPU) memory without touching the DPU;
+//! * staged placement (HTTP fallback, tcp transport, decrypted bytes):
+//!   `write_at`/`read_at` copy through a DPU staging buffer with DOCA DMA.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use sluice_dataplane::{MemError, NicWindow};
+use sluice_doca::{Access, Device, DmaEngine, ExportEnvelope, Inventory, Lib, MemoryKind, Mmap, Staging};
+use sluice_rdma::ProtectionDomain;
+
+use super::{DocaBackendConfig, HostMemory, HostRegion, RegionExport};
+
+fn doca_err(e: sluice_doca::Error) -> MemError {
+    match e {
+        sluice_doca::Error::BadExport(why) => MemError::BadExport(why),
+        other => MemError::Map(other.to_string()),
+    }
+}
+
+/// DMA engine plus the DPU-side staging buffer it copies through.
+struct Stager {
+    dma: DmaEngine,
+    staging: Staging,
+}
+
+/// The backend: one DPU device, one DMA engine shared by all regions.
+pub struct DocaMemory {
+    lib: Lib,
+    dev: Arc<Device>,
+    stager: Arc<Mutex<Stager>>,
+    allowed: Vec<String>,
+}
+
+impl DocaMemory {
+    /// Loads DOCA, opens `cfg.device` and starts a DMA engine. Every
+    /// failure names what is missing (library, symbol, device, capability).
+    pub fn open(cfg: &DocaBackendConfig) -> Result<Arc<Self>, sluice_doca::Error> {
+        let lib = sluice_doca::load()?;
+        let dev = Device::open(&lib, &cfg.device)?;
+        let dma = DmaEngine::new(&dev)?;
+        let staging = Staging::new(&dev, cfg.staging_bytes, Access::LOCAL_READ_WRITE)?;
+        tracing::info!(device = ?dev.info(), staging = cfg.staging_bytes, "DOCA host-memory backend ready");
+        Ok(Arc::new(Self {
+            lib,
+            dev,
+            stager: Arc::new(Mutex::new(Stager { dma, staging })),
+            allowed: cfg.allowed_functions.iter().map(|s| s.to_ascii_lowercase()).collect(),
+        }))
+    }
+}
+
+/// Checks an envelope against the registration before DOCA sees it.
+pub(crate) fn check_envelope(blob: &[u8], len: u64, allowed: &[String]) -> Result<ExportEnvelope, MemError> {
+    let env = ExportEnvelope::decode(blob).map_err(doca_err)?;
+    if env.len != len {
+        return Err(MemError::BadExport(format!("the export covers {} bytes, the registration says {len}", env.len)));
+    }
+    let pci = env.pci.to_ascii_lowercase();
+    let full = if pci.matches(':').count() == 1 { format!("0000:{pci}") } else { pci };
+    if !allowed.is_empty() && !allowed.iter().any(|a| *a == full || format!("0000:{a}") == full) {
+        return Err(MemError::BadExport(format!(
+            "host function {} is not in [host_memory] doca_allowed_functions",
+            env.pci
+        )));
+    }
+    Ok(env)
+}
+
+impl HostMemory for DocaMemory {
+    fn import(&self, export: RegionExport, len: u64) -> Result<Arc<dyn HostRegion>, MemError> {
+        let blob = match export {
+            RegionExport::Doca { blob } => blob,
+            RegionExport::Colocated { .. } => {
+                return Err(MemError::Unsupported(
+                    "this agent runs the doca host-memory backend; the shim must export regions with DOCA \
+                     (memory_backend = \"doca\" in shim.toml), not hand over memfds"
+                        .into(),
+                ))
+            }
+        };
+        let env = check_envelope(&blob, len, &self.allowed)?;
+        let mmap = Mmap::import(&self.dev, &env.descriptor).map_err(doca_err)?;
+        if (mmap.len() as u64) < len {
+            return Err(MemError::BadExport(format!("the imported mapping has {} bytes, fewer than {len}", mmap.len())));
+        }
+        Ok(Arc::new(DocaRegion {
+            lib: self.lib.clone(),
+            env,
+            mmap,
+            len,
+            stager: self.stager.clone(),
+            bridged: Mutex::new(HashMap::new()),
+        }))
+    }
+}
+
+/// The region re-imported on a tenant PD's DOCA device (RDMA bridge).
+struct Bridged {
+    dev: Arc<Device>,
+    mmap: Arc<Mmap>,
+    inv: Arc<Inventory>,
+}
+
+/// A host region imported on the DPU.
+pub struct DocaRegion {
+    lib: Lib,
+    env: ExportEnvelope,
+    mmap: Arc<Mmap>,
+    len: u64,
+    stager: Arc<Mutex<Stager>>,
+    /// Per verbs PD (keyed by address): the bridge import, made once.
+    bridged: Mutex<HashMap<usize, Arc<Bridged>>>,
+}
+
+impl std::fmt::Debug for DocaRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DocaRegion").field("len", &self.len).field("kind", &self.env.kind).field("pci", &self.env.pci).finish()
+    }
+}
+
+impl DocaRegion {
+    fn bridge(&self, pd: &Arc<ProtectionDomain>) -> Result<Arc<Bridged>, sluice_doca::Error> {
+        let key = pd.as_raw() as usize;
+        let mut map = self.bridged.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = map.get(&key) {
+            return Ok(b.clone());
+        }
+        let dev = Device::from_verbs_pd(&self.lib, pd)?;
+        let mmap = Mmap::import(&dev, &self.env.descriptor)?;
+        let inv = Inventory::new(&dev, 64)?;
+        let b = Arc::new(Bridged { dev, mmap, inv });
+        map.insert(key, b.clone());
+        Ok(b)
+    }
+
+    fn gpu_refusal(&self) -> Result<(), MemError> {
+        // DMA into GPU memory works in DOCA, but Sluice has not validated it
+        // on hardware; refuse rather than guess until it has been.
+        if self.env.kind == MemoryKind::GpuDmabuf {
+            return Err(MemError::Unsupported(
+                "GPU (dma-buf) regions take direct RDMA placement only; staged copies into GPU memory are not supported yet".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl HostRegion for DocaRegion {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
+        self.check(offset, data.len() as u64)?;
+        self.gpu_refusal()?;
+        let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
+        let Stager { dma, staging } = &mut *st;
+        for (i, piece) in data.chunks(staging.len()).enumerate() {
+            let at = offset as usize + i * staging.len();
+            staging.write(0, piece).map_err(doca_err)?;
+            dma.copy(staging.mmap(), 0, &self.mmap, at, piece.len()).map_err(doca_err)?;
+        }
+        Ok(())
+    }
+
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+        self.check(offset, out.len() as u64)?;
+        self.gpu_refusal()?;
+        let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
+        let Stager { dma, staging } = &mut *st;
+        let step = staging.len();
+        for (i, piece) in out.chunks_mut(step).enumerate() {
+            let at = offset as usize + i * step;
+            dma.copy(&self.mmap, at, staging.mmap(), 0, piece.len()).map_err(doca_err)?;
+            staging.read(0, piece).map_err(doca_err)?;
+        }
+        Ok(())
+    }
+
+    fn nic_window(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        offset: u64,
+        len: u64,
+        _remote_write: bool,
+    ) -> Option<Result<NicWindow, MemError>> {
+        let make = || -> Result<NicWindow, MemError> {
+            self.check(offset, len)?;
+            let b = self.bridge(pd).map_err(doca_err)?;
+            let buf = b.inv.buf(&b.mmap, offset as usize, len as usize, len as usize).map_err(doca_err)?;
+            let rkey = buf.mkey(&b.dev).map_err(doca_err)?;
+            // The remote address is the host's: the exporter's virtual
+            // address of the window (DOCA keys address host memory by it).
+            let addr = b.mmap.addr() as u64 + offset;
+            Ok(NicWindow { addr, rkey, guard: Box::new((buf, b)) })
+        };
+        Some(make())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(len: u64, pci: &str) -> Vec<u8> {
+        ExportEnvelope { kind: MemoryKind::Host, len, host_addr: 0x1000, pci: pci.into(), descriptor: vec![7; 64] }
+            .encode()
+            .expect("encode")
+    }
+
+    #[test]
+    fn envelope_must_match_the_registration() {
+        assert!(check_envelope(&env(4096, "0000:3b:00.0"), 4096, &[]).is_ok());
+        match check_envelope(&env(4096, "0000:3b:00.0"), 8192, &[]) {
+            Err(MemError::BadExport(why)) => assert!(why.contains("4096") && why.contains("8192"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(check_envelope(b"garbage", 4096, &[]), Err(MemError::BadExport(_))));
+    }
+
+    #[test]
+    fn only_allowed_host_functions_may_export() {
+        let allowed = vec!["3b:00.0".to_owned(), "0000:5e:00.1".to_owned()];
+        assert!(check_envelope(&env(4096, "0000:3b:00.0"), 4096, &allowed).is_ok());
+        assert!(check_envelope(&env(4096, "5e:00.1"), 4096, &allowed).is_ok());
+        match check_envelope(&env(4096, "0000:3b:00.1"), 4096, &allowed) {
+            Err(MemError::BadExport(why)) => assert!(why.contains("doca_allowed_functions"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! How the shim makes a registered region reachable to the agent.
+//!
+//! * co-located: the region's memfd goes over the agent's memory socket and
+//!   the agent maps it (agent and shim on the same host);
+//! * DOCA (`--features doca`, agent on this host's BlueField): the shim maps
+//!   the region with `doca_mmap_export_pci` and sends the descriptor, in a
+//!   Sluice envelope, on RegisterRegion. GPU memory arrives as a CUDA dma-buf
+//!   fd and is exported the same way.
+
+use std::any::Any;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use sluice_proto::agent::register_region_request::Export;
+
+use crate::agent_link::AgentLink;
+use crate::config::{MemoryBackendKind, ShimConfig};
+use crate::error::ShimError;
+
+/// What keeps an export valid while the region is registered (the DOCA
+/// mmap); dropped after the agent released the region.
+pub type ExportGuard = Option<Arc<dyn Any + Send + Sync>>;
+
+/// The configured backend.
+pub enum MemoryBackend {
+    Colocated,
+    #[cfg(feature = "doca")]
+    Doca(doca::Exporter),
+}
+
+impl MemoryBackend {
+    /// Opens the backend named in the config; DOCA problems (library,
+    /// device) are startup errors naming what is missing.
+    pub fn open(cfg: &ShimConfig) -> Result<Self, ShimError> {
+        match cfg.memory_backend {
+            MemoryBackendKind::Colocated => Ok(Self::Colocated),
+            MemoryBackendKind::Doca => Self::open_doca(cfg),
+        }
+    }
+
+    #[cfg(feature = "doca")]
+    fn open_doca(cfg: &ShimConfig) -> Result<Self, ShimError> {
+        let d = cfg.doca.as_ref().ok_or_else(|| ShimError::BadRequest("memory_backend = \"doca\" needs [doca]".into()))?;
+        Ok(Self::Doca(doca::Exporter::open(&d.device)?))
+    }
+
+    #[cfg(not(feature = "doca"))]
+    fn open_doca(_cfg: &ShimConfig) -> Result<Self, ShimError> {
+        Err(ShimError::Unsupported(
+            "memory_backend = \"doca\", but this sluice-shim was built without the `doca` feature \
+             (cargo build -p sluice-shim --features doca; the Debian package has it)"
+                .into(),
+        ))
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Colocated => "colocated",
+            #[cfg(feature = "doca")]
+            Self::Doca(_) => "doca",
+        }
+    }
+
+    /// The export for a shared-memory region backed by `fd` (a memfd of at
+    /// least `len` bytes).
+    #[cfg_attr(not(feature = "doca"), allow(unused_variables))]
+    pub async fn export_shared(&self, link: &AgentLink, fd: &OwnedFd, len: u64) -> Result<(Export, ExportGuard), ShimError> {
+        match self {
+            Self::Colocated => Ok((Export::ColocatedTicket(link.hand_over(fd.as_fd()).await?), None)),
+            #[cfg(feature = "doca")]
+            Self::Doca(x) => x.export_shared(fd, len),
+        }
+    }
+
+    /// The export for GPU memory: `len` bytes at `offset` of a dma-buf.
+    pub fn export_dmabuf(&self, fd: OwnedFd, offset: u64, len: u64, gpu_address: u64) -> Result<(Export, ExportGuard), ShimError> {
+        check_dmabuf(&fd, offset, len)?;
+        match self {
+            Self::Colocated => {
+                let _ = (fd, gpu_address);
+                Err(ShimError::Unsupported(
+                    "GPU (dma-buf) regions need memory_backend = \"doca\" (the agent on this host's BlueField \
+                     reaches GPU memory over PCIe); a co-located agent cannot map GPU memory"
+                        .into(),
+                ))
+            }
+            #[cfg(feature = "doca")]
+            Self::Doca(x) => x.export_dmabuf(fd, offset, len, gpu_address),
+        }
+    }
+}
+
+/// Refuses descriptors that are not dma-bufs, and ranges outside the buffer.
+/// A dma-buf's fdinfo has an `exp_name:` line (the exporting driver) and its
+/// size is what `lseek(SEEK_END)` returns.
+pub fn check_dmabuf(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), ShimError> {
+    use std::os::fd::AsRawFd;
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
+        .map_err(|e| ShimError::BadRequest(format!("cannot inspect the passed descriptor: {e}")))?;
+    let Some(exporter) = info.lines().find_map(|l| l.strip_prefix("exp_name:")).map(str::trim) else {
+        return Err(ShimError::BadRequest(
+            "the descriptor passed for a GPU region is not a dma-buf (export one with cuMemGetHandleForAddressRange)".into(),
+        ));
+    };
+    let size = fd
+        .try_clone()
+        .map(std::fs::File::from)
+        .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
+        .map_err(|e| ShimError::BadRequest(format!("dma-buf from {exporter}: cannot read its size: {e}")))?;
+    if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(ShimError::BadRequest(format!(
+            "{len} bytes at offset {offset} do not fit the {size}-byte dma-buf from {exporter}"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(feature = "doca")]
+mod doca {
+    use std::os::fd::OwnedFd;
+    use std::sync::Arc;
+
+    use sluice_doca::{Access, Device, ExportEnvelope, MemoryKind, Mmap};
+    use sluice_proto::agent::register_region_request::Export;
+
+    use super::ExportGuard;
+    use crate::error::ShimError;
+
+    fn backend(e: sluice_doca::Error) -> ShimError {
+        ShimError::Backend(e.to_string())
+    }
+
+    /// Exports regions through the host's BlueField PCI function.
+    pub struct Exporter {
+        dev: Arc<Device>,
+        pci: String,
+    }
+
+    impl Exporter {
+        pub fn open(selector: &str) -> Result<Self, ShimError> {
+            let lib = sluice_doca::load().map_err(|e| ShimError::Unsupported(e.to_string()))?;
+            let dev = Device::open(&lib, selector).map_err(|e| ShimError::Unsupported(e.to_string()))?;
+            let pci = dev.info().pci.clone();
+            tracing::info!(device = ?dev.info(), "DOCA memory export ready");
+            Ok(Self { dev, pci })
+        }
+
+        fn envelope(&self, kind: MemoryKind, mmap: &Arc<Mmap>, len: u64) -> Result<(Export, ExportGuard), ShimError> {
+            let descriptor = mmap.export_pci().map_err(backend)?;
+            let env = ExportEnvelope { kind, len, host_addr: mmap.addr() as u64, pci: self.pci.clone(), descriptor };
+            let guard: Arc<dyn std::any::Any + Send + Sync> = mmap.clone();
+            Ok((Export::DocaExport(env.encode().map_err(backend)?), Some(guard)))
+        }
+
+        pub fn export_shared(&self, fd: &OwnedFd, len: u64) -> Result<(Export, ExportGuard), ShimError> {
+            let dup = fd.try_clone().map_err(|e| ShimError::BadRequest(format!("dup: {e}")))?;
+            let region = Arc::new(sluice_shm::MappedRegion::map(dup, len)?);
+            let mmap = Mmap::pinned(&self.dev, region, Access::PCI_READ_WRITE).map_err(backend)?;
+            self.envelope(MemoryKind::Host, &mmap, len)
+        }
+
+        pub fn export_dmabuf(&self, fd: OwnedFd, offset: u64, len: u64, gpu: u64) -> Result<(Export, ExportGuard), ShimError> {
+            let mmap = Mmap::dmabuf(&self.dev, fd, offset as usize, len as usize, gpu, Access::PCI_READ_WRITE)
+                .map_err(|e| ShimError::Unsupported(format!("registering GPU memory with DOCA: {e}")))?;
+            self.envelope(MemoryKind::GpuDmabuf, &mmap, len)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_memfd_is_not_a_dmabuf() {
+        let fd = sluice_shm::create_memfd("t", 4096).expect("memfd");
+        match check_dmabuf(&fd, 0, 4096) {
+            Err(ShimError::BadRequest(why)) => assert!(why.contains("not a dma-buf"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
