@@ -18,6 +18,9 @@ mod engine;
 mod error;
 pub mod export;
 mod mmap;
+/// Test support (the DOCA test model in `doca/model`); not for production use.
+#[doc(hidden)]
+pub mod model;
 
 pub use aes::{AesGcmEngine, AesKey, TaskLayout, IV_LEN, TAG_LEN};
 pub use device::{list, load, load_from, Device, DeviceInfo, Lib};

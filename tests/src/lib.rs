@@ -78,6 +78,9 @@ pub struct Options {
     /// Also start a second shim (`Stack::beta_socket`) mapping this user to
     /// tenant "beta", for tests with two tenants.
     pub beta_shim: bool,
+    /// Top-level settings and tables for the (alpha) shim config, placed
+    /// before its `[agent]` table (e.g. `memory_backend = "doca"` + `[doca]`).
+    pub shim_extra: String,
 }
 
 impl Default for Options {
@@ -97,6 +100,7 @@ impl Default for Options {
             alpha: String::new(),
             beta: String::new(),
             beta_shim: false,
+            shim_extra: String::new(),
         }
     }
 }
@@ -239,8 +243,8 @@ impl Stack {
         let socket = d.join("shim.sock");
         let cfg = d.join("shim.toml");
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
-            socket.display(), d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
+            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
+            socket.display(), opts.shim_extra, d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
         children.push(start_shim(&d, "sluice-shim", &cfg, &socket));
         let beta_socket = d.join("shim-beta.sock");
         if opts.beta_shim {

@@ -46,7 +46,11 @@ impl DocaMemory {
     /// Loads DOCA, opens `cfg.device` and starts a DMA engine. Every
     /// failure names what is missing (library, symbol, device, capability).
     pub fn open(cfg: &DocaBackendConfig) -> Result<Arc<Self>, sluice_doca::Error> {
-        let lib = sluice_doca::load()?;
+        Self::open_with(sluice_doca::load()?, cfg)
+    }
+
+    /// As [`open`](Self::open), with libraries already loaded.
+    pub fn open_with(lib: Lib, cfg: &DocaBackendConfig) -> Result<Arc<Self>, sluice_doca::Error> {
         let dev = Device::open(&lib, &cfg.device)?;
         let dma = DmaEngine::new(&dev)?;
         let staging = Staging::new(&dev, cfg.staging_bytes, Access::LOCAL_READ_WRITE)?;
@@ -212,6 +216,67 @@ impl HostRegion for DocaRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_rdma::{Buffer, PinnedMemory};
+
+    fn backend(staging_bytes: usize) -> Arc<DocaMemory> {
+        let cfg = DocaBackendConfig { device: "03:00.0".into(), staging_bytes, allowed_functions: vec![] };
+        DocaMemory::open_with(sluice_doca::model::load(), &cfg).expect("backend on the DOCA model")
+    }
+
+    /// What the shim's DOCA exporter does for a region.
+    fn export(host: &Arc<Buffer>) -> (Arc<Mmap>, Vec<u8>) {
+        let lib = sluice_doca::model::load();
+        let dev = Device::open(&lib, "mlx5_0").expect("device");
+        let pinned: Arc<dyn PinnedMemory> = host.clone();
+        let mmap = Mmap::pinned(&dev, pinned, Access::PCI_READ_WRITE).expect("mmap");
+        let env = ExportEnvelope {
+            kind: MemoryKind::Host,
+            len: host.len() as u64,
+            host_addr: mmap.addr() as u64,
+            pci: dev.info().pci.clone(),
+            descriptor: mmap.export_pci().expect("export"),
+        };
+        (mmap, env.encode().expect("encode"))
+    }
+
+    #[test]
+    fn staged_writes_and_reads_reach_host_memory_through_dma() {
+        // A staging buffer smaller than the transfer: copies go in pieces.
+        let mem = backend(4096);
+        let host = Buffer::zeroed(1 << 20);
+        let (_keep, blob) = export(&host);
+        let region = mem.import(RegionExport::Doca { blob }, 1 << 20).expect("import");
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i % 253) as u8).collect();
+        region.write_at(777, &data).expect("write_at");
+        let mut got = vec![0u8; data.len()];
+        host.read_at(777, &mut got).expect("host");
+        assert_eq!(got, data);
+        let mut back = vec![0u8; data.len()];
+        region.read_at(777, &mut back).expect("read_at");
+        assert_eq!(back, data);
+        // Bounds are the region's, whatever DOCA would allow.
+        assert!(matches!(region.write_at((1 << 20) - 1, b"ab"), Err(MemError::OutOfBounds { .. })));
+    }
+
+    #[test]
+    fn imports_that_do_not_match_are_refused() {
+        let mem = backend(1 << 20);
+        let host = Buffer::zeroed(8192);
+        let (_keep, blob) = export(&host);
+        match mem.import(RegionExport::Doca { blob: blob.clone() }, 4096) {
+            Err(MemError::BadExport(why)) => assert!(why.contains("8192"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        match mem.import(RegionExport::Colocated { ticket: "x".into() }, 8192) {
+            Err(MemError::Unsupported(why)) => assert!(why.contains("doca"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        // A valid envelope around a corrupted DOCA descriptor: DOCA refuses it.
+        let mut env = ExportEnvelope::decode(&blob).expect("decode");
+        env.descriptor[0] ^= 0xff;
+        let e = mem.import(RegionExport::Doca { blob: env.encode().expect("encode") }, 8192).expect_err("corrupt");
+        assert!(e.to_string().contains("doca_mmap_create_from_export"), "{e}");
+    }
 
     fn env(len: u64, pci: &str) -> Vec<u8> {
         ExportEnvelope { kind: MemoryKind::Host, len, host_addr: 0x1000, pci: pci.into(), descriptor: vec![7; 64] }

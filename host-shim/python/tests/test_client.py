@@ -91,6 +91,28 @@ def test_register_own_fd(client, prefix):
         os.close(fd)
 
 
+def test_register_dmabuf_refuses_what_is_not_a_dmabuf(client):
+    before = client.stats().regions
+    fd = os.memfd_create("not-a-dmabuf")
+    try:
+        os.ftruncate(fd, 4096)
+        with pytest.raises(sluice.BadRequest) as e:
+            client.register_dmabuf(fd, 4096, gpu_address=0x7F0000000000)
+        assert "not a dma-buf" in str(e.value)
+        assert e.value.code is sluice.ErrorCode.BAD_REQUEST
+        with pytest.raises(sluice.BadRequest):
+            client.register_dmabuf(fd, -1)
+    finally:
+        os.close(fd)
+    # The connection is still usable and nothing was registered.
+    assert client.stats().regions == before
+
+
+def test_unsupported_is_a_typed_error():
+    err = sluice.errors.from_detail(21, "GPU regions need the doca backend")
+    assert isinstance(err, sluice.Unsupported) and err.code is sluice.ErrorCode.UNSUPPORTED
+
+
 def test_torch_frombuffer_if_installed(client, prefix):
     torch = pytest.importorskip("torch")
     client.put(f"{prefix}/t", bytes(range(16)))
