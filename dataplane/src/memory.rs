@@ -20,6 +20,12 @@ pub enum MemError {
     /// does not match the registration.
     #[error("bad memory export: {0}")]
     BadExport(String),
+    /// The memory backend ran out of a resource (DPU memory, descriptors).
+    #[error("memory backend exhausted: {0}")]
+    Exhausted(String),
+    /// The memory backend failed on a valid request (device, driver).
+    #[error("memory backend failed: {0}")]
+    Backend(String),
 }
 
 /// A window of memory the NIC reaches through a key made by another stack

@@ -8,12 +8,12 @@
 //! ordinary slices and get the same bytes `ring` would produce.
 
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use doca_sys as sys;
 
 use crate::device::Device;
-use crate::engine::{user_data, Progress, Slot, Staging};
+use crate::engine::{allocated, user_data, Progress, Slot, Staging};
 use crate::error::{check, Error};
 use crate::mmap::{Access, Inventory};
 
@@ -58,23 +58,71 @@ impl TaskLayout {
     }
 }
 
-/// A key loaded into an engine's context. Destroy before the engine.
+/// A key loaded into an engine's context. It keeps that context alive, is
+/// used only with it (checked), and is destroyed under the engine's lock.
 pub struct AesKey {
-    engine_lib: crate::Lib,
+    engine: Arc<Mutex<Inner>>,
     ptr: NonNull<sys::doca_aes_gcm_key>,
 }
 
-// SAFETY: a key handle is only passed to tasks of the engine that made it,
-// which serialises its use (&mut).
+// SAFETY: the handle is only used, and destroyed, under `engine`'s lock.
 unsafe impl Send for AesKey {}
 // SAFETY: as above.
 unsafe impl Sync for AesKey {}
 
 impl Drop for AesKey {
     fn drop(&mut self) {
-        // SAFETY: made by doca_aes_gcm_key_create; no task uses it any more
-        // (tasks complete within the call that submits them).
-        unsafe { self.engine_lib.aes_gcm.doca_aes_gcm_key_destroy(self.ptr.as_ptr()) };
+        let g = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: made by doca_aes_gcm_key_create on this context, which our
+        // Arc keeps alive; no task uses it (tasks complete within the call
+        // that submits them, under the same lock).
+        unsafe { g.progress.dev.lib().aes_gcm.doca_aes_gcm_key_destroy(self.ptr.as_ptr()) };
+    }
+}
+
+/// AES-256-GCM tasks on one device, up to `max_text` bytes per call. A
+/// cheap handle: clones share one DOCA context, and calls are serialised.
+#[derive(Clone)]
+pub struct AesGcmEngine {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl AesGcmEngine {
+    /// An engine for chunks of up to `max_text` bytes with up to `max_aad`
+    /// bytes of associated data.
+    pub fn new(dev: &Arc<Device>, max_text: usize, max_aad: usize) -> Result<Self, Error> {
+        Ok(Self { inner: Arc::new(Mutex::new(Inner::new(dev, max_text, max_aad)?)) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn own(&self, key: &AesKey) -> Result<(), Error> {
+        if Arc::ptr_eq(&self.inner, &key.engine) {
+            Ok(())
+        } else {
+            Err(Error::Invalid("an AES-GCM key of another engine".into()))
+        }
+    }
+
+    /// Loads a 256-bit key.
+    pub fn key(&self, raw: &[u8; 32]) -> Result<AesKey, Error> {
+        let ptr = self.lock().key(raw)?;
+        Ok(AesKey { engine: self.inner.clone(), ptr })
+    }
+
+    /// Encrypts `data` in place; returns the tag.
+    pub fn seal(&self, key: &AesKey, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8]) -> Result<[u8; TAG_LEN], Error> {
+        self.own(key)?;
+        self.lock().seal(key.ptr, iv, aad, data)
+    }
+
+    /// Checks `tag` and decrypts `data` in place. A mismatch is a task
+    /// error; `data` is unchanged on any error.
+    pub fn open(&self, key: &AesKey, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), Error> {
+        self.own(key)?;
+        self.lock().open(key.ptr, iv, aad, data, tag)
     }
 }
 
@@ -95,8 +143,7 @@ unsafe extern "C" fn fail_dec(_t: *mut sys::doca_aes_gcm_task_decrypt, ud: sys::
     unsafe { crate::engine::finish_err(ud) }
 }
 
-/// AES-256-GCM tasks on one device, up to `max_text` bytes per call.
-pub struct AesGcmEngine {
+struct Inner {
     progress: Progress,
     ctx: NonNull<sys::doca_aes_gcm>,
     inv: Arc<Inventory>,
@@ -106,47 +153,46 @@ pub struct AesGcmEngine {
     max_aad: usize,
 }
 
-// SAFETY: every DOCA object here is used through &mut self only.
-unsafe impl Send for AesGcmEngine {}
+// SAFETY: every DOCA object here is used through &mut self only, i.e. under
+// the engine's mutex.
+unsafe impl Send for Inner {}
 
-impl AesGcmEngine {
-    /// An engine for chunks of up to `max_text` bytes with up to `max_aad`
-    /// bytes of associated data.
-    pub fn new(dev: &Arc<Device>, max_text: usize, max_aad: usize) -> Result<Self, Error> {
+impl Inner {
+    fn new(dev: &Arc<Device>, max_text: usize, max_aad: usize) -> Result<Self, Error> {
         let a = &dev.lib().aes_gcm;
         // SAFETY: a live devinfo.
         unsafe {
             check("doca_aes_gcm_cap_task_encrypt_is_supported", a.doca_aes_gcm_cap_task_encrypt_is_supported(dev.devinfo()))?;
             check("doca_aes_gcm_cap_task_decrypt_is_supported", a.doca_aes_gcm_cap_task_decrypt_is_supported(dev.devinfo()))?;
         }
-        let mut progress = Progress::new(dev)?;
-        let mut ctx = std::ptr::null_mut();
-        // SAFETY: a live device; out-pointer to a local.
-        check("doca_aes_gcm_create", unsafe { a.doca_aes_gcm_create(dev.as_ptr(), &mut ctx) })?;
-        let ctx = NonNull::new(ctx).ok_or(Error::Invalid("doca_aes_gcm_create returned NULL".into()))?;
         let cap = max_aad + max_text + TAG_LEN;
         let src = Staging::new(dev, cap, Access::LOCAL_READ_WRITE)?;
         let dst = Staging::new(dev, cap, Access::LOCAL_READ_WRITE)?;
         let inv = Inventory::new(dev, 4)?;
+        let progress = Progress::new(dev)?;
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: a live device; out-pointer to a local.
+        check("doca_aes_gcm_create", unsafe { a.doca_aes_gcm_create(dev.as_ptr(), &mut ctx) })?;
+        let ctx = NonNull::new(ctx).ok_or(Error::Invalid("doca_aes_gcm_create returned NULL".into()))?;
+        // Owned from here: Drop cleans up whatever the steps below did.
+        let mut me = Self { progress, ctx, inv, src, dst, max_text, max_aad };
         // SAFETY: a fresh, idle context; callbacks match the C types.
         unsafe {
             check("doca_aes_gcm_task_encrypt_set_conf", a.doca_aes_gcm_task_encrypt_set_conf(ctx.as_ptr(), Some(noop_enc), Some(fail_enc), 1))?;
             check("doca_aes_gcm_task_decrypt_set_conf", a.doca_aes_gcm_task_decrypt_set_conf(ctx.as_ptr(), Some(noop_dec), Some(fail_dec), 1))?;
-            progress.start(a.doca_aes_gcm_as_ctx(ctx.as_ptr()))?;
+            me.progress.start(a.doca_aes_gcm_as_ctx(ctx.as_ptr()))?;
         }
-        Ok(Self { progress, ctx, inv, src, dst, max_text, max_aad })
+        Ok(me)
     }
 
-    /// Loads a 256-bit key.
-    pub fn key(&mut self, raw: &[u8; 32]) -> Result<AesKey, Error> {
+    fn key(&mut self, raw: &[u8; 32]) -> Result<NonNull<sys::doca_aes_gcm_key>, Error> {
         let lib = self.progress.dev.lib().clone();
         let mut k = std::ptr::null_mut();
         // SAFETY: a running context; DOCA copies the 32 key bytes.
         check("doca_aes_gcm_key_create", unsafe {
             lib.aes_gcm.doca_aes_gcm_key_create(self.ctx.as_ptr(), raw.as_ptr().cast(), sys::DOCA_AES_GCM_KEY_256, &mut k)
         })?;
-        let ptr = NonNull::new(k).ok_or(Error::Invalid("doca_aes_gcm_key_create returned NULL".into()))?;
-        Ok(AesKey { engine_lib: lib, ptr })
+        NonNull::new(k).ok_or(Error::Invalid("doca_aes_gcm_key_create returned NULL".into()))
     }
 
     fn layout(&self, aad: &[u8], text: usize) -> Result<TaskLayout, Error> {
@@ -161,8 +207,7 @@ impl AesGcmEngine {
         Ok(TaskLayout { aad: aad.len(), text })
     }
 
-    /// Encrypts `data` in place; returns the tag.
-    pub fn seal(&mut self, key: &AesKey, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8]) -> Result<[u8; TAG_LEN], Error> {
+    fn seal(&mut self, key: NonNull<sys::doca_aes_gcm_key>, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8]) -> Result<[u8; TAG_LEN], Error> {
         let l = self.layout(aad, data.len())?;
         self.src.write(0, aad)?;
         self.src.write(l.aad, data)?;
@@ -173,8 +218,7 @@ impl AesGcmEngine {
         Ok(tag)
     }
 
-    /// Checks `tag` and decrypts `data` in place. A mismatch is a task error.
-    pub fn open(&mut self, key: &AesKey, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), Error> {
+    fn open(&mut self, key: NonNull<sys::doca_aes_gcm_key>, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), Error> {
         let l = self.layout(aad, data.len())?;
         self.src.write(0, aad)?;
         self.src.write(l.aad, data)?;
@@ -183,7 +227,7 @@ impl AesGcmEngine {
         self.dst.read(l.text_in_dst().start, data)
     }
 
-    fn run(&mut self, encrypt: bool, key: &AesKey, iv: &[u8; IV_LEN], l: TaskLayout) -> Result<(), Error> {
+    fn run(&mut self, encrypt: bool, key: NonNull<sys::doca_aes_gcm_key>, iv: &[u8; IV_LEN], l: TaskLayout) -> Result<(), Error> {
         let what = if encrypt { "AES-GCM encrypt" } else { "AES-GCM decrypt" };
         self.progress.check_usable(what)?;
         let (src_len, dst_cap) =
@@ -192,22 +236,24 @@ impl AesGcmEngine {
         let d = self.inv.buf(self.dst.mmap(), 0, dst_cap.max(1), 0)?;
         let a = &self.progress.dev.lib().aes_gcm;
         let slot = Slot::new();
-        let ud = user_data(&slot);
+        let ud = user_data(slot);
         let task = if encrypt {
             let mut t = std::ptr::null_mut();
             // SAFETY: running context, live buffers and key; the IV is read
             // during the call; the slot outlives the task.
-            check("doca_aes_gcm_task_encrypt_alloc_init", unsafe {
-                a.doca_aes_gcm_task_encrypt_alloc_init(self.ctx.as_ptr(), s.as_ptr(), d.as_ptr(), key.ptr.as_ptr(), iv.as_ptr(), IV_LEN as u32, TAG_LEN as u32, l.aad as u32, ud, &mut t)
-            })?;
+            let rc = unsafe {
+                a.doca_aes_gcm_task_encrypt_alloc_init(self.ctx.as_ptr(), s.as_ptr(), d.as_ptr(), key.as_ptr(), iv.as_ptr(), IV_LEN as u32, TAG_LEN as u32, l.aad as u32, ud, &mut t)
+            };
+            allocated("doca_aes_gcm_task_encrypt_alloc_init", rc, slot)?;
             // SAFETY: a live task.
             unsafe { a.doca_aes_gcm_task_encrypt_as_task(t) }
         } else {
             let mut t = std::ptr::null_mut();
             // SAFETY: as above.
-            check("doca_aes_gcm_task_decrypt_alloc_init", unsafe {
-                a.doca_aes_gcm_task_decrypt_alloc_init(self.ctx.as_ptr(), s.as_ptr(), d.as_ptr(), key.ptr.as_ptr(), iv.as_ptr(), IV_LEN as u32, TAG_LEN as u32, l.aad as u32, ud, &mut t)
-            })?;
+            let rc = unsafe {
+                a.doca_aes_gcm_task_decrypt_alloc_init(self.ctx.as_ptr(), s.as_ptr(), d.as_ptr(), key.as_ptr(), iv.as_ptr(), IV_LEN as u32, TAG_LEN as u32, l.aad as u32, ud, &mut t)
+            };
+            allocated("doca_aes_gcm_task_decrypt_alloc_init", rc, slot)?;
             // SAFETY: a live task.
             unsafe { a.doca_aes_gcm_task_decrypt_as_task(t) }
         };
@@ -225,15 +271,20 @@ impl AesGcmEngine {
     }
 }
 
-impl Drop for AesGcmEngine {
+impl Drop for Inner {
     fn drop(&mut self) {
+        if self.progress.poisoned {
+            return; // leaked on purpose: a task may still run (Progress::drop)
+        }
         let a = &self.progress.dev.lib().aes_gcm;
         let c = &self.progress.dev.lib().common;
-        // SAFETY: no task in flight; keys hold the library, not the context,
-        // so callers must drop keys first (documented on AesKey). Stop, then
-        // destroy; Progress::drop then destroys the progress engine.
+        // SAFETY: no task in flight; every key holds an Arc to us, so none
+        // is left. Stop, then destroy; Progress::drop then destroys the
+        // progress engine.
         unsafe {
-            c.doca_ctx_stop(self.progress.ctx);
+            if !self.progress.ctx.is_null() {
+                c.doca_ctx_stop(self.progress.ctx);
+            }
             self.progress.ctx = std::ptr::null_mut();
             a.doca_aes_gcm_destroy(self.ctx.as_ptr());
         }

@@ -172,6 +172,28 @@ impl Device {
         self.ptr.as_ptr()
     }
 
+    /// Whether host memory can be exported over PCIe from this device
+    /// (`doca_mmap_cap_is_export_pci_supported`; the host side).
+    pub fn can_export_pci(&self) -> Result<bool, Error> {
+        let mut ok = 0u8;
+        // SAFETY: a live devinfo; out-pointer to a local.
+        check("doca_mmap_cap_is_export_pci_supported", unsafe {
+            self.lib.common.doca_mmap_cap_is_export_pci_supported(self.devinfo(), &mut ok)
+        })?;
+        Ok(ok != 0)
+    }
+
+    /// Whether this device can import such exports
+    /// (`doca_mmap_cap_is_create_from_export_pci_supported`; the DPU side).
+    pub fn can_import_pci(&self) -> Result<bool, Error> {
+        let mut ok = 0u8;
+        // SAFETY: a live devinfo; out-pointer to a local.
+        check("doca_mmap_cap_is_create_from_export_pci_supported", unsafe {
+            self.lib.common.doca_mmap_cap_is_create_from_export_pci_supported(self.devinfo(), &mut ok)
+        })?;
+        Ok(ok != 0)
+    }
+
     /// The device's DOCA-side `devinfo` (capability queries).
     pub(crate) fn devinfo(&self) -> *mut sys::doca_devinfo {
         // SAFETY: a live device.

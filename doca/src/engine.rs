@@ -7,7 +7,7 @@
 //! submits one task and polls the progress engine until the task's callback
 //! has run, so the buffers the task uses never outlive the call.
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,13 +22,32 @@ use crate::mmap::{Access, Buf, Inventory, Mmap};
 /// How long one task may take before the engine is declared hung.
 pub const TASK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where a callback leaves a task's outcome. Boxed, so a hung task can be
-/// given its slot for ever (leaked) instead of a dangling stack address.
-pub(crate) struct Slot(Cell<Option<sys::doca_error_t>>);
+/// Where a callback leaves a task's outcome: `PENDING` until then. Lives on
+/// the heap behind a raw pointer (never a `Box` argument, whose uniqueness
+/// the callback's write would violate), so a hung task can keep it for ever.
+pub(crate) struct Slot(AtomicU32);
+
+const PENDING: u32 = u32::MAX;
 
 impl Slot {
-    pub(crate) fn new() -> Box<Self> {
-        Box::new(Slot(Cell::new(None)))
+    /// A fresh slot, owned by the returned pointer (see [`Slot::free`]).
+    pub(crate) fn new() -> *const Slot {
+        Box::into_raw(Box::new(Slot(AtomicU32::new(PENDING))))
+    }
+
+    /// # Safety
+    /// `slot` came from [`Slot::new`], is freed once, and no task refers to it.
+    unsafe fn free(slot: *const Slot) {
+        // SAFETY: per the contract.
+        drop(unsafe { Box::from_raw(slot as *mut Slot) });
+    }
+
+    /// # Safety
+    /// `slot` is live.
+    unsafe fn get(slot: *const Slot) -> Option<sys::doca_error_t> {
+        // SAFETY: per the contract. Acquire pairs with the callback's store.
+        let v = unsafe { &*slot }.0.load(Ordering::Acquire);
+        (v != PENDING).then_some(v)
     }
 }
 
@@ -38,7 +57,7 @@ impl Slot {
 /// `user_data.ptr` must point at a live `Slot` (set before submission).
 pub(crate) unsafe fn finish_ok(user_data: sys::doca_data) {
     // SAFETY: per the contract, the slot outlives the task.
-    unsafe { &*(user_data.ptr as *const Slot) }.0.set(Some(sys::DOCA_SUCCESS));
+    unsafe { &*(user_data.ptr as *const Slot) }.0.store(sys::DOCA_SUCCESS, Ordering::Release);
 }
 
 /// Marks the task as failed; `run_task` reads the real status from DOCA.
@@ -47,7 +66,7 @@ pub(crate) unsafe fn finish_ok(user_data: sys::doca_data) {
 /// As [`finish_ok`].
 pub(crate) unsafe fn finish_err(user_data: sys::doca_data) {
     // SAFETY: as above.
-    unsafe { &*(user_data.ptr as *const Slot) }.0.set(Some(DocaErrorCode::Unknown.raw()));
+    unsafe { &*(user_data.ptr as *const Slot) }.0.store(DocaErrorCode::Unknown.raw(), Ordering::Release);
 }
 
 unsafe extern "C" fn dma_done(_t: *mut sys::doca_dma_task_memcpy, ud: sys::doca_data, _c: sys::doca_data) {
@@ -67,7 +86,7 @@ pub(crate) struct Progress {
     pub(crate) ctx: *mut sys::doca_ctx,
     /// A task hung: DOCA may still write through its buffers, so nothing
     /// more is submitted on this engine.
-    poisoned: bool,
+    pub(crate) poisoned: bool,
 }
 
 impl Progress {
@@ -83,12 +102,12 @@ impl Progress {
     pub(crate) fn start(&mut self, ctx: *mut sys::doca_ctx) -> Result<(), Error> {
         let c = &self.dev.lib().common;
         // SAFETY: live pe and a configured, idle context.
-        unsafe {
-            check("doca_pe_connect_ctx", c.doca_pe_connect_ctx(self.pe.as_ptr(), ctx))?;
-            check("doca_ctx_start", c.doca_ctx_start(ctx))?;
-        }
+        check("doca_pe_connect_ctx", unsafe { c.doca_pe_connect_ctx(self.pe.as_ptr(), ctx) })?;
+        // Connected: from here on Drop stops the context before the engine
+        // goes (stopping one that never started is a harmless BAD_STATE).
         self.ctx = ctx;
-        Ok(())
+        // SAFETY: as above.
+        check("doca_ctx_start", unsafe { c.doca_ctx_start(ctx) })
     }
 
     pub(crate) fn check_usable(&self, what: &'static str) -> Result<(), Error> {
@@ -101,33 +120,53 @@ impl Progress {
     /// Submits `task` (whose user data is `slot`) and polls until its
     /// callback ran; frees the task. On a timeout the slot is leaked, the
     /// engine poisoned, and the caller must leak the task's buffers too.
-    pub(crate) fn run_task(&mut self, what: &'static str, task: *mut sys::doca_task, slot: Box<Slot>) -> Result<(), Error> {
+    pub(crate) fn run_task(&mut self, what: &'static str, task: *mut sys::doca_task, slot: *const Slot) -> Result<(), Error> {
         let c = &self.dev.lib().common;
         // SAFETY: a freshly allocated task of a running context.
         let rc = unsafe { c.doca_task_submit(task) };
         if rc != sys::DOCA_SUCCESS {
-            // SAFETY: not submitted, so still ours to free.
-            unsafe { c.doca_task_free(task) };
+            // SAFETY: not submitted, so still ours to free, and so is the slot.
+            unsafe {
+                c.doca_task_free(task);
+                Slot::free(slot);
+            }
             return check("doca_task_submit", rc);
         }
         let start = Instant::now();
-        while slot.0.get().is_none() {
+        let mut idle = 0u32;
+        loop {
+            // SAFETY: the slot lives until freed below.
+            if unsafe { Slot::get(slot) }.is_some() {
+                break;
+            }
             // SAFETY: live pe, polled by this thread only (&mut self).
             if unsafe { c.doca_pe_progress(self.pe.as_ptr()) } == 0 {
                 if start.elapsed() > TASK_TIMEOUT {
                     tracing::error!(what, "DOCA task hung; this engine is retired");
                     self.poisoned = true;
-                    Box::leak(slot);
+                    // The slot stays allocated: DOCA may still complete the task.
                     return Err(Error::TimedOut { what, millis: TASK_TIMEOUT.as_millis() as u64 });
                 }
-                std::hint::spin_loop();
+                // Spin briefly (DMA completions take microseconds), then
+                // give the core away rather than burn it.
+                idle += 1;
+                if idle < 1024 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
         }
         // SAFETY: completed (its callback ran), so readable and ours to free.
         let status = unsafe { c.doca_task_get_status(task) };
         // SAFETY: as above; freed exactly once.
         unsafe { c.doca_task_free(task) };
-        let outcome = slot.0.get();
+        // SAFETY: the task is gone, so nothing refers to the slot any more.
+        let outcome = unsafe {
+            let o = Slot::get(slot);
+            Slot::free(slot);
+            o
+        };
         match (outcome, DocaErrorCode::from_raw(status)) {
             (Some(sys::DOCA_SUCCESS), None) => Ok(()),
             (_, Some(code)) => Err(Error::Task { what, code }),
@@ -139,6 +178,11 @@ impl Progress {
 
 impl Drop for Progress {
     fn drop(&mut self) {
+        if self.poisoned {
+            // A task may still be running: leak the engine and its context
+            // rather than tear down what DOCA may still use.
+            return;
+        }
         let c = &self.dev.lib().common;
         // SAFETY: no task is in flight (run_task waits for each); stop the
         // context before the engine that drives it is destroyed.
@@ -151,8 +195,18 @@ impl Drop for Progress {
     }
 }
 
-pub(crate) fn user_data(slot: &Slot) -> sys::doca_data {
-    sys::doca_data { ptr: slot as *const Slot as *mut std::ffi::c_void }
+/// `check` for a task allocation: on failure no task refers to `slot`, so
+/// it is freed here.
+pub(crate) fn allocated(call: &'static str, rc: sys::doca_error_t, slot: *const Slot) -> Result<(), Error> {
+    if rc != sys::DOCA_SUCCESS {
+        // SAFETY: fresh from Slot::new and never handed to a task.
+        unsafe { Slot::free(slot) };
+    }
+    check(call, rc)
+}
+
+pub(crate) fn user_data(slot: *const Slot) -> sys::doca_data {
+    sys::doca_data { ptr: slot as *mut std::ffi::c_void }
 }
 
 /// DMA copies between two mmaps on one device.
@@ -176,18 +230,25 @@ impl DmaEngine {
         check("doca_dma_cap_task_memcpy_get_max_buf_size", unsafe {
             d.doca_dma_cap_task_memcpy_get_max_buf_size(dev.devinfo(), &mut max)
         })?;
-        let mut progress = Progress::new(dev)?;
+        let inv = Inventory::new(dev, 4)?;
+        let progress = Progress::new(dev)?;
         let mut dma = std::ptr::null_mut();
         // SAFETY: a live device; out-pointer to a local.
         check("doca_dma_create", unsafe { d.doca_dma_create(dev.as_ptr(), &mut dma) })?;
         let dma = NonNull::new(dma).ok_or(Error::Invalid("doca_dma_create returned NULL".into()))?;
-        let inv = Inventory::new(dev, 4)?;
+        // Owned from here: Drop cleans up whatever the steps below did.
+        let mut me = Self { progress, dma, inv, max };
         // SAFETY: a fresh, idle context; the callbacks match the C types.
         unsafe {
-            check("doca_dma_task_memcpy_set_conf", d.doca_dma_task_memcpy_set_conf(dma.as_ptr(), Some(dma_done), Some(dma_failed), 1))?;
-            progress.start(d.doca_dma_as_ctx(dma.as_ptr()))?;
+            check("doca_dma_task_memcpy_set_conf", d.doca_dma_task_memcpy_set_conf(me.dma.as_ptr(), Some(dma_done), Some(dma_failed), 1))?;
+            me.progress.start(d.doca_dma_as_ctx(me.dma.as_ptr()))?;
         }
-        Ok(Self { progress, dma, inv, max })
+        Ok(me)
+    }
+
+    /// False once a task hung: the engine must be replaced.
+    pub fn is_usable(&self) -> bool {
+        !self.progress.poisoned
     }
 
     /// Largest single copy the device takes.
@@ -219,9 +280,10 @@ impl DmaEngine {
         let mut task = std::ptr::null_mut();
         // SAFETY: running context; buffers live for the whole call; the slot
         // outlives the task (run_task waits for completion).
-        check("doca_dma_task_memcpy_alloc_init", unsafe {
-            d.doca_dma_task_memcpy_alloc_init(self.dma.as_ptr(), src.as_ptr(), dst.as_ptr(), user_data(&slot), &mut task)
-        })?;
+        let rc = unsafe {
+            d.doca_dma_task_memcpy_alloc_init(self.dma.as_ptr(), src.as_ptr(), dst.as_ptr(), user_data(slot), &mut task)
+        };
+        allocated("doca_dma_task_memcpy_alloc_init", rc, slot)?;
         // SAFETY: a live task.
         let t = unsafe { d.doca_dma_task_memcpy_as_task(task) };
         let r = self.progress.run_task("DMA memcpy", t, slot);
@@ -237,13 +299,18 @@ impl Drop for DmaEngine {
     fn drop(&mut self) {
         // Stop the context (Progress::drop) before destroying it: take the
         // progress engine down first by replacing the context pointer order.
+        if self.progress.poisoned {
+            return; // leaked on purpose, see Progress::drop
+        }
         let d = &self.progress.dev.lib().dma;
         let c = &self.progress.dev.lib().common;
         // SAFETY: no task in flight; stop, then destroy the DMA context; the
         // progress engine is destroyed afterwards by Progress::drop (its ctx
         // pointer is cleared so it is not stopped twice).
         unsafe {
-            c.doca_ctx_stop(self.progress.ctx);
+            if !self.progress.ctx.is_null() {
+                c.doca_ctx_stop(self.progress.ctx);
+            }
             self.progress.ctx = std::ptr::null_mut();
             d.doca_dma_destroy(self.dma.as_ptr());
         }
@@ -261,16 +328,31 @@ pub struct Staging {
 // SAFETY: accessed by copies through raw pointers by the engine that owns it.
 unsafe impl Send for Staging {}
 
-struct Owned(#[allow(dead_code)] Box<[u8]>);
+/// Heap memory owned through a raw pointer (never through a `Box` that
+/// moves, which would invalidate pointers derived from it), freed on drop.
+struct Owned(NonNull<u8>, usize);
+
+// SAFETY: plain heap memory; only freed in Drop.
+unsafe impl Send for Owned {}
+// SAFETY: as above; no access through this value.
+unsafe impl Sync for Owned {}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        // SAFETY: from Box::into_raw of a boxed slice of this length, freed once.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.0.as_ptr(), self.1)) });
+    }
+}
 
 impl Staging {
     pub fn new(dev: &Arc<Device>, len: usize, access: Access) -> Result<Self, Error> {
-        let mut b = vec![0u8; len.max(1)].into_boxed_slice();
-        let ptr = NonNull::new(b.as_mut_ptr()).ok_or(Error::Invalid("allocation".into()))?;
-        // SAFETY: the boxed slice is moved into the mmap as its owner and is
-        // never moved or freed while the mmap lives; a Box's heap address is stable.
-        let mmap = unsafe { Mmap::local(dev, ptr.as_ptr(), b.len(), access, Box::new(Owned(b)))? };
-        Ok(Self { ptr, len: len.max(1), mmap })
+        let len = len.max(1);
+        let raw = Box::into_raw(vec![0u8; len].into_boxed_slice()).cast::<u8>();
+        let ptr = NonNull::new(raw).ok_or(Error::Invalid("allocation".into()))?;
+        // SAFETY: the memory is owned by `Owned`, which the mmap keeps until
+        // it is destroyed; it never moves.
+        let mmap = unsafe { Mmap::local(dev, ptr.as_ptr(), len, access, Box::new(Owned(ptr, len)))? };
+        Ok(Self { ptr, len, mmap })
     }
 
     pub fn mmap(&self) -> &Arc<Mmap> {

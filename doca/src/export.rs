@@ -69,6 +69,9 @@ impl ExportEnvelope {
         if !is_pci_address(&self.pci) {
             return Err(Error::BadExport(format!("{:?} is not a PCI address", self.pci)));
         }
+        if self.len == 0 || self.host_addr.checked_add(self.len).is_none() {
+            return Err(Error::BadExport(format!("region of {} bytes at {:#x}", self.len, self.host_addr)));
+        }
         if self.descriptor.is_empty() || self.descriptor.len() > MAX_DESCRIPTOR_LEN {
             return Err(Error::BadExport(format!(
                 "descriptor of {} bytes (must be 1..={MAX_DESCRIPTOR_LEN})",
@@ -222,5 +225,7 @@ mod tests {
         assert!(ExportEnvelope { pci: "mlx5_0".into(), ..sample() }.encode().is_err());
         assert!(ExportEnvelope { descriptor: vec![], ..sample() }.encode().is_err());
         assert!(ExportEnvelope { descriptor: vec![0; MAX_DESCRIPTOR_LEN + 1], ..sample() }.encode().is_err());
+        assert!(ExportEnvelope { len: 0, ..sample() }.encode().is_err());
+        assert!(ExportEnvelope { host_addr: u64::MAX, ..sample() }.encode().is_err());
     }
 }

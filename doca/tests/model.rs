@@ -99,7 +99,7 @@ fn ring_seal(key: &[u8; 32], iv: &[u8; 12], aad: &[u8], data: &[u8]) -> (Vec<u8>
 #[test]
 fn aes_gcm_tasks_match_ring_byte_for_byte() {
     let dev = device();
-    let mut engine = AesGcmEngine::new(&dev, 1 << 20, 64).expect("engine");
+    let engine = AesGcmEngine::new(&dev, 1 << 20, 64).expect("engine");
     let raw = [0x42u8; 32];
     let key = engine.key(&raw).expect("key");
     for (len, aad_len) in [(0usize, 37usize), (1, 0), (4096, 37), (1_000_003, 64)] {

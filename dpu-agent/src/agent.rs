@@ -61,6 +61,22 @@ fn doca_cipher(cfg: &crate::config::EncryptionConfig) -> Result<Arc<dyn sluice_c
     let dev = sluice_doca::Device::open(&lib, device).map_err(|e| fail(e.to_string()))?;
     let cipher = sluice_crypt::DocaCipher::new(&dev).map_err(|e| fail(e.to_string()))?;
     sluice_crypt::self_test(&cipher).map_err(|e| fail(e.to_string()))?;
+    // The self-test's buffers are 1 MiB; chunks go up to the format's
+    // maximum, so make sure the engine takes one of those too.
+    let probe = || -> Result<(), sluice_crypt::CryptError> {
+        use sluice_crypt::Cipher as _;
+        let key = cipher.chunk_key(&[0x5a; sluice_crypt::KEY_LEN])?;
+        let mut chunk = vec![0xa5u8; sluice_crypt::MAX_CHUNK_SIZE as usize];
+        let nonce = [7u8; sluice_crypt::NONCE_LEN];
+        let tag = key.seal_in_place(&nonce, b"probe", &mut chunk)?;
+        key.open_in_place(&nonce, b"probe", &mut chunk, &tag)?;
+        if chunk.iter().all(|&b| b == 0xa5) {
+            Ok(())
+        } else {
+            Err(sluice_crypt::CryptError::Crypto("a maximum-size chunk did not round-trip"))
+        }
+    };
+    probe().map_err(|e| fail(format!("maximum-size chunk ({} bytes): {e}", sluice_crypt::MAX_CHUNK_SIZE)))?;
     tracing::info!(device, "DOCA AES-GCM engine passed its self-test");
     Ok(Arc::new(cipher))
 }
@@ -285,14 +301,16 @@ impl Agent {
     }
 
     /// Closes a session and releases every region it holds.
-    pub fn close_session(&self, id: &str) -> Result<(), AgentError> {
+    /// Closes a session; returns its regions so the caller can wait until
+    /// transfers still using them have finished ([`crate::hostmem::quiesce`]).
+    pub fn close_session(&self, id: &str) -> Result<Vec<Arc<dyn HostRegion>>, AgentError> {
         let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(id).ok_or(AgentError::UnknownSession)?;
         let regions = std::mem::take(&mut *s.regions.lock().unwrap_or_else(|p| p.into_inner()));
         self.metrics.regions.with_label_values(&[&s.tenant]).sub(regions.len() as i64);
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(Session::registered_bytes(&regions) as i64);
         self.metrics.sessions.dec();
         info!(tenant = %s.tenant, released = regions.len(), "session closed");
-        Ok(())
+        Ok(regions.into_values().map(|r| r.region).collect())
     }
 
     pub fn register_region(&self, session_id: &str, export: RegionExport, length: u64) -> Result<String, AgentError> {
@@ -324,7 +342,9 @@ impl Agent {
         Ok(id)
     }
 
-    pub fn release_region(&self, session_id: &str, region_id: &str) -> Result<(), AgentError> {
+    /// Releases a region; returns it so the caller can wait until transfers
+    /// still using it have finished ([`crate::hostmem::quiesce`]).
+    pub fn release_region(&self, session_id: &str, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
         let s = self.session(session_id)?;
         let r = s
             .regions
@@ -334,7 +354,7 @@ impl Agent {
             .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))?;
         self.metrics.regions.with_label_values(&[&s.tenant]).dec();
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(r.region.len() as i64);
-        Ok(())
+        Ok(r.region)
     }
 
     /// Admits one request of the session's tenant that will move up to

@@ -75,7 +75,8 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionReply>, Status> {
-        self.agent.close_session(&req.into_inner().session_id)?;
+        let regions = self.agent.close_session(&req.into_inner().session_id)?;
+        crate::hostmem::quiesce(regions).await;
         Ok(Response::new(pb::CloseSessionReply {}))
     }
 
@@ -100,7 +101,8 @@ impl AgentRpc for GrpcService {
         req: Request<pb::ReleaseRegionRequest>,
     ) -> Result<Response<pb::ReleaseRegionReply>, Status> {
         let r = req.into_inner();
-        self.agent.release_region(&r.session_id, &r.region_id)?;
+        let region = self.agent.release_region(&r.session_id, &r.region_id)?;
+        crate::hostmem::quiesce(vec![region]).await;
         Ok(Response::new(pb::ReleaseRegionReply {}))
     }
 

@@ -74,6 +74,9 @@ impl MemoryBackend {
 
     /// The export for GPU memory: `len` bytes at `offset` of a dma-buf.
     pub fn export_dmabuf(&self, fd: OwnedFd, offset: u64, len: u64, gpu_address: u64) -> Result<(Export, ExportGuard), ShimError> {
+        if gpu_address == 0 {
+            return Err(ShimError::BadRequest("a GPU region needs its CUDA address (gpu_address)".into()));
+        }
         check_dmabuf(&fd, offset, len)?;
         match self {
             Self::Colocated => {
@@ -126,6 +129,12 @@ mod doca {
     use super::ExportGuard;
     use crate::error::ShimError;
 
+    /// The DPU reads and writes regions over PCIe (staged copies), and
+    /// storage nodes RDMA-WRITE into them through the DPU's re-export
+    /// (direct placement; whether DOCA needs the RDMA bit on the exporter's
+    /// side for that is unverified on hardware, so it is set).
+    const EXPORT_ACCESS: Access = Access(Access::PCI_READ_WRITE.0 | Access::RDMA_WRITE.0);
+
     fn backend(e: sluice_doca::Error) -> ShimError {
         ShimError::Backend(e.to_string())
     }
@@ -140,6 +149,12 @@ mod doca {
         pub fn open(selector: &str) -> Result<Self, ShimError> {
             let lib = sluice_doca::load().map_err(|e| ShimError::Unsupported(e.to_string()))?;
             let dev = Device::open(&lib, selector).map_err(|e| ShimError::Unsupported(e.to_string()))?;
+            if !dev.can_export_pci().map_err(backend)? {
+                return Err(ShimError::Unsupported(format!(
+                    "DOCA device {:?} cannot export host memory over PCIe (doca_mmap_cap_is_export_pci_supported)",
+                    dev.info()
+                )));
+            }
             let pci = dev.info().pci.clone();
             tracing::info!(device = ?dev.info(), "DOCA memory export ready");
             Ok(Self { dev, pci })
@@ -155,13 +170,18 @@ mod doca {
         pub fn export_shared(&self, fd: &OwnedFd, len: u64) -> Result<(Export, ExportGuard), ShimError> {
             let dup = fd.try_clone().map_err(|e| ShimError::BadRequest(format!("dup: {e}")))?;
             let region = Arc::new(sluice_shm::MappedRegion::map(dup, len)?);
-            let mmap = Mmap::pinned(&self.dev, region, Access::PCI_READ_WRITE).map_err(backend)?;
+            let mmap = Mmap::pinned(&self.dev, region, EXPORT_ACCESS).map_err(backend)?;
             self.envelope(MemoryKind::Host, &mmap, len)
         }
 
         pub fn export_dmabuf(&self, fd: OwnedFd, offset: u64, len: u64, gpu: u64) -> Result<(Export, ExportGuard), ShimError> {
-            let mmap = Mmap::dmabuf(&self.dev, fd, offset as usize, len as usize, gpu, Access::PCI_READ_WRITE)
-                .map_err(|e| ShimError::Unsupported(format!("registering GPU memory with DOCA: {e}")))?;
+            let mmap = Mmap::dmabuf(&self.dev, fd, offset as usize, len as usize, gpu, EXPORT_ACCESS).map_err(|e| {
+                if e.code() == Some(sluice_doca::DocaErrorCode::NotSupported) {
+                    ShimError::Unsupported(format!("registering GPU memory with DOCA: {e}"))
+                } else {
+                    backend(e)
+                }
+            })?;
             self.envelope(MemoryKind::GpuDmabuf, &mmap, len)
         }
     }

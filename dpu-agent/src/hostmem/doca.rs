@@ -21,17 +21,56 @@ use sluice_rdma::ProtectionDomain;
 
 use super::{DocaBackendConfig, HostMemory, HostRegion, RegionExport};
 
+/// Maps DOCA failures to what the client is told: a descriptor DOCA
+/// refuses is the sender's fault; running out is exhaustion; the rest is
+/// the backend's own failure.
 fn doca_err(e: sluice_doca::Error) -> MemError {
-    match e {
-        sluice_doca::Error::BadExport(why) => MemError::BadExport(why),
-        other => MemError::Map(other.to_string()),
+    use sluice_doca::DocaErrorCode as C;
+    match e.code() {
+        _ if matches!(e, sluice_doca::Error::BadExport(_)) => MemError::BadExport(e.to_string()),
+        Some(C::InvalidValue | C::NotPermitted) => MemError::BadExport(e.to_string()),
+        Some(C::NoMemory | C::Full | C::Again) => MemError::Exhausted(e.to_string()),
+        _ => MemError::Backend(e.to_string()),
+    }
+}
+
+/// Runs a blocking DOCA copy without stalling the async runtime's other
+/// tasks (on a multi-threaded runtime the worker hands its queue away).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
 /// DMA engine plus the DPU-side staging buffer it copies through.
 struct Stager {
+    dev: Arc<Device>,
     dma: DmaEngine,
     staging: Staging,
+}
+
+impl Stager {
+    fn new(dev: &Arc<Device>, staging_bytes: usize) -> Result<Self, sluice_doca::Error> {
+        Ok(Self {
+            dev: dev.clone(),
+            dma: DmaEngine::new(dev)?,
+            staging: Staging::new(dev, staging_bytes, Access::LOCAL_READ_WRITE)?,
+        })
+    }
+
+    /// Before touching the staging buffer: a hung task may still read or
+    /// write it, so a retired engine is replaced together with its buffer
+    /// (the old pair is leaked, never reused).
+    fn ready(&mut self) -> Result<(), MemError> {
+        if self.dma.is_usable() {
+            return Ok(());
+        }
+        let fresh = Stager::new(&self.dev, self.staging.len()).map_err(doca_err)?;
+        tracing::warn!("replacing a DOCA DMA engine that had a hung task");
+        std::mem::forget(std::mem::replace(self, fresh));
+        Ok(())
+    }
 }
 
 /// The backend: one DPU device, one DMA engine shared by all regions.
@@ -52,13 +91,18 @@ impl DocaMemory {
     /// As [`open`](Self::open), with libraries already loaded.
     pub fn open_with(lib: Lib, cfg: &DocaBackendConfig) -> Result<Arc<Self>, sluice_doca::Error> {
         let dev = Device::open(&lib, &cfg.device)?;
-        let dma = DmaEngine::new(&dev)?;
-        let staging = Staging::new(&dev, cfg.staging_bytes, Access::LOCAL_READ_WRITE)?;
+        if !dev.can_import_pci()? {
+            return Err(sluice_doca::Error::Invalid(format!(
+                "DOCA device {:?} cannot import host memory exported over PCIe (doca_mmap_cap_is_create_from_export_pci_supported)",
+                dev.info()
+            )));
+        }
+        let stager = Stager::new(&dev, cfg.staging_bytes)?;
         tracing::info!(device = ?dev.info(), staging = cfg.staging_bytes, "DOCA host-memory backend ready");
         Ok(Arc::new(Self {
             lib,
             dev,
-            stager: Arc::new(Mutex::new(Stager { dma, staging })),
+            stager: Arc::new(Mutex::new(stager)),
             allowed: cfg.allowed_functions.iter().map(|s| s.to_ascii_lowercase()).collect(),
         }))
     }
@@ -74,7 +118,7 @@ pub(crate) fn check_envelope(blob: &[u8], len: u64, allowed: &[String]) -> Resul
     let full = if pci.matches(':').count() == 1 { format!("0000:{pci}") } else { pci };
     if !allowed.is_empty() && !allowed.iter().any(|a| *a == full || format!("0000:{a}") == full) {
         return Err(MemError::BadExport(format!(
-            "host function {} is not in [host_memory] doca_allowed_functions",
+            "host function {} is not in [host_memory.doca] allowed_functions",
             env.pci
         )));
     }
@@ -97,6 +141,13 @@ impl HostMemory for DocaMemory {
         let mmap = Mmap::import(&self.dev, &env.descriptor).map_err(doca_err)?;
         if (mmap.len() as u64) < len {
             return Err(MemError::BadExport(format!("the imported mapping has {} bytes, fewer than {len}", mmap.len())));
+        }
+        if mmap.addr() as u64 != env.host_addr {
+            return Err(MemError::BadExport(format!(
+                "the envelope says the region starts at {:#x}, the descriptor at {:#x}",
+                env.host_addr,
+                mmap.addr()
+            )));
         }
         Ok(Arc::new(DocaRegion {
             lib: self.lib.clone(),
@@ -142,7 +193,9 @@ impl DocaRegion {
         }
         let dev = Device::from_verbs_pd(&self.lib, pd)?;
         let mmap = Mmap::import(&dev, &self.env.descriptor)?;
-        let inv = Inventory::new(&dev, 64)?;
+        // One buffer per live window on this region: room for far more
+        // concurrent transfers than a region sees.
+        let inv = Inventory::new(&dev, 4096)?;
         let b = Arc::new(Bridged { dev, mmap, inv });
         map.insert(key, b.clone());
         Ok(b)
@@ -168,28 +221,33 @@ impl HostRegion for DocaRegion {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
         self.check(offset, data.len() as u64)?;
         self.gpu_refusal()?;
-        let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
-        let Stager { dma, staging } = &mut *st;
-        for (i, piece) in data.chunks(staging.len()).enumerate() {
-            let at = offset as usize + i * staging.len();
-            staging.write(0, piece).map_err(doca_err)?;
-            dma.copy(staging.mmap(), 0, &self.mmap, at, piece.len()).map_err(doca_err)?;
-        }
-        Ok(())
+        blocking(|| {
+            let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
+            let step = st.staging.len();
+            for (i, piece) in data.chunks(step).enumerate() {
+                st.ready()?;
+                let Stager { dma, staging, .. } = &mut *st;
+                staging.write(0, piece).map_err(doca_err)?;
+                dma.copy(staging.mmap(), 0, &self.mmap, offset as usize + i * step, piece.len()).map_err(doca_err)?;
+            }
+            Ok(())
+        })
     }
 
     fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         self.check(offset, out.len() as u64)?;
         self.gpu_refusal()?;
-        let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
-        let Stager { dma, staging } = &mut *st;
-        let step = staging.len();
-        for (i, piece) in out.chunks_mut(step).enumerate() {
-            let at = offset as usize + i * step;
-            dma.copy(&self.mmap, at, staging.mmap(), 0, piece.len()).map_err(doca_err)?;
-            staging.read(0, piece).map_err(doca_err)?;
-        }
-        Ok(())
+        blocking(|| {
+            let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
+            let step = st.staging.len();
+            for (i, piece) in out.chunks_mut(step).enumerate() {
+                st.ready()?;
+                let Stager { dma, staging, .. } = &mut *st;
+                dma.copy(&self.mmap, offset as usize + i * step, staging.mmap(), 0, piece.len()).map_err(doca_err)?;
+                staging.read(0, piece).map_err(doca_err)?;
+            }
+            Ok(())
+        })
     }
 
     fn nic_window(
@@ -197,10 +255,18 @@ impl HostRegion for DocaRegion {
         pd: &Arc<ProtectionDomain>,
         offset: u64,
         len: u64,
-        _remote_write: bool,
+        remote_write: bool,
     ) -> Option<Result<NicWindow, MemError>> {
         let make = || -> Result<NicWindow, MemError> {
             self.check(offset, len)?;
+            if !remote_write {
+                // The bridge key would allow WRITEs too, for the region's
+                // whole life: a storage node reading a PUT's bytes must not
+                // get one. PUTs from DOCA regions go staged instead.
+                return Err(MemError::Unsupported(
+                    "read-only windows into DOCA-imported memory are not offered; PUT parts go staged".into(),
+                ));
+            }
             let b = self.bridge(pd).map_err(doca_err)?;
             let buf = b.inv.buf(&b.mmap, offset as usize, len as usize, len as usize).map_err(doca_err)?;
             let rkey = buf.mkey(&b.dev).map_err(doca_err)?;
@@ -209,7 +275,7 @@ impl HostRegion for DocaRegion {
             let addr = b.mmap.addr() as u64 + offset;
             Ok(NicWindow { addr, rkey, guard: Box::new((buf, b)) })
         };
-        Some(make())
+        Some(blocking(make))
     }
 }
 
@@ -300,7 +366,7 @@ mod tests {
         assert!(check_envelope(&env(4096, "0000:3b:00.0"), 4096, &allowed).is_ok());
         assert!(check_envelope(&env(4096, "5e:00.1"), 4096, &allowed).is_ok());
         match check_envelope(&env(4096, "0000:3b:00.1"), 4096, &allowed) {
-            Err(MemError::BadExport(why)) => assert!(why.contains("doca_allowed_functions"), "{why}"),
+            Err(MemError::BadExport(why)) => assert!(why.contains("[host_memory.doca] allowed_functions"), "{why}"),
             other => panic!("{other:?}"),
         }
     }

@@ -19,11 +19,33 @@ use sluice_proto::common::ErrorCode;
 
 pub use sluice_dataplane::{MemError, RegionMemory as HostRegion};
 
+/// Longest a release waits for transfers still using a region.
+const QUIESCE_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until no transfer holds these released regions any more, so the
+/// shim may tear down what backs them (a DOCA export: the DPU and storage
+/// nodes must be done with the host memory first). Co-located regions are
+/// backed by the agent's own mapping, so waiting is harmless there too.
+pub async fn quiesce(regions: Vec<Arc<dyn HostRegion>>) {
+    let start = std::time::Instant::now();
+    for r in regions {
+        while Arc::strong_count(&r) > 1 {
+            if start.elapsed() > QUIESCE_LIMIT {
+                tracing::warn!(users = Arc::strong_count(&r) - 1, "a released region is still in use; not waiting longer");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+}
+
 /// The typed code for a memory error.
 pub fn mem_code(e: &MemError) -> ErrorCode {
     match e {
         MemError::OutOfBounds { .. } => ErrorCode::OutOfBounds,
         MemError::Unsupported(_) => ErrorCode::Unsupported,
+        MemError::Exhausted(_) => ErrorCode::ResourceExhausted,
+        MemError::Backend(_) => ErrorCode::Internal,
         _ => ErrorCode::BadRequest,
     }
 }
@@ -176,6 +198,20 @@ mod tests {
         assert!(doca(4 << 20, &["mlx5_0"]).validate().unwrap_err().contains("\"mlx5_0\" is not a PCI address"));
         let bad: Result<HostMemoryConfig, _> = toml::from_str("backend = \"gpu\"");
         assert!(bad.is_err());
+    }
+
+    #[tokio::test]
+    async fn release_waits_for_transfers_still_using_the_region() {
+        let region: Arc<dyn HostRegion> =
+            Arc::new(sluice_dataplane::SharedRegion::new(sluice_shm::MappedRegion::create("q", 4096).expect("memfd")));
+        let in_flight = region.clone();
+        let start = std::time::Instant::now();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+            drop(in_flight);
+        });
+        quiesce(vec![region]).await;
+        assert!(start.elapsed() >= std::time::Duration::from_millis(140), "{:?}", start.elapsed());
     }
 
     #[test]
