@@ -37,8 +37,9 @@ enum Backing {
     Imported,
 }
 
-/// A started `doca_mmap`. Calls on it are serialised by an internal lock:
-/// DOCA objects are not thread-safe unless documented otherwise.
+/// A started `doca_mmap`. Calls that take it (exports, buffer creation,
+/// memory keys) hold its internal lock: DOCA objects are not thread-safe
+/// unless documented otherwise.
 pub struct Mmap {
     dev: Arc<Device>,
     ptr: NonNull<sys::doca_mmap>,
@@ -48,8 +49,9 @@ pub struct Mmap {
     _backing: Backing,
 }
 
-// SAFETY: the handle is used only under `lock` (or in Drop, exclusively);
-// the memory behind it is kept alive by `_backing`.
+// SAFETY: every DOCA call on the handle holds `lock` (exports here,
+// `Inventory::buf`, `Buf::mkey`) or is in Drop (exclusive); the memory
+// behind it is kept alive by `_backing`.
 unsafe impl Send for Mmap {}
 // SAFETY: as above.
 unsafe impl Sync for Mmap {}
@@ -301,7 +303,10 @@ impl Inventory {
         }
         let addr = (mmap.addr + offset) as *mut c_void;
         let mut b = std::ptr::null_mut();
+        // Both objects take part in the call: hold both locks (always in
+        // this order: inventory, then mmap).
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _m = mmap.lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: live inventory and mmap; the range was checked to lie in the mmap.
         check("doca_buf_inventory_buf_get_by_args", unsafe {
             self.dev.lib().common.doca_buf_inventory_buf_get_by_args(
@@ -363,6 +368,8 @@ impl Buf {
     /// The memory key of this buffer on `dev` (RDMA bridge), for verbs
     /// work requests on the PD `dev` was opened from.
     pub fn mkey(&self, dev: &Device) -> Result<u32, Error> {
+        let _g = self.inv.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _m = self._mmap.lock.lock().unwrap_or_else(|p| p.into_inner());
         let mut k = 0u32;
         // SAFETY: a live buffer and device; out-pointer to a local.
         check("doca_rdma_bridge_get_buf_mkey", unsafe {
@@ -375,6 +382,7 @@ impl Buf {
 impl Drop for Buf {
     fn drop(&mut self) {
         let _g = self.inv.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _m = self._mmap.lock.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: we hold one reference, taken at creation.
         unsafe { self.inv.dev.lib().common.doca_buf_dec_refcount(self.ptr.as_ptr(), std::ptr::null_mut()) };
     }

@@ -123,6 +123,9 @@ struct Registered {
 
 struct Session {
     tenant: String,
+    /// Where the connection that opened it came from: the session id is
+    /// honoured only from there.
+    origin: ShimOrigin,
     regions: Mutex<HashMap<String, Registered>>,
     stats: SessionStats,
 }
@@ -291,7 +294,7 @@ impl Agent {
         let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
         let id = random_id();
         let session =
-            Session { tenant: tenant.to_owned(), regions: Mutex::new(HashMap::new()), stats: Default::default() };
+            Session { tenant: tenant.to_owned(), origin: origin.clone(), regions: Mutex::new(HashMap::new()), stats: Default::default() };
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), Arc::new(session));
         self.metrics.sessions.inc();
         info!(tenant, shim_id, "session opened");
@@ -300,7 +303,20 @@ impl Agent {
         Ok((id, names))
     }
 
-    /// Closes a session and releases every region it holds.
+    /// Refuses a session id presented from another origin than the one it
+    /// was opened from (a leaked id is useless elsewhere). Unknown ids pass
+    /// here and fail at lookup with `UNAUTHENTICATED` as before.
+    pub fn check_origin(&self, session_id: &str, origin: &ShimOrigin) -> Result<(), AgentError> {
+        match self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(session_id) {
+            Some(s) if s.origin != *origin => {
+                self.metrics.auth_failures.with_label_values(&[&s.tenant, "origin_mismatch"]).inc();
+                tracing::warn!(tenant = %s.tenant, opened_from = ?s.origin, used_from = ?origin, "session used from another origin");
+                Err(AgentError::Unauthenticated("this session was opened from another origin".into()))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Closes a session; returns its regions so the caller can wait until
     /// transfers still using them have finished ([`crate::hostmem::quiesce`]).
     pub fn close_session(&self, id: &str) -> Result<Vec<Arc<dyn HostRegion>>, AgentError> {

@@ -58,7 +58,7 @@ impl AgentRpc for GrpcService {
         req: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionReply>, Status> {
         // The binding point: where this control connection came from.
-        let origin = req.remote_addr().map_or(ShimOrigin::Unix, |a| ShimOrigin::Network(a.ip()));
+        let origin = origin_of(&req);
         let r = req.into_inner();
         let ask = SessionRequest {
             tenant: &r.tenant,
@@ -75,7 +75,10 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionReply>, Status> {
-        let regions = self.agent.close_session(&req.into_inner().session_id)?;
+        let origin = origin_of(&req);
+        let id = req.into_inner().session_id;
+        self.agent.check_origin(&id, &origin)?;
+        let regions = self.agent.close_session(&id)?;
         crate::hostmem::quiesce(regions).await;
         Ok(Response::new(pb::CloseSessionReply {}))
     }
@@ -84,7 +87,9 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::RegisterRegionRequest>,
     ) -> Result<Response<pb::RegisterRegionReply>, Status> {
+        let origin = origin_of(&req);
         let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
         let export = match r.export {
             Some(pb::register_region_request::Export::ColocatedTicket(ticket)) => RegionExport::Colocated { ticket },
             Some(pb::register_region_request::Export::DocaExport(blob)) => RegionExport::Doca { blob },
@@ -100,14 +105,18 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::ReleaseRegionRequest>,
     ) -> Result<Response<pb::ReleaseRegionReply>, Status> {
+        let origin = origin_of(&req);
         let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
         let region = self.agent.release_region(&r.session_id, &r.region_id)?;
         crate::hostmem::quiesce(vec![region]).await;
         Ok(Response::new(pb::ReleaseRegionReply {}))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetReply>, Status> {
+        let origin = origin_of(&req);
         let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
         let range = r.range.map(|g| (g.start, g.length));
         let out =
             self.agent.get(&r.session_id, &r.request_id, &r.namespace, &r.key, range, &r.region_id, r.offset).await?;
@@ -119,7 +128,9 @@ impl AgentRpc for GrpcService {
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
+        let origin = origin_of(&req);
         let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
         let out = self
             .agent
             .put(&r.session_id, &r.request_id, &r.namespace, &r.key, &r.region_id, r.offset, r.length, &r.content_type)
@@ -128,13 +139,17 @@ impl AgentRpc for GrpcService {
     }
 
     async fn head(&self, req: Request<pb::HeadRequest>) -> Result<Response<pb::HeadReply>, Status> {
+        let origin = origin_of(&req);
         let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
         let m = self.agent.head(&r.session_id, &r.request_id, &r.namespace, &r.key).await?;
         Ok(Response::new(pb::HeadReply { object: Some(info(m)) }))
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
+        let origin = origin_of(&req);
         let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
         let page = self
             .agent
             .list(
@@ -155,13 +170,18 @@ impl AgentRpc for GrpcService {
     }
 
     async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteReply>, Status> {
+        let origin = origin_of(&req);
         let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
         self.agent.delete(&r.session_id, &r.request_id, &r.namespace, &r.key).await?;
         Ok(Response::new(pb::DeleteReply {}))
     }
 
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
-        let s = self.agent.stats(&req.into_inner().session_id)?;
+        let origin = origin_of(&req);
+        let id = req.into_inner().session_id;
+        self.agent.check_origin(&id, &origin)?;
+        let s = self.agent.stats(&id)?;
         Ok(Response::new(pb::StatsReply {
             requests: s.requests,
             bytes_read: s.bytes_read,
@@ -172,4 +192,10 @@ impl AgentRpc for GrpcService {
             registered_bytes: s.registered_bytes,
         }))
     }
+}
+
+/// The binding point: where a control connection came from (a Unix socket,
+/// or the shim's IP; on a BlueField, the host function's address).
+fn origin_of<T>(req: &Request<T>) -> ShimOrigin {
+    req.remote_addr().map_or(ShimOrigin::Unix, |a| ShimOrigin::Network(a.ip()))
 }

@@ -339,3 +339,42 @@ async fn memory_exports_the_agent_cannot_use_change_nothing() {
     assert_eq!(code(e), Code::BadRequest);
     b.unharmed(&stack).await;
 }
+
+#[tokio::test]
+async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
+    let stack = Stack::with(two_tenants());
+    // Open over TCP (origin 127.0.0.1)...
+    let mut tcp = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let session = open_session(&mut tcp, &stack, "alpha", "alpha-shim").await.expect("A's own session");
+    tcp.stats(apb::StatsRequest { session_id: session.clone() }).await.expect("usable where it was opened");
+    // ...then present the id over the agent's Unix socket: refused and counted.
+    let sock = stack.dir.path().join("agent.sock");
+    let channel = tonic::transport::Endpoint::from_static("http://agent.local")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let sock = sock.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(sock).await?))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut unix = AgentClient::new(channel);
+    let st = unix.stats(apb::StatsRequest { session_id: session.clone() }).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    assert!(st.message().contains("another origin"), "{}", st.message());
+    let get = apb::GetRequest {
+        session_id: session.clone(),
+        request_id: "replay".into(),
+        namespace: "data".into(),
+        key: "x".into(),
+        range: None,
+        region_id: "r".into(),
+        offset: 0,
+    };
+    assert_eq!(sluice_agent_code(&unix.get(get).await.unwrap_err()), Code::Unauthenticated);
+    let close = apb::CloseSessionRequest { session_id: session.clone() };
+    assert_eq!(sluice_agent_code(&unix.close_session(close).await.unwrap_err()), Code::Unauthenticated);
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 3.0);
+    // Still alive and usable from its origin.
+    tcp.stats(apb::StatsRequest { session_id: session }).await.expect("still usable where it was opened");
+}
