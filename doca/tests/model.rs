@@ -61,6 +61,14 @@ fn a_pci_export_is_imported_and_reached_with_dma() {
     let mut out = [0u8; 13];
     staging.read(100, &mut out).expect("read staging");
     assert_eq!(&out, b"from the host");
+    // The import can be re-exported for RDMA peers (the host's export
+    // allowed RDMA writes); an mmap without RDMA access cannot.
+    let host2 = Buffer::zeroed(4096);
+    let rdma_ok = Mmap::pinned(&dev, host2, Access::PCI_READ_WRITE.and(Access::RDMA_WRITE)).expect("mmap");
+    let reimported = Mmap::import(&dev, &rdma_ok.export_pci().expect("export")).expect("import");
+    assert!(!reimported.export_rdma().expect("export_rdma of an import").is_empty());
+    let e = staging.mmap().export_rdma().expect_err("no RDMA access");
+    assert_eq!(code(&e), DocaErrorCode::NotPermitted, "{e}");
     // Out of range: refused before DOCA sees it.
     assert!(matches!(dma.copy(staging.mmap(), 0, &imported, (1 << 20) - 10, 11), Err(Error::Invalid(_))));
     assert!(matches!(dma.copy(staging.mmap(), 64 << 10, &imported, 0, 1), Err(Error::Invalid(_))));
