@@ -323,7 +323,7 @@ impl<S: S3> RdmaGateway<S> {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, "RDMA READ from the client failed"))
             }
-            Err(e) => Err(e),
+            Err(e) => Err(explain_internal(e)),
             Ok(mut resp) => {
                 self.stats.puts.fetch_add(1, Ordering::Relaxed);
                 self.stats.bytes.fetch_add(len, Ordering::Relaxed);
@@ -333,6 +333,41 @@ impl<S: S3> RdmaGateway<S> {
             }
         }
     }
+}
+
+/// The backend's internal errors carry their cause only as a source, which
+/// s3s leaves out of the response: the client would see a bare
+/// `InternalError`. Name the cause (it is the store's own condition, such as
+/// an I/O error, never a credential), and answer a full disk with 507
+/// `InsufficientStorage`, which retrying will not cure.
+pub(crate) fn explain_internal(mut e: S3Error) -> S3Error {
+    if *e.code() != S3ErrorCode::InternalError || e.message().is_some() {
+        return e;
+    }
+    let Some(source) = e.source() else { return e };
+    let mut cause = source.to_string();
+    let mut full = false;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            full |= io.kind() == std::io::ErrorKind::StorageFull;
+        }
+        next = err.source();
+        if let Some(n) = next {
+            cause.push_str(": ");
+            cause.push_str(&n.to_string());
+        }
+    }
+    warn!(cause = %cause, storage_full = full, "the store failed a request");
+    if full {
+        return error(
+            "InsufficientStorage",
+            StatusCode::INSUFFICIENT_STORAGE,
+            format!("the store is out of space: {cause}"),
+        );
+    }
+    e.set_message(format!("backend error: {cause}"));
+    e
 }
 
 fn parse_range_start(cr: &str) -> Option<u64> {
@@ -346,7 +381,7 @@ macro_rules! delegate {
         $(
             fn $name<'life0, 'async_trait>(&'life0 self, req: S3Request<$input>) -> Fut<'async_trait, $output>
             where 'life0: 'async_trait, Self: 'async_trait {
-                self.inner.$name(req)
+                Box::pin(async move { self.inner.$name(req).await.map_err(explain_internal) })
             }
         )*
     };
@@ -357,7 +392,7 @@ impl<S: S3> S3 for RdmaGateway<S> {
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let ask = self.rdma_ask(&req.headers, &req.uri)?;
         let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let mut resp = self.inner.get_object(req).await?;
+        let mut resp = self.inner.get_object(req).await.map_err(explain_internal)?;
         let local = self.local_file(&bucket, &key, &resp.output);
         match ask {
             Some(ask) => self.rdma_get(resp, local, ask).await,
@@ -371,7 +406,9 @@ impl<S: S3> S3 for RdmaGateway<S> {
     }
 
     async fn put_object(&self, mut req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
-        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else { return self.inner.put_object(req).await };
+        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else {
+            return self.inner.put_object(req).await.map_err(explain_internal);
+        };
         Self::check_empty_body(req.input.content_length)?;
         let flags = Arc::new(PutFlags::default());
         // Checked here, as the bytes stream; the backend need not hash again.
@@ -383,7 +420,9 @@ impl<S: S3> S3 for RdmaGateway<S> {
     }
 
     async fn upload_part(&self, mut req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
-        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else { return self.inner.upload_part(req).await };
+        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else {
+            return self.inner.upload_part(req).await.map_err(explain_internal);
+        };
         Self::check_empty_body(req.input.content_length)?;
         let flags = Arc::new(PutFlags::default());
         // Checked here, as the bytes stream; the backend need not hash again.
@@ -411,5 +450,37 @@ impl<S: S3> S3 for RdmaGateway<S> {
         list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
         list_parts: ListPartsInput => ListPartsOutput;
         upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_507_and_named() {
+        let e = explain_internal(S3Error::internal_error(std::io::Error::from(std::io::ErrorKind::StorageFull)));
+        assert_eq!(e.status_code(), Some(StatusCode::INSUFFICIENT_STORAGE));
+        assert_eq!(e.code().as_str(), "InsufficientStorage");
+        assert!(e.message().unwrap().contains("out of space"), "{:?}", e.message());
+    }
+
+    #[test]
+    fn other_backend_failures_carry_their_cause() {
+        // As s3s-fs builds them: InternalError with the I/O error as source only.
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "open .tmp.3.internal.part");
+        let e = explain_internal(S3Error::with_source(S3ErrorCode::InternalError, Box::new(io)));
+        assert_eq!(*e.code(), S3ErrorCode::InternalError);
+        assert_eq!(e.message(), Some("backend error: open .tmp.3.internal.part"));
+    }
+
+    #[test]
+    fn client_errors_and_explained_errors_are_untouched() {
+        let e = explain_internal(S3Error::with_message(S3ErrorCode::NoSuchKey, "gone"));
+        assert_eq!((e.code().as_str(), e.message()), ("NoSuchKey", Some("gone")));
+        let e = explain_internal(S3Error::with_message(S3ErrorCode::InternalError, "already said"));
+        assert_eq!(e.message(), Some("already said"));
+        let e = explain_internal(S3Error::new(S3ErrorCode::InternalError));
+        assert_eq!(e.message(), None, "nothing to add without a source");
     }
 }

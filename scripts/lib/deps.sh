@@ -32,3 +32,16 @@ ensure_build_tools() {
   command -v cc >/dev/null 2>&1 || ensure_apt build-essential
   command -v curl >/dev/null 2>&1 || true
 }
+
+# disk_report LABEL: free space where the build and the tests write. A store
+# that runs out of disk mid-test fails like any other 5xx, so CI logs this.
+disk_report() {
+  echo "==> disk ($1):"
+  df -h --output=avail,size,target . /tmp /dev/shm 2>/dev/null | sed 's/^/    /' || true
+  [ -d target ] && echo "    target/ uses $(du -sh target 2>/dev/null | cut -f1)"
+  local avail_kib
+  avail_kib=$(df -k --output=avail /tmp 2>/dev/null | tail -1 | tr -d ' ')
+  if [ -n "$avail_kib" ] && [ "$avail_kib" -lt $((3 * 1024 * 1024)) ]; then
+    echo "warning: less than 3 GiB free in /tmp; the integration tests write objects up to 256 MiB there" >&2
+  fi
+}

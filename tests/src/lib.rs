@@ -145,6 +145,39 @@ impl Drop for Stack {
             let _ = c.kill();
             let _ = c.wait();
         }
+        if std::thread::panicking() {
+            print_logs_after_failure(self.dir.path());
+        }
+    }
+}
+
+/// For a failed test: the last lines of every `*.log` under `dir` and the
+/// free space where the test wrote (the temp dirs are gone afterwards, and
+/// a store that ran out of disk looks like any other 5xx from outside).
+pub fn print_logs_after_failure(dir: &Path) {
+    let mut logs: Vec<PathBuf> = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                logs.push(path);
+            }
+        }
+    }
+    logs.sort();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("---- last lines of {} ----", log.display());
+        for line in &lines[lines.len().saturating_sub(40)..] {
+            eprintln!("{line}");
+        }
+    }
+    if let Ok(out) = Command::new("df").args(["-h", "/tmp", "/dev/shm"]).arg(dir).output() {
+        eprintln!("---- free space ----\n{}", String::from_utf8_lossy(&out.stdout));
     }
 }
 

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use sluice_tests::{bin, bin_dir, pattern, sha256};
+use sluice_tests::{bin, bin_dir, pattern, print_logs_after_failure, sha256};
 
 fn sluice(dir: &Path, args: &[&str]) -> String {
     let out = Command::new(bin("sluice"))
@@ -21,9 +21,13 @@ fn sluice(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Stops the stack; after a failure, first shows its logs.
 struct Down<'a>(&'a Path);
 impl Drop for Down<'_> {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_logs_after_failure(self.0);
+        }
         let _ = Command::new(bin("sluice")).args(["down", "--dir", self.0.to_str().unwrap()]).output();
     }
 }
@@ -56,6 +60,8 @@ fn up_put_get_ls_stat_rm_demo_down() {
     let put: serde_json::Value =
         serde_json::from_str(&sluice(&dir, &["--json", "put", src.to_str().unwrap(), "data/big/256MiB.bin"])).unwrap();
     assert_eq!(put["bytes"], 256u64 << 20);
+    // The bytes to compare with are in memory; keep the disk footprint small.
+    std::fs::remove_file(&src).unwrap();
     let dst = tmp.path().join("back.bin");
     let get: serde_json::Value =
         serde_json::from_str(&sluice(&dir, &["--json", "get", "data/big/256MiB.bin", dst.to_str().unwrap()])).unwrap();

@@ -52,9 +52,14 @@ fn attempts_note(n: u32) -> String {
 }
 
 impl S3Error {
-    /// 5xx, throttling and connection/transfer breaks are retried; 4xx never.
+    /// 5xx, throttling and connection/transfer breaks are retried; 4xx never,
+    /// nor 507 Insufficient Storage (a full store stays full for a while).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Server { .. } | Self::Connection { .. } | Self::TransferFailed { .. })
+        match self {
+            Self::Server { status, .. } => *status != 507,
+            Self::Connection { .. } | Self::TransferFailed { .. } => true,
+            _ => false,
+        }
     }
 
     /// Records how many attempts were made before giving up.
@@ -167,6 +172,11 @@ mod tests {
         assert!(e.is_retryable());
         assert!(!S3Error::from_response(400, "<Error><Code>InvalidArgument</Code></Error>", None).is_retryable());
         assert!(S3Error::from_response(400, "<Error><Code>SlowDown</Code></Error>", None).is_retryable());
+        let full = "<Error><Code>InsufficientStorage</Code><Message>the store is out of space</Message></Error>";
+        let e = S3Error::from_response(507, full, None);
+        assert!(!e.is_retryable(), "a full store is not retried");
+        assert_eq!(e.code(), ErrorCode::StoreUnavailable);
+        assert!(e.to_string().contains("out of space"), "{e}");
         assert_eq!(
             S3Error::from_response(404, "<Error><Code>NoSuchBucket</Code></Error>", None).code(),
             ErrorCode::NoSuchBucket
