@@ -9,7 +9,9 @@
 mod common;
 
 use common::{pattern, provider, BUCKET, C, CU, KEY, TENANT};
-use sluice_crypt::{open_object, seal_object, self_test, CryptError, DocaCipher, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN};
+use sluice_crypt::{
+    open_object, seal_object, self_test, CryptError, DocaCipher, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN,
+};
 
 fn cipher() -> DocaCipher {
     let dev = sluice_doca::Device::open(&sluice_doca::model::load(), "mlx5_0").unwrap();
@@ -70,4 +72,3 @@ fn a_tampered_chunk_is_an_integrity_error_on_doca_too() {
     let mut next = sealed[HEADER_LEN + CU + TAG_LEN..].to_vec();
     assert_eq!(opener.open_chunk(1, &mut next).unwrap(), &plain[CU..]);
 }
-

@@ -120,7 +120,14 @@ impl AesGcmEngine {
 
     /// Checks `tag` and decrypts `data` in place. A mismatch is a task
     /// error; `data` is unchanged on any error.
-    pub fn open(&self, key: &AesKey, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), Error> {
+    pub fn open(
+        &self,
+        key: &AesKey,
+        iv: &[u8; IV_LEN],
+        aad: &[u8],
+        data: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), Error> {
         self.own(key)?;
         self.lock().open(key.ptr, iv, aad, data, tag)
     }
@@ -162,8 +169,14 @@ impl Inner {
         let a = &dev.lib().aes_gcm;
         // SAFETY: a live devinfo.
         unsafe {
-            check("doca_aes_gcm_cap_task_encrypt_is_supported", a.doca_aes_gcm_cap_task_encrypt_is_supported(dev.devinfo()))?;
-            check("doca_aes_gcm_cap_task_decrypt_is_supported", a.doca_aes_gcm_cap_task_decrypt_is_supported(dev.devinfo()))?;
+            check(
+                "doca_aes_gcm_cap_task_encrypt_is_supported",
+                a.doca_aes_gcm_cap_task_encrypt_is_supported(dev.devinfo()),
+            )?;
+            check(
+                "doca_aes_gcm_cap_task_decrypt_is_supported",
+                a.doca_aes_gcm_cap_task_decrypt_is_supported(dev.devinfo()),
+            )?;
         }
         let cap = max_aad + max_text + TAG_LEN;
         let src = Staging::new(dev, cap, Access::LOCAL_READ_WRITE)?;
@@ -178,8 +191,14 @@ impl Inner {
         let mut me = Self { progress, ctx, inv, src, dst, max_text, max_aad };
         // SAFETY: a fresh, idle context; callbacks match the C types.
         unsafe {
-            check("doca_aes_gcm_task_encrypt_set_conf", a.doca_aes_gcm_task_encrypt_set_conf(ctx.as_ptr(), Some(noop_enc), Some(fail_enc), 1))?;
-            check("doca_aes_gcm_task_decrypt_set_conf", a.doca_aes_gcm_task_decrypt_set_conf(ctx.as_ptr(), Some(noop_dec), Some(fail_dec), 1))?;
+            check(
+                "doca_aes_gcm_task_encrypt_set_conf",
+                a.doca_aes_gcm_task_encrypt_set_conf(ctx.as_ptr(), Some(noop_enc), Some(fail_enc), 1),
+            )?;
+            check(
+                "doca_aes_gcm_task_decrypt_set_conf",
+                a.doca_aes_gcm_task_decrypt_set_conf(ctx.as_ptr(), Some(noop_dec), Some(fail_dec), 1),
+            )?;
             me.progress.start(a.doca_aes_gcm_as_ctx(ctx.as_ptr()))?;
         }
         Ok(me)
@@ -190,7 +209,12 @@ impl Inner {
         let mut k = std::ptr::null_mut();
         // SAFETY: a running context; DOCA copies the 32 key bytes.
         check("doca_aes_gcm_key_create", unsafe {
-            lib.aes_gcm.doca_aes_gcm_key_create(self.ctx.as_ptr(), raw.as_ptr().cast(), sys::DOCA_AES_GCM_KEY_256, &mut k)
+            lib.aes_gcm.doca_aes_gcm_key_create(
+                self.ctx.as_ptr(),
+                raw.as_ptr().cast(),
+                sys::DOCA_AES_GCM_KEY_256,
+                &mut k,
+            )
         })?;
         NonNull::new(k).ok_or(Error::Invalid("doca_aes_gcm_key_create returned NULL".into()))
     }
@@ -207,7 +231,13 @@ impl Inner {
         Ok(TaskLayout { aad: aad.len(), text })
     }
 
-    fn seal(&mut self, key: NonNull<sys::doca_aes_gcm_key>, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8]) -> Result<[u8; TAG_LEN], Error> {
+    fn seal(
+        &mut self,
+        key: NonNull<sys::doca_aes_gcm_key>,
+        iv: &[u8; IV_LEN],
+        aad: &[u8],
+        data: &mut [u8],
+    ) -> Result<[u8; TAG_LEN], Error> {
         let l = self.layout(aad, data.len())?;
         self.src.write(0, aad)?;
         self.src.write(l.aad, data)?;
@@ -218,7 +248,14 @@ impl Inner {
         Ok(tag)
     }
 
-    fn open(&mut self, key: NonNull<sys::doca_aes_gcm_key>, iv: &[u8; IV_LEN], aad: &[u8], data: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), Error> {
+    fn open(
+        &mut self,
+        key: NonNull<sys::doca_aes_gcm_key>,
+        iv: &[u8; IV_LEN],
+        aad: &[u8],
+        data: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), Error> {
         let l = self.layout(aad, data.len())?;
         self.src.write(0, aad)?;
         self.src.write(l.aad, data)?;
@@ -227,11 +264,20 @@ impl Inner {
         self.dst.read(l.text_in_dst().start, data)
     }
 
-    fn run(&mut self, encrypt: bool, key: NonNull<sys::doca_aes_gcm_key>, iv: &[u8; IV_LEN], l: TaskLayout) -> Result<(), Error> {
+    fn run(
+        &mut self,
+        encrypt: bool,
+        key: NonNull<sys::doca_aes_gcm_key>,
+        iv: &[u8; IV_LEN],
+        l: TaskLayout,
+    ) -> Result<(), Error> {
         let what = if encrypt { "AES-GCM encrypt" } else { "AES-GCM decrypt" };
         self.progress.check_usable(what)?;
-        let (src_len, dst_cap) =
-            if encrypt { (l.encrypt_src_len(), l.encrypt_dst_len()) } else { (l.decrypt_src_len(), l.decrypt_dst_len()) };
+        let (src_len, dst_cap) = if encrypt {
+            (l.encrypt_src_len(), l.encrypt_dst_len())
+        } else {
+            (l.decrypt_src_len(), l.decrypt_dst_len())
+        };
         let s = self.inv.buf(self.src.mmap(), 0, src_len.max(1), src_len)?;
         let d = self.inv.buf(self.dst.mmap(), 0, dst_cap.max(1), 0)?;
         let a = &self.progress.dev.lib().aes_gcm;
@@ -242,7 +288,18 @@ impl Inner {
             // SAFETY: running context, live buffers and key; the IV is read
             // during the call; the slot outlives the task.
             let rc = unsafe {
-                a.doca_aes_gcm_task_encrypt_alloc_init(self.ctx.as_ptr(), s.as_ptr(), d.as_ptr(), key.as_ptr(), iv.as_ptr(), IV_LEN as u32, TAG_LEN as u32, l.aad as u32, ud, &mut t)
+                a.doca_aes_gcm_task_encrypt_alloc_init(
+                    self.ctx.as_ptr(),
+                    s.as_ptr(),
+                    d.as_ptr(),
+                    key.as_ptr(),
+                    iv.as_ptr(),
+                    IV_LEN as u32,
+                    TAG_LEN as u32,
+                    l.aad as u32,
+                    ud,
+                    &mut t,
+                )
             };
             allocated("doca_aes_gcm_task_encrypt_alloc_init", rc, slot)?;
             // SAFETY: a live task.
@@ -251,7 +308,18 @@ impl Inner {
             let mut t = std::ptr::null_mut();
             // SAFETY: as above.
             let rc = unsafe {
-                a.doca_aes_gcm_task_decrypt_alloc_init(self.ctx.as_ptr(), s.as_ptr(), d.as_ptr(), key.as_ptr(), iv.as_ptr(), IV_LEN as u32, TAG_LEN as u32, l.aad as u32, ud, &mut t)
+                a.doca_aes_gcm_task_decrypt_alloc_init(
+                    self.ctx.as_ptr(),
+                    s.as_ptr(),
+                    d.as_ptr(),
+                    key.as_ptr(),
+                    iv.as_ptr(),
+                    IV_LEN as u32,
+                    TAG_LEN as u32,
+                    l.aad as u32,
+                    ud,
+                    &mut t,
+                )
             };
             allocated("doca_aes_gcm_task_decrypt_alloc_init", rc, slot)?;
             // SAFETY: a live task.

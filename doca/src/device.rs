@@ -154,7 +154,9 @@ impl Device {
         let mut dev = std::ptr::null_mut();
         // SAFETY: `raw` is a live PD (we keep its Arc for the device's
         // lifetime); out-pointer to a local.
-        check("doca_rdma_bridge_open_dev_from_pd", unsafe { lib.common.doca_rdma_bridge_open_dev_from_pd(raw, &mut dev) })?;
+        check("doca_rdma_bridge_open_dev_from_pd", unsafe {
+            lib.common.doca_rdma_bridge_open_dev_from_pd(raw, &mut dev)
+        })?;
         let ptr = NonNull::new(dev).ok_or(Error::Invalid("doca_rdma_bridge_open_dev_from_pd returned NULL".into()))?;
         let info = DeviceInfo { pci: String::new(), ibdev: format!("verbs pd {raw:p}") };
         Ok(Arc::new(Self { lib: lib.clone(), ptr, info, from_pd: Some(pd.clone()) }))

@@ -7,8 +7,8 @@
 //! submits one task and polls the progress engine until the task's callback
 //! has run, so the buffers the task uses never outlive the call.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -120,7 +120,12 @@ impl Progress {
     /// Submits `task` (whose user data is `slot`) and polls until its
     /// callback ran; frees the task. On a timeout the slot is leaked, the
     /// engine poisoned, and the caller must leak the task's buffers too.
-    pub(crate) fn run_task(&mut self, what: &'static str, task: *mut sys::doca_task, slot: *const Slot) -> Result<(), Error> {
+    pub(crate) fn run_task(
+        &mut self,
+        what: &'static str,
+        task: *mut sys::doca_task,
+        slot: *const Slot,
+    ) -> Result<(), Error> {
         let c = &self.dev.lib().common;
         // SAFETY: a freshly allocated task of a running context.
         let rc = unsafe { c.doca_task_submit(task) };
@@ -170,7 +175,9 @@ impl Progress {
         match (outcome, DocaErrorCode::from_raw(status)) {
             (Some(sys::DOCA_SUCCESS), None) => Ok(()),
             (_, Some(code)) => Err(Error::Task { what, code }),
-            (Some(raw), None) => Err(Error::Task { what, code: DocaErrorCode::from_raw(raw).unwrap_or(DocaErrorCode::Unknown) }),
+            (Some(raw), None) => {
+                Err(Error::Task { what, code: DocaErrorCode::from_raw(raw).unwrap_or(DocaErrorCode::Unknown) })
+            }
             (None, None) => Err(Error::Task { what, code: DocaErrorCode::Unexpected }),
         }
     }
@@ -224,7 +231,9 @@ impl DmaEngine {
     pub fn new(dev: &Arc<Device>) -> Result<Self, Error> {
         let d = &dev.lib().dma;
         // SAFETY: a live devinfo.
-        check("doca_dma_cap_task_memcpy_is_supported", unsafe { d.doca_dma_cap_task_memcpy_is_supported(dev.devinfo()) })?;
+        check("doca_dma_cap_task_memcpy_is_supported", unsafe {
+            d.doca_dma_cap_task_memcpy_is_supported(dev.devinfo())
+        })?;
         let mut max = 0u64;
         // SAFETY: as above; out-pointer to a local.
         check("doca_dma_cap_task_memcpy_get_max_buf_size", unsafe {
@@ -240,7 +249,10 @@ impl DmaEngine {
         let mut me = Self { progress, dma, inv, max };
         // SAFETY: a fresh, idle context; the callbacks match the C types.
         unsafe {
-            check("doca_dma_task_memcpy_set_conf", d.doca_dma_task_memcpy_set_conf(me.dma.as_ptr(), Some(dma_done), Some(dma_failed), 1))?;
+            check(
+                "doca_dma_task_memcpy_set_conf",
+                d.doca_dma_task_memcpy_set_conf(me.dma.as_ptr(), Some(dma_done), Some(dma_failed), 1),
+            )?;
             me.progress.start(d.doca_dma_as_ctx(me.dma.as_ptr()))?;
         }
         Ok(me)
@@ -258,7 +270,14 @@ impl DmaEngine {
 
     /// Copies `len` bytes from `src` at `src_off` to `dst` at `dst_off`,
     /// in pieces of at most [`max_copy`](Self::max_copy).
-    pub fn copy(&mut self, src: &Arc<Mmap>, src_off: usize, dst: &Arc<Mmap>, dst_off: usize, len: usize) -> Result<(), Error> {
+    pub fn copy(
+        &mut self,
+        src: &Arc<Mmap>,
+        src_off: usize,
+        dst: &Arc<Mmap>,
+        dst_off: usize,
+        len: usize,
+    ) -> Result<(), Error> {
         src.check(src_off, len)?;
         dst.check(dst_off, len)?;
         let step = (self.max.max(1) as usize).min(1 << 30);

@@ -132,14 +132,22 @@ impl ExportEnvelope {
         }
         let pci = match std::str::from_utf8(&pci_raw[..end]) {
             Ok(s) if is_pci_address(s) => s.to_owned(),
-            _ => return bad(format!("PCI address field {:?} is not a PCI address", String::from_utf8_lossy(&pci_raw[..end]))),
+            _ => {
+                return bad(format!(
+                    "PCI address field {:?} is not a PCI address",
+                    String::from_utf8_lossy(&pci_raw[..end])
+                ))
+            }
         };
         let desc_len = u32::from_le_bytes([bytes[40], bytes[41], bytes[42], bytes[43]]) as usize;
         if desc_len == 0 || desc_len > MAX_DESCRIPTOR_LEN {
             return bad(format!("descriptor length {desc_len} (must be 1..={MAX_DESCRIPTOR_LEN})"));
         }
         if bytes.len() != FIXED_LEN + desc_len {
-            return bad(format!("{} bytes after the envelope, descriptor length says {desc_len}", bytes.len() - FIXED_LEN));
+            return bad(format!(
+                "{} bytes after the envelope, descriptor length says {desc_len}",
+                bytes.len() - FIXED_LEN
+            ));
         }
         Ok(Self { kind, len, host_addr, pci, descriptor: bytes[FIXED_LEN..].to_vec() })
     }

@@ -24,8 +24,8 @@ pub mod model;
 
 pub use aes::{AesGcmEngine, AesKey, TaskLayout, IV_LEN, TAG_LEN};
 pub use device::{list, load, load_from, Device, DeviceInfo, Lib};
-pub use engine::{DmaEngine, Staging, TASK_TIMEOUT};
 pub use doca_sys::DocaErrorCode;
+pub use engine::{DmaEngine, Staging, TASK_TIMEOUT};
 pub use error::Error;
 pub use export::{ExportEnvelope, MemoryKind};
 pub use mmap::{Access, Buf, Inventory, Mmap};

@@ -134,7 +134,11 @@ impl Mmap {
 
     /// Maps memory pinned at a fixed address (a shim's shared-memory
     /// region); the mmap keeps `mem` alive.
-    pub fn pinned(dev: &Arc<Device>, mem: Arc<dyn sluice_rdma::PinnedMemory>, access: Access) -> Result<Arc<Self>, Error> {
+    pub fn pinned(
+        dev: &Arc<Device>,
+        mem: Arc<dyn sluice_rdma::PinnedMemory>,
+        access: Access,
+    ) -> Result<Arc<Self>, Error> {
         let (ptr, len) = (mem.as_ptr(), mem.len());
         // SAFETY: PinnedMemory guarantees the range stays valid and in place
         // while `mem` lives, and allows device writes; the mmap owns `mem`.
@@ -189,7 +193,8 @@ impl Mmap {
         let (mut addr, mut len) = (std::ptr::null_mut(), 0usize);
         // SAFETY: a live imported mmap; out-pointers to locals.
         let rc = unsafe { c.doca_mmap_get_memrange(ptr.as_ptr(), &mut addr, &mut len) };
-        let me = Self { dev: dev.clone(), ptr, addr: addr as usize, len, lock: Mutex::new(()), _backing: Backing::Imported };
+        let me =
+            Self { dev: dev.clone(), ptr, addr: addr as usize, len, lock: Mutex::new(()), _backing: Backing::Imported };
         check("doca_mmap_get_memrange", rc)?;
         Ok(Arc::new(me))
     }

@@ -293,8 +293,12 @@ impl Agent {
         }
         let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
         let id = random_id();
-        let session =
-            Session { tenant: tenant.to_owned(), origin: origin.clone(), regions: Mutex::new(HashMap::new()), stats: Default::default() };
+        let session = Session {
+            tenant: tenant.to_owned(),
+            origin: origin.clone(),
+            regions: Mutex::new(HashMap::new()),
+            stats: Default::default(),
+        };
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), Arc::new(session));
         self.metrics.sessions.inc();
         info!(tenant, shim_id, "session opened");

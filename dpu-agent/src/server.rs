@@ -73,7 +73,8 @@ fn host_memory(cfg: &AgentConfig) -> Result<Backend, ServeError> {
 
 #[cfg(feature = "doca")]
 fn doca_memory(cfg: &AgentConfig) -> Result<Arc<dyn HostMemory>, ServeError> {
-    let d = cfg.host_memory.doca.as_ref().ok_or_else(|| ServeError::HostMemory("[host_memory.doca] is missing".into()))?;
+    let d =
+        cfg.host_memory.doca.as_ref().ok_or_else(|| ServeError::HostMemory("[host_memory.doca] is missing".into()))?;
     let m = crate::hostmem::doca::DocaMemory::open(d).map_err(|e| ServeError::HostMemory(e.to_string()))?;
     Ok(m)
 }

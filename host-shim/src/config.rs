@@ -144,7 +144,9 @@ impl ShimConfig {
         }
         match (self.memory_backend, &self.doca) {
             (MemoryBackendKind::Colocated, _) if self.agent.memory_socket.as_os_str().is_empty() => {
-                return Err(ConfigError::Invalid("agent.memory_socket is required with memory_backend = \"colocated\"".into()))
+                return Err(ConfigError::Invalid(
+                    "agent.memory_socket is required with memory_backend = \"colocated\"".into(),
+                ))
             }
             (MemoryBackendKind::Doca, None) => {
                 return Err(ConfigError::Invalid(
@@ -194,7 +196,9 @@ mod tests {
         let doca: String = example
             .lines()
             .map(|l| match l.strip_prefix("# ") {
-                Some(r) if r.starts_with("memory_backend =") || r.starts_with("[doca]") || r.starts_with("device =") => {
+                Some(r)
+                    if r.starts_with("memory_backend =") || r.starts_with("[doca]") || r.starts_with("device =") =>
+                {
                     format!("{r}\n")
                 }
                 _ => format!("{l}\n"),

@@ -249,7 +249,8 @@ async fn handle(
                     return Err(ShimError::BadRequest(format!("unknown region kind {}", r.kind)));
                 }
                 let (export, guard, give_back) = if gpu {
-                    let fd = fd.ok_or_else(|| ShimError::BadRequest("a GPU region needs its dma-buf fd attached".into()))?;
+                    let fd =
+                        fd.ok_or_else(|| ShimError::BadRequest("a GPU region needs its dma-buf fd attached".into()))?;
                     let (export, guard) = shared.memory.export_dmabuf(fd, r.dmabuf_offset, r.length, r.gpu_address)?;
                     (export, guard, None)
                 } else {
@@ -272,7 +273,11 @@ async fn handle(
                     (export, guard, give_back.then_some(fd))
                 };
                 let reply = agent
-                    .register_region(apb::RegisterRegionRequest { session_id: sid, length: r.length, export: Some(export) })
+                    .register_region(apb::RegisterRegionRequest {
+                        session_id: sid,
+                        length: r.length,
+                        export: Some(export),
+                    })
                     .await?
                     .into_inner();
                 s.regions.lock().await.insert(reply.region_id.clone(), (r.length, guard));

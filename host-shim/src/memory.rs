@@ -40,7 +40,8 @@ impl MemoryBackend {
 
     #[cfg(feature = "doca")]
     fn open_doca(cfg: &ShimConfig) -> Result<Self, ShimError> {
-        let d = cfg.doca.as_ref().ok_or_else(|| ShimError::BadRequest("memory_backend = \"doca\" needs [doca]".into()))?;
+        let d =
+            cfg.doca.as_ref().ok_or_else(|| ShimError::BadRequest("memory_backend = \"doca\" needs [doca]".into()))?;
         Ok(Self::Doca(doca::Exporter::open(&d.device)?))
     }
 
@@ -64,7 +65,12 @@ impl MemoryBackend {
     /// The export for a shared-memory region backed by `fd` (a memfd of at
     /// least `len` bytes).
     #[cfg_attr(not(feature = "doca"), allow(unused_variables))]
-    pub async fn export_shared(&self, link: &AgentLink, fd: &OwnedFd, len: u64) -> Result<(Export, ExportGuard), ShimError> {
+    pub async fn export_shared(
+        &self,
+        link: &AgentLink,
+        fd: &OwnedFd,
+        len: u64,
+    ) -> Result<(Export, ExportGuard), ShimError> {
         match self {
             Self::Colocated => Ok((Export::ColocatedTicket(link.hand_over(fd.as_fd()).await?), None)),
             #[cfg(feature = "doca")]
@@ -73,7 +79,13 @@ impl MemoryBackend {
     }
 
     /// The export for GPU memory: `len` bytes at `offset` of a dma-buf.
-    pub fn export_dmabuf(&self, fd: OwnedFd, offset: u64, len: u64, gpu_address: u64) -> Result<(Export, ExportGuard), ShimError> {
+    pub fn export_dmabuf(
+        &self,
+        fd: OwnedFd,
+        offset: u64,
+        len: u64,
+        gpu_address: u64,
+    ) -> Result<(Export, ExportGuard), ShimError> {
         if gpu_address == 0 {
             return Err(ShimError::BadRequest("a GPU region needs its CUDA address (gpu_address)".into()));
         }
@@ -102,7 +114,8 @@ pub fn check_dmabuf(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), ShimError
         .map_err(|e| ShimError::BadRequest(format!("cannot inspect the passed descriptor: {e}")))?;
     let Some(exporter) = info.lines().find_map(|l| l.strip_prefix("exp_name:")).map(str::trim) else {
         return Err(ShimError::BadRequest(
-            "the descriptor passed for a GPU region is not a dma-buf (export one with cuMemGetHandleForAddressRange)".into(),
+            "the descriptor passed for a GPU region is not a dma-buf (export one with cuMemGetHandleForAddressRange)"
+                .into(),
         ));
     };
     let size = fd
@@ -174,7 +187,13 @@ mod doca {
             self.envelope(MemoryKind::Host, &mmap, len)
         }
 
-        pub fn export_dmabuf(&self, fd: OwnedFd, offset: u64, len: u64, gpu: u64) -> Result<(Export, ExportGuard), ShimError> {
+        pub fn export_dmabuf(
+            &self,
+            fd: OwnedFd,
+            offset: u64,
+            len: u64,
+            gpu: u64,
+        ) -> Result<(Export, ExportGuard), ShimError> {
             let mmap = Mmap::dmabuf(&self.dev, fd, offset as usize, len as usize, gpu, EXPORT_ACCESS).map_err(|e| {
                 if e.code() == Some(sluice_doca::DocaErrorCode::NotSupported) {
                     ShimError::Unsupported(format!("registering GPU memory with DOCA: {e}"))

@@ -61,7 +61,8 @@ pub(crate) fn register_window(pd: &Arc<ProtectionDomain>, grant: &Grant) -> Resu
         Access::RemoteWrite => MrAccess::REMOTE_WRITE,
         Access::RemoteRead => MrAccess::REMOTE_READ,
     };
-    let mr = MemoryRegion::register_range(pd, pinned, grant.offset as usize, grant.len as usize, access).map_err(rdma_err)?;
+    let mr = MemoryRegion::register_range(pd, pinned, grant.offset as usize, grant.len as usize, access)
+        .map_err(rdma_err)?;
     Ok(Registered { addr: mr.addr(), rkey: mr.rkey(), guard: Box::new(mr) })
 }
 

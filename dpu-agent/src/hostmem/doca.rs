@@ -140,7 +140,10 @@ impl HostMemory for DocaMemory {
         let env = check_envelope(&blob, len, &self.allowed)?;
         let mmap = Mmap::import(&self.dev, &env.descriptor).map_err(doca_err)?;
         if (mmap.len() as u64) < len {
-            return Err(MemError::BadExport(format!("the imported mapping has {} bytes, fewer than {len}", mmap.len())));
+            return Err(MemError::BadExport(format!(
+                "the imported mapping has {} bytes, fewer than {len}",
+                mmap.len()
+            )));
         }
         if mmap.addr() as u64 != env.host_addr {
             return Err(MemError::BadExport(format!(
@@ -180,7 +183,11 @@ pub struct DocaRegion {
 
 impl std::fmt::Debug for DocaRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DocaRegion").field("len", &self.len).field("kind", &self.env.kind).field("pci", &self.env.pci).finish()
+        f.debug_struct("DocaRegion")
+            .field("len", &self.len)
+            .field("kind", &self.env.kind)
+            .field("pci", &self.env.pci)
+            .finish()
     }
 }
 

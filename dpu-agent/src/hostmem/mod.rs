@@ -31,7 +31,10 @@ pub async fn quiesce(regions: Vec<Arc<dyn HostRegion>>) {
     for r in regions {
         while Arc::strong_count(&r) > 1 {
             if start.elapsed() > QUIESCE_LIMIT {
-                tracing::warn!(users = Arc::strong_count(&r) - 1, "a released region is still in use; not waiting longer");
+                tracing::warn!(
+                    users = Arc::strong_count(&r) - 1,
+                    "a released region is still in use; not waiting longer"
+                );
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_millis(2)).await;
@@ -115,7 +118,9 @@ fn sluice_dataplane_pci(s: &str) -> bool {
     };
     let hex = |p: &str, n: usize| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit());
     match rest.split_once(':').and_then(|(b, df)| df.split_once('.').map(|(d, f)| (b, d, f))) {
-        Some((b, d, f)) => hex(domain, 4) && hex(b, 2) && hex(d, 2) && matches!(f, "0" | "1" | "2" | "3" | "4" | "5" | "6" | "7"),
+        Some((b, d, f)) => {
+            hex(domain, 4) && hex(b, 2) && hex(d, 2) && matches!(f, "0" | "1" | "2" | "3" | "4" | "5" | "6" | "7")
+        }
         None => false,
     }
 }

@@ -34,7 +34,10 @@ pub struct Encryption {
 
 impl std::fmt::Debug for Encryption {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Encryption").field("chunk_size", &self.chunk_size).field("cipher", &self.cipher.name()).finish_non_exhaustive()
+        f.debug_struct("Encryption")
+            .field("chunk_size", &self.chunk_size)
+            .field("cipher", &self.cipher.name())
+            .finish_non_exhaustive()
     }
 }
 
@@ -250,8 +253,15 @@ impl ObjectStore {
             // store-side attacker must not be able to substitute plaintext.
             return Err(S3Error::Integrity("the object is not encrypted in this encrypted namespace".into()));
         }
-        let opener = ObjectOpener::new_with_cipher(&*enc.cipher, &*enc.provider, &self.tenant, &self.bucket, &full, &prefetched[..HEADER_LEN])
-            .map_err(crypt_err)?;
+        let opener = ObjectOpener::new_with_cipher(
+            &*enc.cipher,
+            &*enc.provider,
+            &self.tenant,
+            &self.bucket,
+            &full,
+            &prefetched[..HEADER_LEN],
+        )
+        .map_err(crypt_err)?;
         let layout = *opener.layout();
         if stored != layout.ciphertext_len() {
             return Err(S3Error::Integrity(format!(
@@ -360,9 +370,16 @@ impl ObjectStore {
         gate: Gate<'_>,
     ) -> Result<PutOutcome, S3Error> {
         let full = self.full_key(key);
-        let (header, sealer) =
-            ObjectSealer::new_with_cipher(&*enc.cipher, &*enc.provider, &self.tenant, &self.bucket, &full, len, enc.chunk_size)
-                .map_err(crypt_err)?;
+        let (header, sealer) = ObjectSealer::new_with_cipher(
+            &*enc.cipher,
+            &*enc.provider,
+            &self.tenant,
+            &self.bucket,
+            &full,
+            len,
+            enc.chunk_size,
+        )
+        .map_err(crypt_err)?;
         let meta: Vec<(&'static str, String)> = sealer.metadata().to_pairs();
         let layout = *sealer.layout();
         let sealer = Arc::new(sealer);
