@@ -2,8 +2,8 @@
 //! operations. gRPC handlers (see `grpc.rs`) are thin adapters over this.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tracing::{info, Instrument};
@@ -18,6 +18,7 @@ use crate::metrics::Metrics;
 use crate::quota::Quotas;
 use crate::s3::rdma::{Fallback, RdmaPath};
 use crate::s3::{ListPage, ObjectMeta, ObjectStore};
+use crate::session::{Registered, Session, Sessions};
 
 /// Data path labels (metrics and reports).
 pub const DATA_PATH_HTTP: &str = "http";
@@ -104,38 +105,6 @@ fn path_of(
     }
 }
 
-/// Per-session counters reported by Stats.
-#[derive(Default)]
-pub struct SessionStats {
-    pub requests: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub errors: AtomicU64,
-    pub fallbacks: AtomicU64,
-}
-
-/// A registered region and its share of the tenant's registered-memory
-/// quota, given back when the entry is dropped (release or session close).
-struct Registered {
-    region: Arc<dyn HostRegion>,
-    _quota: sluice_qos::MemoryReservation,
-}
-
-struct Session {
-    tenant: String,
-    /// Where the connection that opened it came from: the session id is
-    /// honoured only from there.
-    origin: ShimOrigin,
-    regions: Mutex<HashMap<String, Registered>>,
-    stats: SessionStats,
-}
-
-impl Session {
-    fn registered_bytes(regions: &HashMap<String, Registered>) -> u64 {
-        regions.values().map(|r| r.region.len()).sum()
-    }
-}
-
 /// Result of a GET or PUT, for the caller.
 #[derive(Debug, Clone)]
 pub struct TransferReport {
@@ -164,7 +133,7 @@ pub struct StatsSnapshot {
 /// The agent.
 pub struct Agent {
     tenants: HashMap<String, Tenant>,
-    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    sessions: Sessions,
     memory: Arc<dyn HostMemory>,
     metrics: Arc<Metrics>,
     limits: Limits,
@@ -214,7 +183,10 @@ impl Agent {
                     cred.access_key.clone(),
                     secret,
                     cfg.s3.clone(),
-                    metrics.s3_retries.clone(),
+                    crate::s3::S3Counters {
+                        retries: metrics.s3_retries.clone(),
+                        multipart_aborts: metrics.multipart_aborts.clone(),
+                    },
                     rdma,
                 )
                 .with_degraded(chosen.degraded)
@@ -226,7 +198,8 @@ impl Agent {
         let auth = ShimAuth::from_config(cfg)?;
         let quotas = Quotas::new(cfg, metrics.quota_refusals.clone())?;
         let limits = cfg.limits.clone();
-        Ok(Self { tenants, sessions: Mutex::new(HashMap::new()), memory, metrics, limits, auth, quotas })
+        let sessions = Sessions::new(Duration::from_millis(cfg.limits.session_lease_ms));
+        Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas })
     }
 
     /// The QoS layer (hot reload: [`Quotas::reload_from`]).
@@ -234,8 +207,14 @@ impl Agent {
         &self.quotas
     }
 
+    /// The open session `id`, renewed (every call that names it counts).
     fn session(&self, id: &str) -> Result<Arc<Session>, AgentError> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned().ok_or(AgentError::UnknownSession)
+        self.sessions.get(id)
+    }
+
+    /// How long a session lives without a call or a Renew naming it.
+    pub fn session_lease(&self) -> Duration {
+        self.sessions.lease()
     }
 
     fn store(&self, session: &Session, namespace: &str) -> Result<Arc<ObjectStore>, AgentError> {
@@ -270,9 +249,7 @@ impl Agent {
 
     fn region(&self, session: &Session, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
         session
-            .regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .regions()
             .get(region_id)
             .map(|r| r.region.clone())
             .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))
@@ -293,13 +270,7 @@ impl Agent {
         }
         let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
         let id = random_id();
-        let session = Session {
-            tenant: tenant.to_owned(),
-            origin: origin.clone(),
-            regions: Mutex::new(HashMap::new()),
-            stats: Default::default(),
-        };
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), Arc::new(session));
+        self.sessions.open(id.clone(), tenant, origin);
         self.metrics.sessions.inc();
         info!(tenant, shim_id, "session opened");
         let mut names: Vec<String> = t.namespaces.keys().cloned().collect();
@@ -311,7 +282,7 @@ impl Agent {
     /// was opened from (a leaked id is useless elsewhere). Unknown ids pass
     /// here and fail at lookup with `UNAUTHENTICATED` as before.
     pub fn check_origin(&self, session_id: &str, origin: &ShimOrigin) -> Result<(), AgentError> {
-        match self.sessions.lock().unwrap_or_else(|p| p.into_inner()).get(session_id) {
+        match self.sessions.peek(session_id) {
             Some(s) if s.origin != *origin => {
                 self.metrics.auth_failures.with_label_values(&[&s.tenant, "origin_mismatch"]).inc();
                 tracing::warn!(tenant = %s.tenant, opened_from = ?s.origin, used_from = ?origin, "session used from another origin");
@@ -324,13 +295,51 @@ impl Agent {
     /// Closes a session; returns its regions so the caller can wait until
     /// transfers still using them have finished ([`crate::hostmem::quiesce`]).
     pub fn close_session(&self, id: &str) -> Result<Vec<Arc<dyn HostRegion>>, AgentError> {
-        let s = self.sessions.lock().unwrap_or_else(|p| p.into_inner()).remove(id).ok_or(AgentError::UnknownSession)?;
-        let regions = std::mem::take(&mut *s.regions.lock().unwrap_or_else(|p| p.into_inner()));
+        let s = self.sessions.remove(id).ok_or(AgentError::UnknownSession)?;
+        let regions = self.retire(&s);
+        info!(tenant = %s.tenant, released = regions.len(), "session closed");
+        Ok(regions)
+    }
+
+    /// Takes a removed session's regions out of the gauges; returns them.
+    fn retire(&self, s: &Session) -> Vec<Arc<dyn HostRegion>> {
+        let regions = std::mem::take(&mut *s.regions());
         self.metrics.regions.with_label_values(&[&s.tenant]).sub(regions.len() as i64);
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(Session::registered_bytes(&regions) as i64);
         self.metrics.sessions.dec();
-        info!(tenant = %s.tenant, released = regions.len(), "session closed");
-        Ok(regions.into_values().map(|r| r.region).collect())
+        regions.into_values().map(|r| r.region).collect()
+    }
+
+    /// Renews the sessions a shim names; returns those it must re-open.
+    pub fn renew(&self, ids: &[String], origin: &ShimOrigin) -> Vec<String> {
+        self.sessions.renew(ids, origin)
+    }
+
+    /// Closes every session whose lease ran out (its shim died) and
+    /// releases its regions; returns how many.
+    pub fn expire_sessions(&self) -> usize {
+        let expired = self.sessions.take_expired();
+        for (_, s) in &expired {
+            let regions = self.retire(s);
+            self.metrics.sessions_expired.with_label_values(&[&s.tenant]).inc();
+            tracing::warn!(tenant = %s.tenant, released = regions.len(),
+                lease_ms = self.sessions.lease().as_millis() as u64,
+                "session expired: its shim stopped renewing it; regions released");
+            // Transfers still using a region hold their own reference; the
+            // mapping goes when the last of them ends.
+        }
+        expired.len()
+    }
+
+    /// Expires dead sessions every quarter lease, until the agent stops.
+    pub async fn reap_sessions(self: Arc<Self>) {
+        let every = (self.sessions.lease() / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.expire_sessions();
+        }
     }
 
     pub fn register_region(&self, session_id: &str, export: RegionExport, length: u64) -> Result<String, AgentError> {
@@ -338,7 +347,7 @@ impl Agent {
         if length == 0 {
             return Err(AgentError::BadRequest("region length must be > 0".into()));
         }
-        let mut regions = s.regions.lock().unwrap_or_else(|p| p.into_inner());
+        let mut regions = s.regions();
         if regions.len() >= self.limits.max_regions_per_session {
             return Err(AgentError::ResourceExhausted(format!(
                 "{} regions per session",
@@ -366,12 +375,7 @@ impl Agent {
     /// still using it have finished ([`crate::hostmem::quiesce`]).
     pub fn release_region(&self, session_id: &str, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
         let s = self.session(session_id)?;
-        let r = s
-            .regions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(region_id)
-            .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))?;
+        let r = s.regions().remove(region_id).ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))?;
         self.metrics.regions.with_label_values(&[&s.tenant]).dec();
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(r.region.len() as i64);
         Ok(r.region)
@@ -398,13 +402,32 @@ impl Agent {
         }
     }
 
-    /// Runs `f` as one request: span with the request id, metrics, stats.
+    /// The deadline of a request in `namespace`: the caller's `timeout_ms`
+    /// if it gave one, never more than the namespace's `request_timeout_ms`.
+    fn deadline(&self, s: &Session, namespace: &str, timeout_ms: u32) -> Duration {
+        let ns = self
+            .tenants
+            .get(&s.tenant)
+            .and_then(|t| t.namespaces.get(namespace))
+            .map_or(crate::config::DEFAULT_REQUEST_TIMEOUT, |st| st.request_timeout());
+        match timeout_ms {
+            0 => ns,
+            ms => ns.min(Duration::from_millis(u64::from(ms))),
+        }
+    }
+
+    /// Runs `f` as one request: its deadline, a span with the request id,
+    /// metrics, stats. A request past its deadline is dropped where it
+    /// stands (every S3 call it made is cancelled and an unfinished
+    /// multipart upload aborted) and fails with DEADLINE_EXCEEDED.
+    #[allow(clippy::too_many_arguments)]
     async fn run<T, F>(
         &self,
         s: &Session,
         request_id: &str,
         namespace: &str,
         op: &'static str,
+        timeout_ms: u32,
         info_of: impl Fn(&T) -> (u64, &'static str),
         f: F,
     ) -> Result<T, AgentError>
@@ -413,7 +436,11 @@ impl Agent {
     {
         let span = tracing::info_span!("request", request_id, tenant = %s.tenant, namespace, op);
         let start = Instant::now();
-        let result = f.instrument(span.clone()).await;
+        let limit = self.deadline(s, namespace, timeout_ms);
+        let result = match tokio::time::timeout(limit, f.instrument(span.clone())).await {
+            Ok(r) => r,
+            Err(_) => Err(AgentError::DeadlineExceeded(limit)),
+        };
         let elapsed = start.elapsed();
         s.stats.requests.fetch_add(1, Ordering::Relaxed);
         let _g = span.enter();
@@ -468,6 +495,7 @@ impl Agent {
         range: Option<(u64, Option<u64>)>,
         region_id: &str,
         offset: u64,
+        timeout_ms: u32,
     ) -> Result<TransferReport, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
@@ -494,7 +522,7 @@ impl Agent {
                 object_size: out.object_size,
             })
         };
-        self.run(&s, request_id, namespace, "get", |r: &TransferReport| (r.bytes, r.data_path), work).await
+        self.run(&s, request_id, namespace, "get", timeout_ms, |r: &TransferReport| (r.bytes, r.data_path), work).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -508,6 +536,7 @@ impl Agent {
         offset: u64,
         length: u64,
         content_type: &str,
+        timeout_ms: u32,
     ) -> Result<TransferReport, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
@@ -533,7 +562,7 @@ impl Agent {
                 object_size: length,
             })
         };
-        self.run(&s, request_id, namespace, "put", |r: &TransferReport| (r.bytes, r.data_path), work).await
+        self.run(&s, request_id, namespace, "put", timeout_ms, |r: &TransferReport| (r.bytes, r.data_path), work).await
     }
 
     pub async fn head(
@@ -542,6 +571,7 @@ impl Agent {
         request_id: &str,
         namespace: &str,
         key: &str,
+        timeout_ms: u32,
     ) -> Result<ObjectMeta, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
@@ -550,7 +580,7 @@ impl Agent {
             let _permit = self.admit(&s, 0).await?;
             Ok(store.head(key, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "head", |_| (0, DATA_PATH_HTTP), work).await
+        self.run(&s, request_id, namespace, "head", timeout_ms, |_| (0, DATA_PATH_HTTP), work).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -563,6 +593,7 @@ impl Agent {
         continuation_token: &str,
         max_keys: u32,
         delimiter: &str,
+        timeout_ms: u32,
     ) -> Result<ListPage, AgentError> {
         let s = self.session(session_id)?;
         let work = async {
@@ -571,7 +602,7 @@ impl Agent {
             let _permit = self.admit(&s, 0).await?;
             Ok(store.list_page(prefix, continuation_token, max_keys, delimiter, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "list", |_| (0, DATA_PATH_HTTP), work).await
+        self.run(&s, request_id, namespace, "list", timeout_ms, |_| (0, DATA_PATH_HTTP), work).await
     }
 
     pub async fn delete(
@@ -580,6 +611,7 @@ impl Agent {
         request_id: &str,
         namespace: &str,
         key: &str,
+        timeout_ms: u32,
     ) -> Result<(), AgentError> {
         let s = self.session(session_id)?;
         let work = async {
@@ -588,12 +620,12 @@ impl Agent {
             let _permit = self.admit(&s, 0).await?;
             Ok(store.delete(key, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "delete", |_| (0, DATA_PATH_HTTP), work).await
+        self.run(&s, request_id, namespace, "delete", timeout_ms, |_| (0, DATA_PATH_HTTP), work).await
     }
 
     pub fn stats(&self, session_id: &str) -> Result<StatsSnapshot, AgentError> {
         let s = self.session(session_id)?;
-        let regions = s.regions.lock().unwrap_or_else(|p| p.into_inner());
+        let regions = s.regions();
         let st = &s.stats;
         Ok(StatsSnapshot {
             requests: st.requests.load(Ordering::Relaxed),

@@ -31,6 +31,10 @@ pub struct AgentConfig {
     pub grpc_socket: Option<PathBuf>,
     /// Unix socket where a co-located shim hands over region memfds.
     pub memory_socket: PathBuf,
+    /// Permission bits of `grpc_socket` and `memory_socket` (octal in TOML:
+    /// 0o660): only the shim's user or group should reach them.
+    #[serde(default = "default_socket_mode")]
+    pub socket_mode: u32,
     /// Prometheus metrics (`GET /metrics`). Port 0 picks one.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
@@ -59,7 +63,12 @@ pub struct AgentConfig {
     pub tenants: Vec<TenantConfig>,
 }
 
-/// Per-tenant resource limits.
+fn default_socket_mode() -> u32 {
+    0o660
+}
+
+/// Per-session resource limits and the lease that reclaims dead shims'
+/// sessions.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
@@ -67,13 +76,20 @@ pub struct Limits {
     pub max_regions_per_session: usize,
     /// Most bytes of memory a session may register.
     pub max_registered_bytes_per_session: u64,
+    /// A session that no call and no Renew names for this long belongs to
+    /// a shim that died: it is closed and its regions are released. Live
+    /// shims renew every third of it.
+    pub session_lease_ms: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_regions_per_session: 4096, max_registered_bytes_per_session: 64 << 30 }
+        Self { max_regions_per_session: 4096, max_registered_bytes_per_session: 64 << 30, session_lease_ms: 15_000 }
     }
 }
+
+/// A namespace's request deadline when its config does not set one.
+pub const DEFAULT_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Agent-wide QoS settings: the fair transfer scheduler shared by all
 /// tenants. Fixed at startup (a reload only changes per-tenant limits).
@@ -254,6 +270,15 @@ pub struct NamespaceConfig {
     /// 4 KiB..16 MiB). Ranged GETs decrypt whole chunks.
     #[serde(default = "default_encryption_chunk")]
     pub encryption_chunk_bytes: u32,
+    /// End-to-end deadline of a request in this namespace, and the most a
+    /// caller may ask for (callers may ask for less). A request past it is
+    /// cancelled and fails with DEADLINE_EXCEEDED.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_request_timeout_ms() -> u64 {
+    DEFAULT_REQUEST_TIMEOUT.as_millis() as u64
 }
 
 fn default_encryption() -> String {
@@ -449,6 +474,9 @@ impl AgentConfig {
         if self.tenants.is_empty() {
             return bad("no [[tenants]] configured".into());
         }
+        if self.socket_mode > 0o777 {
+            return bad(format!("socket_mode {:o} is not a permission mode", self.socket_mode));
+        }
         self.host_memory.validate().map_err(ConfigError::Invalid)?;
         if self.encryption.engine == CipherEngine::Doca && self.encryption.doca_device.is_none() {
             return bad("[encryption] engine = \"doca\" needs doca_device = \"<PCI address or mlx5_N>\"".into());
@@ -492,6 +520,9 @@ impl AgentConfig {
                 }
                 if ns.bucket.is_empty() {
                     return bad(format!("namespace {:?}: bucket is empty", ns.name));
+                }
+                if ns.request_timeout_ms == 0 {
+                    return bad(format!("namespace {:?}: request_timeout_ms must be > 0", ns.name));
                 }
                 if ns.data_path != DataPathMode::Http && !["tcp", "verbs-rc", "dc"].contains(&ns.transport.as_str()) {
                     return bad(format!(
@@ -541,6 +572,9 @@ impl AgentConfig {
             if c.secret_key.is_some() == c.secret_key_file.is_some() {
                 return bad(format!("credentials {name:?}: set exactly one of secret_key and secret_key_file"));
             }
+        }
+        if self.limits.session_lease_ms < 100 {
+            return bad("limits: session_lease_ms must be >= 100".into());
         }
         if self.qos.global_slots == 0 || self.qos.queue_timeout_ms == 0 {
             return bad("qos: global_slots >= 1 and queue_timeout_ms >= 1".into());

@@ -34,6 +34,9 @@ pub enum AgentError {
     /// refusals carry `retry_after` in the message.
     #[error("quota exceeded: {0}")]
     Quota(#[from] sluice_qos::QosError),
+    /// The request's end-to-end deadline passed; it was cancelled.
+    #[error("the request did not finish within its deadline of {} ms", .0.as_millis())]
+    DeadlineExceeded(std::time::Duration),
     #[error(transparent)]
     Memory(#[from] MemError),
     #[error(transparent)]
@@ -56,6 +59,7 @@ impl AgentError {
             Self::Quota(sluice_qos::QosError::UnknownTenant { .. }) => ErrorCode::UnknownTenant,
             Self::Quota(sluice_qos::QosError::InvalidLimits { .. }) => ErrorCode::Internal,
             Self::Quota(_) => ErrorCode::QuotaExceeded,
+            Self::DeadlineExceeded(_) => ErrorCode::DeadlineExceeded,
             Self::Memory(e) => crate::hostmem::mem_code(e),
             Self::S3(e) => e.code(),
         }
@@ -87,6 +91,8 @@ impl From<AgentError> for tonic::Status {
             ErrorCode::Integrity => tonic::Code::DataLoss,
             ErrorCode::TransferFailed => tonic::Code::Aborted,
             ErrorCode::Unsupported => tonic::Code::Unimplemented,
+            ErrorCode::DeadlineExceeded => tonic::Code::DeadlineExceeded,
+            ErrorCode::AgentUnavailable => tonic::Code::Unavailable,
             _ => tonic::Code::Internal,
         };
         let msg = e.to_string();

@@ -68,7 +68,14 @@ impl AgentRpc for GrpcService {
             proof: &r.proof,
         };
         let (session_id, namespaces) = self.agent.open_session(&ask, &origin)?;
-        Ok(Response::new(pb::OpenSessionReply { session_id, namespaces }))
+        let lease_ms = u32::try_from(self.agent.session_lease().as_millis()).unwrap_or(u32::MAX);
+        Ok(Response::new(pb::OpenSessionReply { session_id, namespaces, lease_ms }))
+    }
+
+    async fn renew(&self, req: Request<pb::RenewRequest>) -> Result<Response<pb::RenewReply>, Status> {
+        let origin = origin_of(&req);
+        let unknown_session_ids = self.agent.renew(&req.into_inner().session_ids, &origin);
+        Ok(Response::new(pb::RenewReply { unknown_session_ids }))
     }
 
     async fn close_session(
@@ -118,8 +125,10 @@ impl AgentRpc for GrpcService {
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let range = r.range.map(|g| (g.start, g.length));
-        let out =
-            self.agent.get(&r.session_id, &r.request_id, &r.namespace, &r.key, range, &r.region_id, r.offset).await?;
+        let out = self
+            .agent
+            .get(&r.session_id, &r.request_id, &r.namespace, &r.key, range, &r.region_id, r.offset, r.timeout_ms)
+            .await?;
         Ok(Response::new(pb::GetReply {
             report: Some(report(&r.request_id, &out)),
             object_size: out.object_size,
@@ -133,7 +142,17 @@ impl AgentRpc for GrpcService {
         self.agent.check_origin(&r.session_id, &origin)?;
         let out = self
             .agent
-            .put(&r.session_id, &r.request_id, &r.namespace, &r.key, &r.region_id, r.offset, r.length, &r.content_type)
+            .put(
+                &r.session_id,
+                &r.request_id,
+                &r.namespace,
+                &r.key,
+                &r.region_id,
+                r.offset,
+                r.length,
+                &r.content_type,
+                r.timeout_ms,
+            )
             .await?;
         Ok(Response::new(pb::PutReply { report: Some(report(&r.request_id, &out)), etag: out.etag }))
     }
@@ -142,7 +161,7 @@ impl AgentRpc for GrpcService {
         let origin = origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
-        let m = self.agent.head(&r.session_id, &r.request_id, &r.namespace, &r.key).await?;
+        let m = self.agent.head(&r.session_id, &r.request_id, &r.namespace, &r.key, r.timeout_ms).await?;
         Ok(Response::new(pb::HeadReply { object: Some(info(m)) }))
     }
 
@@ -160,6 +179,7 @@ impl AgentRpc for GrpcService {
                 &r.continuation_token,
                 r.max_keys,
                 &r.delimiter,
+                r.timeout_ms,
             )
             .await?;
         Ok(Response::new(pb::ListReply {
@@ -173,7 +193,7 @@ impl AgentRpc for GrpcService {
         let origin = origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
-        self.agent.delete(&r.session_id, &r.request_id, &r.namespace, &r.key).await?;
+        self.agent.delete(&r.session_id, &r.request_id, &r.namespace, &r.key, r.timeout_ms).await?;
         Ok(Response::new(pb::DeleteReply {}))
     }
 

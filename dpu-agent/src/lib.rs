@@ -17,5 +17,6 @@ pub mod metrics;
 pub mod quota;
 pub mod s3;
 pub mod server;
+pub mod session;
 
 pub use error::{detail_from_status, AgentError};

@@ -33,6 +33,15 @@ pub struct Metrics {
     /// limit (`kind`: requests_per_sec, max_inflight_bytes, busy_slots, ...).
     /// Tenants that are not configured count as `<unknown>`.
     pub quota_refusals: IntCounterVec,
+    /// Sessions closed by the agent because their shim stopped renewing them.
+    pub sessions_expired: IntCounterVec,
+    /// Multipart uploads the agent aborted, by why (`failed`: a part or the
+    /// completion failed; `cancelled`: the request was dropped mid-way —
+    /// its shim died or its deadline passed).
+    pub multipart_aborts: IntCounterVec,
+    /// This process's open descriptors and resident memory, read at scrape.
+    pub open_fds: IntGauge,
+    pub resident_bytes: IntGauge,
 }
 
 impl Metrics {
@@ -76,6 +85,20 @@ impl Metrics {
             Opts::new("quota_refusals_total", "Requests and registrations refused by a tenant quota"),
             &["tenant", "kind"],
         )?;
+        let sessions_expired = IntCounterVec::new(
+            Opts::new("sessions_expired_total", "Sessions closed because their shim stopped renewing them"),
+            &["tenant"],
+        )?;
+        let multipart_aborts = IntCounterVec::new(
+            Opts::new("multipart_aborts_total", "Multipart uploads aborted by the agent"),
+            &["reason"],
+        )?;
+        let open_fds = IntGauge::new("open_fds", "Open file descriptors of the agent process")?;
+        let resident_bytes = IntGauge::new("resident_bytes", "Resident memory of the agent process")?;
+        registry.register(Box::new(sessions_expired.clone()))?;
+        registry.register(Box::new(multipart_aborts.clone()))?;
+        registry.register(Box::new(open_fds.clone()))?;
+        registry.register(Box::new(resident_bytes.clone()))?;
         registry.register(Box::new(quota_refusals.clone()))?;
         registry.register(Box::new(auth_failures.clone()))?;
         registry.register(Box::new(access_denied.clone()))?;
@@ -102,6 +125,10 @@ impl Metrics {
             auth_failures,
             access_denied,
             quota_refusals,
+            sessions_expired,
+            multipart_aborts,
+            open_fds,
+            resident_bytes,
         })
     }
 
@@ -162,11 +189,31 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
+        let (fds, rss) = process_usage();
+        self.open_fds.set(fds);
+        self.resident_bytes.set(rss);
         TextEncoder::new()
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|e| format!("# encode error: {e}\n"))
     }
 }
+
+/// Open descriptors and resident bytes of this process (0 where /proc is
+/// unreadable).
+pub fn process_usage() -> (i64, i64) {
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as i64);
+    // "VmRSS:    12345 kB" (in kB whatever the page size).
+    let rss_kb = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        })
+        .unwrap_or(0i64);
+    (fds, rss_kb * 1024)
+}
+
+/// How long a metrics scraper may take to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `GET /metrics` on `listener` forever.
 pub async fn serve(metrics: std::sync::Arc<Metrics>, listener: TcpListener) {
@@ -194,7 +241,12 @@ pub async fn serve(metrics: std::sync::Arc<Metrics>, listener: TcpListener) {
                     Ok::<_, Infallible>(resp.unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()))))
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await;
+            // A connection that never finishes its headers is dropped.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
         });
     }
 }

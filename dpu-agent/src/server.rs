@@ -45,7 +45,8 @@ pub struct BoundAddrs {
     pub metrics: Option<SocketAddr>,
 }
 
-fn bind_unix(what: &'static str, path: &Path) -> Result<UnixListener, ServeError> {
+fn bind_unix(what: &'static str, path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+    use std::os::unix::fs::PermissionsExt;
     let err = |source| ServeError::Bind { what, at: path.display().to_string(), source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err)?;
@@ -54,7 +55,19 @@ fn bind_unix(what: &'static str, path: &Path) -> Result<UnixListener, ServeError
     if path.exists() {
         std::fs::remove_file(path).map_err(err)?;
     }
-    UnixListener::bind(path).map_err(err)
+    let l = UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+    Ok(l)
+}
+
+/// The gRPC server settings shared by the TCP and Unix listeners: HTTP/2
+/// pings find peers that vanished without closing (a partitioned DPU link)
+/// so their connections do not linger; their sessions then expire.
+fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+        .tcp_keepalive(Some(std::time::Duration::from_secs(30)))
 }
 
 /// The configured host-memory backend, and the co-located one's handle
@@ -99,6 +112,8 @@ pub async fn run(
     let (memory, colocated) = host_memory(&cfg)?;
     let dataplanes = Dataplanes::start(&cfg, &metrics).await?;
     let agent = Arc::new(Agent::new(&cfg, memory, metrics.clone(), &dataplanes)?);
+    // Sessions of shims that died are closed within a lease.
+    tokio::spawn(agent.clone().reap_sessions());
 
     if let Some(path) = config_path {
         // Registered before "ready": SIGHUP's default action would kill us.
@@ -108,7 +123,7 @@ pub async fn run(
     }
 
     if let Some(colocated) = colocated {
-        let mem_listener = bind_unix("memory socket", &cfg.memory_socket)?;
+        let mem_listener = bind_unix("memory socket", &cfg.memory_socket, cfg.socket_mode)?;
         tokio::spawn(colocated.serve(mem_listener));
     }
 
@@ -134,20 +149,18 @@ pub async fn run(
         bound.grpc = l.local_addr().ok();
         let svc = AgentServer::new(GrpcService::new(agent.clone()));
         let mut rx = stop_rx.clone();
-        servers.spawn(
-            tonic::transport::Server::builder().tcp_nodelay(true).add_service(svc).serve_with_incoming_shutdown(
-                TcpListenerStream::new(l),
-                async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                },
-            ),
-        );
+        servers.spawn(grpc_server().tcp_nodelay(true).add_service(svc).serve_with_incoming_shutdown(
+            TcpListenerStream::new(l),
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        ));
     }
     if let Some(path) = &cfg.grpc_socket {
-        let l = bind_unix("gRPC socket", path)?;
+        let l = bind_unix("gRPC socket", path, cfg.socket_mode)?;
         let svc = AgentServer::new(GrpcService::new(agent.clone()));
         let mut rx = stop_rx.clone();
-        servers.spawn(tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(
+        servers.spawn(grpc_server().add_service(svc).serve_with_incoming_shutdown(
             UnixListenerStream::new(l),
             async move {
                 let _ = rx.wait_for(|s| *s).await;

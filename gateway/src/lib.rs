@@ -7,11 +7,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod expiry;
 pub mod rdma;
 mod upstream;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
@@ -78,6 +80,36 @@ pub struct GatewayConfig {
     /// endpoint, which thereby gains an RDMA data path.
     #[serde(default)]
     pub backend: BackendConfig,
+    /// A connection that does not finish sending a request's headers within
+    /// this time (including an idle keep-alive connection) is closed, so
+    /// idle or trickling clients cannot pile up.
+    #[serde(default = "default_header_timeout_ms")]
+    pub header_timeout_ms: u64,
+    /// Incomplete multipart uploads (directory backend).
+    #[serde(default)]
+    pub multipart: MultipartConfig,
+}
+
+fn default_header_timeout_ms() -> u64 {
+    10_000
+}
+
+/// `[multipart]`: what happens to uploads nobody completes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MultipartConfig {
+    /// An incomplete upload with no activity for this long is removed with
+    /// its parts (checked at start and every `sweep_every_secs`), like S3's
+    /// AbortIncompleteMultipartUpload lifecycle rule.
+    pub expire_after_secs: u64,
+    /// How often to look for expired uploads.
+    pub sweep_every_secs: u64,
+}
+
+impl Default for MultipartConfig {
+    fn default() -> Self {
+        Self { expire_after_secs: 24 * 3600, sweep_every_secs: 600 }
+    }
 }
 
 /// The store behind the gateway.
@@ -225,6 +257,12 @@ impl GatewayConfig {
                 return Err(GatewayError::Invalid(format!("invalid bucket name {b:?}")));
             }
         }
+        if self.header_timeout_ms == 0 {
+            return Err(GatewayError::Invalid("header_timeout_ms must be > 0".into()));
+        }
+        if self.multipart.expire_after_secs == 0 || self.multipart.sweep_every_secs == 0 {
+            return Err(GatewayError::Invalid("[multipart] expire_after_secs and sweep_every_secs must be > 0".into()));
+        }
         Ok(())
     }
 }
@@ -241,6 +279,10 @@ fn valid_bucket_name(name: &str) -> bool {
 pub struct Gateway {
     listener: TcpListener,
     service: s3s::service::S3Service,
+    header_timeout: std::time::Duration,
+    /// The directory store's root and the expiry settings (none upstream:
+    /// an S3 store expires uploads with its own lifecycle rules).
+    sweep: Option<(PathBuf, MultipartConfig)>,
 }
 
 impl Gateway {
@@ -261,6 +303,7 @@ impl Gateway {
         if cfg.rdma.max_op_bytes == 0 || cfg.rdma.max_op_bytes > sluice_dataplane::MAX_OP_BYTES {
             return Err(GatewayError::Invalid("rdma.max_op_bytes must be between 1 and 1 GiB".into()));
         }
+        let mut sweep = None;
         let service = match &cfg.backend {
             BackendConfig::Directory => {
                 let fs = s3s_fs::FileSystem::new(&cfg.data_dir).map_err(|e| GatewayError::Store(format!("{e:?}")))?;
@@ -268,6 +311,7 @@ impl Gateway {
                     .data_dir
                     .canonicalize()
                     .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
+                sweep = Some((root.clone(), cfg.multipart.clone()));
                 let mut b = S3ServiceBuilder::new(with_rdma(fs, &cfg.rdma, Some(root))?);
                 b.set_auth(auth);
                 b.build()
@@ -298,7 +342,8 @@ impl Gateway {
         }
         info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, backend = ?cfg.backend,
               rdma_tcp = cfg.rdma.tcp, "gateway listening");
-        Ok(Self { listener, service })
+        let header_timeout = std::time::Duration::from_millis(cfg.header_timeout_ms);
+        Ok(Self { listener, service, header_timeout, sweep })
     }
 
     /// The address the gateway is listening on.
@@ -308,7 +353,15 @@ impl Gateway {
 
     /// Serves until `shutdown` resolves, then drains connections (up to 10 s).
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
-        let http = ConnBuilder::new(TokioExecutor::new());
+        let sweeper = self.sweep.clone().map(|(root, m)| {
+            let (expire, every) = (Duration::from_secs(m.expire_after_secs), Duration::from_secs(m.sweep_every_secs));
+            tokio::spawn(expiry::run(root, expire, every))
+        });
+        // HTTP/1 only (S3 clients speak it): every connection is then under
+        // the header deadline from its first byte, where protocol detection
+        // would wait for a preface without one.
+        let mut http = ConnBuilder::new(TokioExecutor::new()).http1_only();
+        http.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(self.header_timeout);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -330,6 +383,9 @@ impl Gateway {
             });
         }
         info!("gateway shutting down");
+        if let Some(s) = sweeper {
+            s.abort();
+        }
         tokio::select! {
             () = graceful.shutdown() => {}
             () = tokio::time::sleep(std::time::Duration::from_secs(10)) => warn!("connections still open after 10 s; closing"),

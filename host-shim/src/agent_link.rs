@@ -14,6 +14,19 @@ use tonic::transport::{Channel, Endpoint};
 use crate::config::AgentLink as LinkConfig;
 use crate::error::ShimError;
 
+/// Longest one memfd hand-over may take (the agent answers at once).
+const HAND_OVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Channel settings for either address kind: connecting is bounded, and
+/// HTTP/2 pings notice an agent that vanished without closing the
+/// connection (calls then fail fast and the next one reconnects).
+fn endpoint(e: Endpoint) -> Endpoint {
+    e.connect_timeout(std::time::Duration::from_secs(5))
+        .http2_keep_alive_interval(std::time::Duration::from_secs(10))
+        .keep_alive_timeout(std::time::Duration::from_secs(20))
+        .keep_alive_while_idle(true)
+}
+
 /// Shared by all client connections of one shim.
 pub struct AgentLink {
     pub grpc: AgentClient<Channel>,
@@ -29,21 +42,31 @@ impl AgentLink {
         let channel = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
             // The URI is ignored by the connector; tonic needs a valid one.
-            Endpoint::from_static("http://agent.local").connect_with_connector_lazy(tower::service_fn(move |_| {
-                let path = path.clone();
-                async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-            }))
+            endpoint(Endpoint::from_static("http://agent.local")).connect_with_connector_lazy(tower::service_fn(
+                move |_| {
+                    let path = path.clone();
+                    async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+                },
+            ))
         } else {
-            Endpoint::from_shared(cfg.grpc.clone())
-                .map_err(|e| ShimError::BadRequest(format!("agent address {:?}: {e}", cfg.grpc)))?
-                .tcp_nodelay(true)
-                .connect_lazy()
+            endpoint(
+                Endpoint::from_shared(cfg.grpc.clone())
+                    .map_err(|e| ShimError::BadRequest(format!("agent address {:?}: {e}", cfg.grpc)))?,
+            )
+            .tcp_nodelay(true)
+            .connect_lazy()
         };
         Ok(Self { grpc: AgentClient::new(channel), memory_socket: cfg.memory_socket.clone(), memory: Mutex::new(None) })
     }
 
     /// Hands `fd` to the agent and returns the ticket that redeems it.
     pub async fn hand_over(&self, fd: BorrowedFd<'_>) -> Result<String, ShimError> {
+        tokio::time::timeout(HAND_OVER_TIMEOUT, self.hand_over_now(fd)).await.map_err(|_| {
+            ShimError::AgentUnavailable(format!("the agent's memory socket did not answer in {HAND_OVER_TIMEOUT:?}"))
+        })?
+    }
+
+    async fn hand_over_now(&self, fd: BorrowedFd<'_>) -> Result<String, ShimError> {
         let mut guard = self.memory.lock().await;
         // One retry with a fresh connection covers an agent restart.
         for attempt in 0..2 {

@@ -82,6 +82,8 @@ pub struct AgentLink {
     pub memory_socket: PathBuf,
 }
 
+/// What one client may hold in the shim. The shim is shared by every local
+/// user, so each bound keeps one of them from starving the rest.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ShimLimits {
@@ -89,11 +91,33 @@ pub struct ShimLimits {
     pub max_region_bytes: u64,
     /// Requests a single connection may have in flight.
     pub max_in_flight_per_connection: usize,
+    /// Regions one connection may hold (the shim keeps each region's memfd
+    /// so it can register it again after an agent restart).
+    pub max_regions_per_connection: usize,
+    /// Connections one local user (uid) may have open at once.
+    pub max_connections_per_uid: usize,
+    /// Connections open at once, all users together.
+    pub max_connections: usize,
+    /// A connection that has not completed Hello this long after it was
+    /// accepted is closed.
+    pub hello_timeout_ms: u64,
+    /// Deadline of a request whose client gave none (the agent's namespace
+    /// deadline usually ends it first); a request that gave one gets that
+    /// plus a little grace for the answer to come back.
+    pub request_timeout_ms: u64,
 }
 
 impl Default for ShimLimits {
     fn default() -> Self {
-        Self { max_region_bytes: 16 << 30, max_in_flight_per_connection: 256 }
+        Self {
+            max_region_bytes: 16 << 30,
+            max_in_flight_per_connection: 256,
+            max_regions_per_connection: 256,
+            max_connections_per_uid: 64,
+            max_connections: 1024,
+            hello_timeout_ms: 5_000,
+            request_timeout_ms: 900_000,
+        }
     }
 }
 
@@ -154,6 +178,16 @@ impl ShimConfig {
                 ))
             }
             _ => {}
+        }
+        let l = &self.limits;
+        if l.max_in_flight_per_connection == 0
+            || l.max_regions_per_connection == 0
+            || l.max_connections_per_uid == 0
+            || l.max_connections == 0
+            || l.hello_timeout_ms == 0
+            || l.request_timeout_ms == 0
+        {
+            return Err(ConfigError::Invalid("every [limits] value must be > 0".into()));
         }
         if self.socket_mode > 0o777 {
             return Err(ConfigError::Invalid(format!("socket_mode {:o} is not a permission mode", self.socket_mode)));

@@ -1,4 +1,5 @@
-//! One client connection: identity, handshake, pipelined requests, regions.
+//! One client connection: identity, per-user connection limits, the Hello
+//! deadline, pipelined requests with deadlines.
 //!
 //! Requests are read in order; each is then served on its own task, so a slow
 //! GET never holds up a HEAD behind it. Responses go out through one writer
@@ -6,21 +7,30 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use sluice_proto::agent as apb;
-use sluice_proto::auth;
 use sluice_proto::shim::{self as pb, request::Op, response::Result as Res};
 use sluice_proto::{encode_frame, Message, MAX_FRAME_LEN, SHIM_PROTOCOL_VERSION};
 use sluice_shm::{FrameError, FrameReader};
 use tokio::net::UnixStream;
-use tokio::sync::{mpsc, Mutex, Semaphore};
-use tracing::{debug, info, warn, Instrument};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
+use tracing::{debug, warn, Instrument};
 
+use crate::config::ShimLimits;
 use crate::error::ShimError;
-use crate::memory::ExportGuard;
-use crate::path::{list_path, object_path};
 use crate::server::Shared;
+use crate::session::Session;
+
+/// Extra time past a client's deadline for the agent's own DEADLINE_EXCEEDED
+/// answer to come back before the shim gives up waiting.
+const DEADLINE_GRACE: Duration = Duration::from_secs(2);
+/// Longest the shim waits for the agent to open a session at Hello.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest the shim waits to deliver a refusal to a client that is not
+/// reading.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A response on its way out, with the descriptor it carries (if any).
 struct Outgoing {
@@ -28,13 +38,53 @@ struct Outgoing {
     fd: Option<OwnedFd>,
 }
 
-/// Per-connection state once the handshake is done.
-struct Session {
-    id: String,
-    tenant: String,
-    /// Regions registered on this connection: id -> length, and what keeps
-    /// its export valid (DOCA) until the agent has released it.
-    regions: Mutex<HashMap<String, (u64, ExportGuard)>>,
+/// Open connections, per uid and in total.
+#[derive(Default)]
+pub struct ConnectionCounts {
+    per_uid: Mutex<HashMap<u32, usize>>,
+}
+
+/// One admitted connection; counted until dropped.
+pub struct ConnectionSlot<'a> {
+    counts: &'a ConnectionCounts,
+    uid: u32,
+}
+
+impl ConnectionCounts {
+    fn admit(&self, uid: u32, limits: &ShimLimits) -> Result<ConnectionSlot<'_>, ShimError> {
+        let mut map = self.per_uid.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = map.values().sum();
+        let mine = map.get(&uid).copied().unwrap_or(0);
+        if total >= limits.max_connections {
+            return Err(ShimError::Refused(format!(
+                "the shim has {total} connections open (max_connections); try again later"
+            )));
+        }
+        if mine >= limits.max_connections_per_uid {
+            return Err(ShimError::Refused(format!(
+                "uid {uid} has {mine} connections open (max_connections_per_uid); close some first"
+            )));
+        }
+        *map.entry(uid).or_default() += 1;
+        Ok(ConnectionSlot { counts: self, uid })
+    }
+
+    /// Open connections of `uid` (for tests and logs).
+    pub fn of(&self, uid: u32) -> usize {
+        self.per_uid.lock().unwrap_or_else(|p| p.into_inner()).get(&uid).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for ConnectionSlot<'_> {
+    fn drop(&mut self) {
+        let mut map = self.counts.per_uid.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.uid);
+            }
+        }
+    }
 }
 
 fn new_request_id() -> String {
@@ -49,6 +99,15 @@ pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
         Ok(c) => (c.uid(), c.gid(), c.pid().unwrap_or(0)),
         Err(e) => {
             warn!(error = %e, "SO_PEERCRED failed; dropping connection");
+            return;
+        }
+    };
+    let _slot = match shared.connections.admit(uid, &shared.config.limits) {
+        Ok(slot) => slot,
+        Err(e) => {
+            warn!(uid, pid, error = %e, "connection refused");
+            let frame = error_frame(0, String::new(), &e).frame;
+            let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, sluice_shm::send_with_fds(&stream, &frame, &[])).await;
             return;
         }
     };
@@ -68,12 +127,7 @@ pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
     let span = tracing::info_span!("client", uid, gid, pid);
     let session = read_loop(&shared, stream, tx, uid, gid).instrument(span.clone()).await;
     if let Some(s) = session {
-        let req = apb::CloseSessionRequest { session_id: s.id.clone() };
-        if let Err(e) = shared.agent.grpc.clone().close_session(req).await {
-            warn!(parent: &span, error = %e, "closing the agent session failed");
-        }
-        let n = s.regions.lock().await.len();
-        info!(parent: &span, tenant = %s.tenant, released_regions = n, "client disconnected");
+        s.close(&shared).instrument(span).await;
     }
     let _ = writer.await;
 }
@@ -90,11 +144,28 @@ async fn read_loop(
     uid: u32,
     gid: u32,
 ) -> Option<Arc<Session>> {
+    let limits = &shared.config.limits;
     let mut reader = FrameReader::new(stream, MAX_FRAME_LEN);
     let mut session: Option<Arc<Session>> = None;
-    let permits = Arc::new(Semaphore::new(shared.config.limits.max_in_flight_per_connection));
+    let permits = Arc::new(Semaphore::new(limits.max_in_flight_per_connection));
+    let hello_by = Instant::now() + Duration::from_millis(limits.hello_timeout_ms);
     loop {
-        let frame = match reader.next_frame().await {
+        // Until Hello succeeds the connection is on a clock: an idle or
+        // trickling peer cannot hold a slot (and an fd) for long.
+        let next = if session.is_some() {
+            reader.next_frame().await
+        } else {
+            match tokio::time::timeout_at(hello_by, reader.next_frame()).await {
+                Ok(r) => r,
+                Err(_) => {
+                    let e = ShimError::Refused(format!("no Hello within {} ms; closing", limits.hello_timeout_ms));
+                    debug!(error = %e, "closing connection");
+                    let _ = tx.send(error_frame(0, String::new(), &e)).await;
+                    break;
+                }
+            }
+        };
+        let frame = match next {
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(FrameError::TooLarge { len, max }) => {
@@ -119,7 +190,7 @@ async fn read_loop(
                 continue;
             }
         };
-        let id = req.id;
+        let (id, timeout_ms) = (req.id, req.timeout_ms);
         let request_id = if req.request_id.is_empty() { new_request_id() } else { req.request_id };
         let Some(op) = req.op else {
             let _ = tx
@@ -166,17 +237,23 @@ async fn read_loop(
         };
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
         let (shared, tx) = (shared.clone(), tx.clone());
+        let limit = match timeout_ms {
+            0 => Duration::from_millis(shared.config.limits.request_timeout_ms),
+            ms => Duration::from_millis(u64::from(ms)) + DEADLINE_GRACE,
+        };
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
         tokio::spawn(
             async move {
-                let out = match handle(&shared, &s, op, fd, &request_id).await {
-                    Ok((result, fd)) => {
+                let work = crate::handlers::handle(&shared, &s, op, fd, &request_id, timeout_ms);
+                let out = match tokio::time::timeout(limit, work).await {
+                    Ok(Ok((result, fd))) => {
                         Outgoing { frame: encode_frame(&pb::Response { id, request_id, result: Some(result) }), fd }
                     }
-                    Err(e) => {
+                    Ok(Err(e)) => {
                         debug!(error = %e, "request failed");
                         error_frame(id, request_id, &e)
                     }
+                    Err(_) => error_frame(id, request_id, &ShimError::DeadlineExceeded(limit)),
                 };
                 let _ = tx.send(out).await;
                 drop(permit);
@@ -201,194 +278,13 @@ async fn hello(
         return Err(ShimError::Protocol("Hello was already sent on this connection".into()));
     }
     let tenant = shared.config.tenant_for(uid, gid).ok_or(ShimError::UnknownCaller { uid, gid })?.to_owned();
-    let secret = shared.secrets.get(&tenant).ok_or(ShimError::UnknownCaller { uid, gid })?;
-    let (shim_id, timestamp_ms, nonce) = (shared.shim_id.clone(), auth::now_ms(), auth::new_nonce());
-    let proof = auth::session_proof(secret, &tenant, &shim_id, timestamp_ms, &nonce);
-    let req = apb::OpenSessionRequest { tenant: tenant.clone(), shim_id, timestamp_ms, nonce: nonce.to_vec(), proof };
-    let reply = shared.agent.grpc.clone().open_session(req).await?.into_inner();
-    info!(tenant = %tenant, client = %h.client, "client connected");
-    *session =
-        Some(Arc::new(Session { id: reply.session_id, tenant: tenant.clone(), regions: Mutex::new(HashMap::new()) }));
-    Ok(pb::HelloOk { version: SHIM_PROTOCOL_VERSION, tenant, namespaces: reply.namespaces })
-}
-
-async fn check_region(s: &Session, region_id: &str) -> Result<(), ShimError> {
-    if s.regions.lock().await.contains_key(region_id) {
-        Ok(())
-    } else {
-        Err(ShimError::UnknownRegion(region_id.to_owned()))
+    if !shared.secrets.contains_key(&tenant) {
+        return Err(ShimError::UnknownCaller { uid, gid });
     }
-}
-
-/// Serves one request after the handshake.
-async fn handle(
-    shared: &Shared,
-    s: &Session,
-    op: Op,
-    fd: Option<OwnedFd>,
-    request_id: &str,
-) -> Result<(Res, Option<OwnedFd>), ShimError> {
-    let mut agent = shared.agent.grpc.clone();
-    let sid = s.id.clone();
-    let rid = request_id.to_owned();
-    Ok((
-        match op {
-            Op::Hello(_) => unreachable_hello()?,
-            Op::Register(r) => {
-                if r.length == 0 {
-                    return Err(ShimError::BadRequest("region length must be > 0".into()));
-                }
-                if r.length > shared.config.limits.max_region_bytes {
-                    return Err(ShimError::Limit(format!(
-                        "region of {} bytes exceeds max_region_bytes {}",
-                        r.length, shared.config.limits.max_region_bytes
-                    )));
-                }
-                let gpu = r.kind == pb::RegionKind::GpuDmabuf as i32;
-                if r.kind != pb::RegionKind::SharedMemory as i32 && !gpu {
-                    return Err(ShimError::BadRequest(format!("unknown region kind {}", r.kind)));
-                }
-                let (export, guard, give_back) = if gpu {
-                    let fd =
-                        fd.ok_or_else(|| ShimError::BadRequest("a GPU region needs its dma-buf fd attached".into()))?;
-                    let (export, guard) = shared.memory.export_dmabuf(fd, r.dmabuf_offset, r.length, r.gpu_address)?;
-                    (export, guard, None)
-                } else {
-                    let (fd, give_back) = match fd {
-                        Some(fd) => {
-                            let file = std::fs::File::from(fd);
-                            let actual =
-                                file.metadata().map_err(|e| ShimError::BadRequest(format!("fstat: {e}")))?.len();
-                            if actual < r.length {
-                                return Err(ShimError::Memory(sluice_shm::ShmError::FileTooSmall {
-                                    wanted: r.length,
-                                    actual,
-                                }));
-                            }
-                            (OwnedFd::from(file), false)
-                        }
-                        None => (sluice_shm::create_memfd(&format!("sluice-{}", s.tenant), r.length)?, true),
-                    };
-                    let (export, guard) = shared.memory.export_shared(&shared.agent, &fd, r.length).await?;
-                    (export, guard, give_back.then_some(fd))
-                };
-                let reply = agent
-                    .register_region(apb::RegisterRegionRequest {
-                        session_id: sid,
-                        length: r.length,
-                        export: Some(export),
-                    })
-                    .await?
-                    .into_inner();
-                s.regions.lock().await.insert(reply.region_id.clone(), (r.length, guard));
-                let res = Res::Registered(pb::Registered {
-                    region_id: reply.region_id,
-                    length: r.length,
-                    fd_attached: give_back.is_some(),
-                });
-                return Ok((res, give_back));
-            }
-            Op::Release(r) => {
-                check_region(s, &r.region_id).await?;
-                agent
-                    .release_region(apb::ReleaseRegionRequest { session_id: sid, region_id: r.region_id.clone() })
-                    .await?;
-                s.regions.lock().await.remove(&r.region_id);
-                Res::Released(pb::Released {})
-            }
-            Op::Get(g) => {
-                let (ns, key) = object_path(&g.path)?;
-                check_region(s, &g.region_id).await?;
-                let reply = agent
-                    .get(apb::GetRequest {
-                        session_id: sid,
-                        request_id: rid,
-                        namespace: ns.into(),
-                        key: key.into(),
-                        range: g.range,
-                        region_id: g.region_id,
-                        offset: g.offset,
-                    })
-                    .await?
-                    .into_inner();
-                Res::Get(pb::GetResult { report: reply.report, object_size: reply.object_size, etag: reply.etag })
-            }
-            Op::Put(p) => {
-                let (ns, key) = object_path(&p.path)?;
-                check_region(s, &p.region_id).await?;
-                let reply = agent
-                    .put(apb::PutRequest {
-                        session_id: sid,
-                        request_id: rid,
-                        namespace: ns.into(),
-                        key: key.into(),
-                        region_id: p.region_id,
-                        offset: p.offset,
-                        length: p.length,
-                        content_type: p.content_type,
-                    })
-                    .await?
-                    .into_inner();
-                Res::Put(pb::PutResult { report: reply.report, etag: reply.etag })
-            }
-            Op::Head(h) => {
-                let (ns, key) = object_path(&h.path)?;
-                let reply = agent
-                    .head(apb::HeadRequest { session_id: sid, request_id: rid, namespace: ns.into(), key: key.into() })
-                    .await?
-                    .into_inner();
-                Res::Head(reply.object.unwrap_or_default())
-            }
-            Op::List(l) => {
-                let (ns, prefix) = list_path(&l.path)?;
-                let reply = agent
-                    .list(apb::ListRequest {
-                        session_id: sid,
-                        request_id: rid,
-                        namespace: ns.into(),
-                        prefix: prefix.into(),
-                        continuation_token: l.continuation_token,
-                        max_keys: l.max_keys,
-                        delimiter: l.delimiter,
-                    })
-                    .await?
-                    .into_inner();
-                Res::List(pb::ListPage {
-                    objects: reply.objects,
-                    common_prefixes: reply.common_prefixes,
-                    next_continuation_token: reply.next_continuation_token,
-                })
-            }
-            Op::Delete(d) => {
-                let (ns, key) = object_path(&d.path)?;
-                agent
-                    .delete(apb::DeleteRequest {
-                        session_id: sid,
-                        request_id: rid,
-                        namespace: ns.into(),
-                        key: key.into(),
-                    })
-                    .await?;
-                Res::Deleted(pb::Deleted {})
-            }
-            Op::Stats(_) => {
-                let r = agent.stats(apb::StatsRequest { session_id: sid }).await?.into_inner();
-                Res::Stats(pb::StatsResult {
-                    requests: r.requests,
-                    bytes_read: r.bytes_read,
-                    bytes_written: r.bytes_written,
-                    errors: r.errors,
-                    fallbacks: r.fallbacks,
-                    regions: r.regions,
-                    registered_bytes: r.registered_bytes,
-                })
-            }
-        },
-        None,
-    ))
-}
-
-/// Hello is answered inline by the read loop and never reaches `handle`.
-fn unreachable_hello() -> Result<Res, ShimError> {
-    Err(ShimError::Protocol("Hello was already handled".into()))
+    let (s, namespaces) = tokio::time::timeout(OPEN_TIMEOUT, Session::open(shared, &tenant))
+        .await
+        .map_err(|_| ShimError::AgentUnavailable("the agent did not open a session in time".into()))??;
+    tracing::info!(tenant = %tenant, client = %h.client, "client connected");
+    *session = Some(s);
+    Ok(pb::HelloOk { version: SHIM_PROTOCOL_VERSION, tenant, namespaces })
 }

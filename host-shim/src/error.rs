@@ -21,6 +21,17 @@ pub enum ShimError {
     Memory(#[from] sluice_shm::ShmError),
     #[error("agent unreachable: {0}")]
     AgentUnavailable(String),
+    /// The region was registered, but could not be registered again with
+    /// the agent after it restarted.
+    #[error("region {0:?} was lost when the agent restarted ({1}); release it and register it again")]
+    RegionLost(String, String),
+    /// The request's deadline passed before the agent answered.
+    #[error("no answer from the agent within the request's deadline of {} ms", .0.as_millis())]
+    DeadlineExceeded(std::time::Duration),
+    /// The connection did something the shim never allows (no Hello in
+    /// time, too many connections); it is closed after this is sent.
+    #[error("{0}")]
+    Refused(String),
     /// Not possible with this shim's memory backend, build or hardware.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -43,13 +54,22 @@ impl ShimError {
             Self::Limit(_) => ErrorCode::ResourceExhausted,
             Self::Memory(sluice_shm::ShmError::FileTooSmall { .. }) => ErrorCode::RegionTooSmall,
             Self::Memory(_) => ErrorCode::BadRequest,
-            Self::AgentUnavailable(_) => ErrorCode::StoreUnavailable,
+            Self::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
+            Self::RegionLost(..) => ErrorCode::UnknownRegion,
+            Self::DeadlineExceeded(_) => ErrorCode::DeadlineExceeded,
+            Self::Refused(_) => ErrorCode::ResourceExhausted,
             Self::Unsupported(_) => ErrorCode::Unsupported,
             Self::Backend(_) => ErrorCode::Internal,
             Self::Agent(d) => return d.clone(),
         };
         ErrorDetail::new(code, self.to_string())
     }
+}
+
+/// The typed code in an agent's error status, if it carries one.
+pub fn agent_code(status: &tonic::Status) -> Option<ErrorCode> {
+    use sluice_proto::Message;
+    ErrorDetail::decode(status.details()).ok().and_then(|d| ErrorCode::try_from(d.code).ok())
 }
 
 impl From<tonic::Status> for ShimError {
@@ -61,7 +81,12 @@ impl From<tonic::Status> for ShimError {
             }
         }
         match s.code() {
-            tonic::Code::Unavailable | tonic::Code::Unknown => Self::AgentUnavailable(s.message().to_owned()),
+            // Unknown/Cancelled: the connection broke mid-call (the agent
+            // died or restarted with the request in flight).
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
+                Self::AgentUnavailable(s.message().to_owned())
+            }
+            tonic::Code::DeadlineExceeded => Self::AgentUnavailable(format!("deadline: {}", s.message())),
             _ => Self::Agent(ErrorDetail::new(ErrorCode::Internal, format!("agent: {}", s.message()))),
         }
     }

@@ -9,8 +9,10 @@ pub mod agent_link;
 pub mod config;
 pub mod connection;
 pub mod error;
+pub mod handlers;
 pub mod memory;
 pub mod path;
 pub mod server;
+pub mod session;
 
 pub use error::ShimError;

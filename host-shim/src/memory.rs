@@ -16,6 +16,7 @@ use sluice_proto::agent::register_region_request::Export;
 use crate::agent_link::AgentLink;
 use crate::config::{MemoryBackendKind, ShimConfig};
 use crate::error::ShimError;
+use crate::session::RegionSource;
 
 /// What keeps an export valid while the region is registered (the DOCA
 /// mmap); dropped after the agent released the region.
@@ -62,30 +63,35 @@ impl MemoryBackend {
         }
     }
 
-    /// The export for a shared-memory region backed by `fd` (a memfd of at
-    /// least `len` bytes).
+    /// What the shim keeps for a shared-memory region backed by `fd` (a
+    /// sealed memfd of at least `len` bytes), to export it now and again
+    /// after an agent restart.
     #[cfg_attr(not(feature = "doca"), allow(unused_variables))]
-    pub async fn export_shared(
-        &self,
-        link: &AgentLink,
-        fd: &OwnedFd,
-        len: u64,
-    ) -> Result<(Export, ExportGuard), ShimError> {
+    pub fn prepare_shared(&self, fd: OwnedFd, len: u64) -> Result<(RegionSource, ExportGuard), ShimError> {
         match self {
-            Self::Colocated => Ok((Export::ColocatedTicket(link.hand_over(fd.as_fd()).await?), None)),
+            Self::Colocated => Ok((RegionSource::Memfd(fd), None)),
             #[cfg(feature = "doca")]
-            Self::Doca(x) => x.export_shared(fd, len),
+            Self::Doca(x) => x.export_shared(&fd, len),
         }
     }
 
-    /// The export for GPU memory: `len` bytes at `offset` of a dma-buf.
-    pub fn export_dmabuf(
+    /// The export to send on RegisterRegion: co-located, the memfd is
+    /// handed over for a fresh one-time ticket; DOCA, the same descriptor.
+    pub async fn export_again(&self, link: &AgentLink, source: &RegionSource) -> Result<Export, ShimError> {
+        match source {
+            RegionSource::Memfd(fd) => Ok(Export::ColocatedTicket(link.hand_over(fd.as_fd()).await?)),
+            RegionSource::Blob(b) => Ok(Export::DocaExport(b.clone())),
+        }
+    }
+
+    /// What the shim keeps for GPU memory: `len` bytes at `offset` of a dma-buf.
+    pub fn prepare_dmabuf(
         &self,
         fd: OwnedFd,
         offset: u64,
         len: u64,
         gpu_address: u64,
-    ) -> Result<(Export, ExportGuard), ShimError> {
+    ) -> Result<(RegionSource, ExportGuard), ShimError> {
         if gpu_address == 0 {
             return Err(ShimError::BadRequest("a GPU region needs its CUDA address (gpu_address)".into()));
         }
@@ -137,10 +143,10 @@ mod doca {
     use std::sync::Arc;
 
     use sluice_doca::{Access, Device, ExportEnvelope, MemoryKind, Mmap};
-    use sluice_proto::agent::register_region_request::Export;
 
     use super::ExportGuard;
     use crate::error::ShimError;
+    use crate::session::RegionSource;
 
     /// The DPU reads and writes regions over PCIe (staged copies), and
     /// storage nodes RDMA-WRITE into them through the DPU's re-export
@@ -173,14 +179,19 @@ mod doca {
             Ok(Self { dev, pci })
         }
 
-        fn envelope(&self, kind: MemoryKind, mmap: &Arc<Mmap>, len: u64) -> Result<(Export, ExportGuard), ShimError> {
+        fn envelope(
+            &self,
+            kind: MemoryKind,
+            mmap: &Arc<Mmap>,
+            len: u64,
+        ) -> Result<(RegionSource, ExportGuard), ShimError> {
             let descriptor = mmap.export_pci().map_err(backend)?;
             let env = ExportEnvelope { kind, len, host_addr: mmap.addr() as u64, pci: self.pci.clone(), descriptor };
             let guard: Arc<dyn std::any::Any + Send + Sync> = mmap.clone();
-            Ok((Export::DocaExport(env.encode().map_err(backend)?), Some(guard)))
+            Ok((RegionSource::Blob(env.encode().map_err(backend)?), Some(guard)))
         }
 
-        pub fn export_shared(&self, fd: &OwnedFd, len: u64) -> Result<(Export, ExportGuard), ShimError> {
+        pub fn export_shared(&self, fd: &OwnedFd, len: u64) -> Result<(RegionSource, ExportGuard), ShimError> {
             let dup = fd.try_clone().map_err(|e| ShimError::BadRequest(format!("dup: {e}")))?;
             let region = Arc::new(sluice_shm::MappedRegion::map(dup, len)?);
             let mmap = Mmap::pinned(&self.dev, region, EXPORT_ACCESS).map_err(backend)?;
@@ -193,7 +204,7 @@ mod doca {
             offset: u64,
             len: u64,
             gpu: u64,
-        ) -> Result<(Export, ExportGuard), ShimError> {
+        ) -> Result<(RegionSource, ExportGuard), ShimError> {
             let mmap = Mmap::dmabuf(&self.dev, fd, offset as usize, len as usize, gpu, EXPORT_ACCESS).map_err(|e| {
                 if e.code() == Some(sluice_doca::DocaErrorCode::NotSupported) {
                     ShimError::Unsupported(format!("registering GPU memory with DOCA: {e}"))

@@ -19,6 +19,10 @@ pub struct Shared {
     pub secrets: std::collections::HashMap<String, Vec<u8>>,
     /// How regions are exported to the agent.
     pub memory: crate::memory::MemoryBackend,
+    /// Every live session, renewed with the agent in one call.
+    pub sessions: crate::session::Registry,
+    /// Open client connections per uid (the limits are in `config`).
+    pub connections: crate::connection::ConnectionCounts,
 }
 
 /// Binds the socket (replacing a stale one) with the configured mode.
@@ -48,7 +52,16 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
     }
     let memory = crate::memory::MemoryBackend::open(&cfg)?;
     let socket = cfg.socket.clone();
-    let shared = Arc::new(Shared { config: cfg, agent, shim_id, secrets, memory });
+    let shared = Arc::new(Shared {
+        config: cfg,
+        agent,
+        shim_id,
+        secrets,
+        memory,
+        sessions: Default::default(),
+        connections: Default::default(),
+    });
+    let renew = tokio::spawn(crate::session::Registry::renew_loop(shared.clone()));
     info!(socket = %socket.display(), agent = %shared.config.agent.grpc, memory = shared.memory.name(), "shim ready");
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -66,6 +79,7 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         }
     }
     info!("shim shutting down");
+    renew.abort();
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }

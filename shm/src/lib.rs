@@ -11,4 +11,4 @@ mod region;
 
 pub use fdpass::{recv_with_fds, send_with_fds, MAX_FDS_PER_MESSAGE};
 pub use frames::{FrameError, FrameReader};
-pub use region::{create_memfd, MappedRegion, ShmError};
+pub use region::{check_sealed, create_memfd, MappedRegion, ShmError};

@@ -7,6 +7,7 @@ use std::num::NonZeroUsize;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
@@ -22,6 +23,14 @@ pub enum ShmError {
     FileTooSmall { wanted: u64, actual: u64 },
     #[error("access of {len} bytes at offset {offset} is outside the {region_len}-byte region")]
     OutOfBounds { offset: u64, len: u64, region_len: u64 },
+    /// A descriptor that could shrink under a mapping: truncating the file
+    /// would make every access past the new end fault (SIGBUS) in whoever
+    /// maps it, so such descriptors are never mapped.
+    #[error(
+        "the descriptor is not a memfd sealed against shrinking ({0}); create it with \
+         memfd_create(MFD_ALLOW_SEALING), size it, then fcntl(F_ADD_SEALS, F_SEAL_SHRINK)"
+    )]
+    NotSealed(String),
     #[error("{op} failed: {source}")]
     Os { op: &'static str, source: std::io::Error },
 }
@@ -30,7 +39,10 @@ fn os(op: &'static str) -> impl FnOnce(nix::errno::Errno) -> ShmError {
     move |e| ShmError::Os { op, source: std::io::Error::from(e) }
 }
 
-/// Creates an anonymous memory file of `len` bytes (zero-filled), close-on-exec.
+/// Creates an anonymous memory file of `len` bytes (zero-filled),
+/// close-on-exec, sealed at that size: it can never shrink or grow, and its
+/// seals can never change, so it is safe to hand to other processes that
+/// map it (see [`check_sealed`]).
 pub fn create_memfd(name: &str, len: u64) -> Result<OwnedFd, ShmError> {
     if len == 0 {
         return Err(ShmError::EmptyRegion);
@@ -40,7 +52,28 @@ pub fn create_memfd(name: &str, len: u64) -> Result<OwnedFd, ShmError> {
         .map_err(os("memfd_create"))?;
     let file = File::from(fd);
     file.set_len(len).map_err(|source| ShmError::Os { op: "ftruncate", source })?;
+    let seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+    fcntl(file.as_raw_fd(), FcntlArg::F_ADD_SEALS(seals)).map_err(os("fcntl(F_ADD_SEALS)"))?;
     Ok(OwnedFd::from(file))
+}
+
+/// Checks that `fd` is a memory file that can never shrink (a memfd with
+/// `F_SEAL_SHRINK`) and returns its size. Anything else — an unsealed
+/// memfd, a regular file, a pipe — could be truncated by whoever else holds
+/// it, and a mapping of it would then fault (SIGBUS) on access.
+pub fn check_sealed(fd: BorrowedFd<'_>) -> Result<u64, ShmError> {
+    let seals = match fcntl(fd.as_raw_fd(), FcntlArg::F_GET_SEALS) {
+        Ok(bits) => SealFlag::from_bits_truncate(bits),
+        Err(nix::errno::Errno::EINVAL) => {
+            return Err(ShmError::NotSealed("it does not support seals: not a memfd".into()));
+        }
+        Err(e) => return Err(ShmError::NotSealed(format!("F_GET_SEALS failed: {e}"))),
+    };
+    if !seals.contains(SealFlag::F_SEAL_SHRINK) {
+        return Err(ShmError::NotSealed(format!("a memfd without F_SEAL_SHRINK (seals: {seals:?})")));
+    }
+    let size = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(os("fstat"))?.st_size;
+    Ok(u64::try_from(size).unwrap_or(0))
 }
 
 /// A shared, read-write mapping of the first `len` bytes of a memory file.
@@ -69,15 +102,16 @@ impl std::fmt::Debug for MappedRegion {
 }
 
 impl MappedRegion {
-    /// Maps `len` bytes of `fd`. Fails if the file is shorter than `len`: a
-    /// mapping past the end of a file faults (SIGBUS) on access, so this is
-    /// checked before mapping.
+    /// Maps `len` bytes of `fd`, which must be a memfd sealed against
+    /// shrinking and at least `len` bytes long ([`check_sealed`]): a mapping
+    /// past the end of a file faults (SIGBUS) on access, and an unsealed file
+    /// could be truncated under the mapping at any time by another holder.
     pub fn map(fd: OwnedFd, len: u64) -> Result<Self, ShmError> {
         if len == 0 {
             return Err(ShmError::EmptyRegion);
         }
+        let actual = check_sealed(fd.as_fd())?;
         let file = File::from(fd);
-        let actual = file.metadata().map_err(|source| ShmError::Os { op: "fstat", source })?.len();
         if actual < len {
             return Err(ShmError::FileTooSmall { wanted: len, actual });
         }
@@ -85,7 +119,8 @@ impl MappedRegion {
         let nz = NonZeroUsize::new(ulen).ok_or(ShmError::EmptyRegion)?;
         // SAFETY: we map a fresh range chosen by the kernel (addr = None), so no
         // existing Rust memory is affected; the file is at least `len` bytes
-        // (checked above), so every byte of the mapping is backed.
+        // and sealed against shrinking (checked above), so every byte of the
+        // mapping stays backed for as long as it exists.
         let ptr = unsafe {
             mmap(None, nz, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_SHARED, file.as_fd(), 0)
         }
@@ -245,6 +280,35 @@ mod tests {
         let mut out = [0u8; 6];
         std::io::Read::read_exact(&mut a, &mut out).unwrap();
         assert_eq!(&out, b"direct");
+    }
+
+    /// The SIGBUS attack: a region whose file is truncated under the
+    /// mapping. Files this crate creates cannot shrink; files it did not
+    /// create are mapped only when they cannot either.
+    #[test]
+    fn only_files_that_cannot_shrink_are_mapped() {
+        let ours = create_memfd("t", 4096).unwrap();
+        let f = File::from(ours.try_clone().unwrap());
+        assert!(f.set_len(0).is_err(), "a sealed memfd refuses to shrink");
+        assert!(f.set_len(8192).is_err(), "nor does it grow");
+        assert_eq!(check_sealed(ours.as_fd()).unwrap(), 4096);
+        assert!(MappedRegion::map(ours, 4096).is_ok());
+
+        let unsealed = memfd_create(c"t", MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING).unwrap();
+        File::from(unsealed.try_clone().unwrap()).set_len(4096).unwrap();
+        let e = MappedRegion::map(unsealed, 4096).unwrap_err();
+        assert!(matches!(&e, ShmError::NotSealed(why) if why.contains("without F_SEAL_SHRINK")), "{e}");
+
+        let no_sealing = memfd_create(c"t", MemFdCreateFlag::MFD_CLOEXEC).unwrap();
+        File::from(no_sealing.try_clone().unwrap()).set_len(4096).unwrap();
+        assert!(matches!(MappedRegion::map(no_sealing, 4096), Err(ShmError::NotSealed(_))));
+
+        let path = std::env::temp_dir().join(format!("sluice-shm-regular-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let regular = OwnedFd::from(File::open(&path).unwrap());
+        std::fs::remove_file(&path).unwrap();
+        let e = MappedRegion::map(regular, 4096).unwrap_err();
+        assert!(matches!(&e, ShmError::NotSealed(why) if why.contains("not a memfd")), "{e}");
     }
 
     #[test]

@@ -91,17 +91,22 @@ async fn tenant_a_cannot_name_b_namespace_prefix_or_region() {
 
     // ...and straight at the agent with A's own valid session: region ids are
     // checked against the session that registered them, not just looked up.
+    // (The shim names regions by ids of its own, so B's agent-side id comes
+    // from a session B opens at the agent directly.)
     let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let b_session = open_session(&mut grpc, &stack, "beta", "beta-shim").await.expect("B's own session");
+    let (b_region, b_memory) = agent_region(&stack, &mut grpc, &b_session, &pattern(4096, 79)).await;
     let session = open_session(&mut grpc, &stack, "alpha", "alpha-shim").await.expect("A's own session");
     let put = apb::PutRequest {
         session_id: session.clone(),
         request_id: "attack".into(),
         namespace: "data".into(),
         key: "stolen".into(),
-        region_id: b.region.id().into(),
+        region_id: b_region.clone(),
         offset: 0,
         length: 16,
         content_type: String::new(),
+        timeout_ms: 0,
     };
     let st = grpc.put(put).await.unwrap_err();
     assert_eq!(sluice_agent_code(&st), Code::UnknownRegion, "{st:?}");
@@ -111,13 +116,17 @@ async fn tenant_a_cannot_name_b_namespace_prefix_or_region() {
         namespace: "data".into(),
         key: "x".into(),
         range: None,
-        region_id: b.region.id().into(),
+        region_id: b_region.clone(),
         offset: 0,
+        timeout_ms: 0,
     };
     assert_eq!(sluice_agent_code(&grpc.get(get).await.unwrap_err()), Code::UnknownRegion);
     // B's session id is not A's to use either: a made-up one is refused.
-    let fake = apb::ReleaseRegionRequest { session_id: "0".repeat(32), region_id: b.region.id().into() };
+    let fake = apb::ReleaseRegionRequest { session_id: "0".repeat(32), region_id: b_region.clone() };
     assert_eq!(sluice_agent_code(&grpc.release_region(fake).await.unwrap_err()), Code::Unauthenticated);
+    assert_eq!(b_memory.as_slice(), &pattern(4096, 79)[..], "B's agent-side region is untouched");
+    let mine = apb::ReleaseRegionRequest { session_id: b_session, region_id: b_region };
+    grpc.release_region(mine).await.expect("B releases its own region");
 
     b.unharmed(&stack).await;
 }
@@ -167,6 +176,32 @@ async fn open_session(
         proof,
     };
     grpc.open_session(req).await.map(|r| r.into_inner().session_id)
+}
+
+/// Registers `data` as a region in `session` the way a co-located shim
+/// does (a sealed memfd over the agent's memory socket, then the ticket);
+/// returns the agent's region id and the memory.
+async fn agent_region(
+    stack: &Stack,
+    grpc: &mut AgentClient<tonic::transport::Channel>,
+    session: &str,
+    data: &[u8],
+) -> (String, sluice_shm::MappedRegion) {
+    use std::os::fd::AsFd;
+    use tokio::io::AsyncBufReadExt;
+    let memory = sluice_shm::MappedRegion::create("attack", data.len() as u64).unwrap();
+    memory.write_at(0, data).unwrap();
+    let sock = tokio::net::UnixStream::connect(stack.dir.path().join("mem.sock")).await.unwrap();
+    sluice_shm::send_with_fds(&sock, b"R", &[memory.fd().as_fd()]).await.unwrap();
+    let mut line = String::new();
+    tokio::io::BufReader::new(sock).read_line(&mut line).await.unwrap();
+    let ticket = line.trim().strip_prefix("OK ").unwrap_or_else(|| panic!("{line}")).to_owned();
+    let req = apb::RegisterRegionRequest {
+        session_id: session.into(),
+        length: data.len() as u64,
+        export: Some(apb::register_region_request::Export::ColocatedTicket(ticket)),
+    };
+    (grpc.register_region(req).await.unwrap().into_inner().region_id, memory)
 }
 
 #[tokio::test]
@@ -370,6 +405,7 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
         range: None,
         region_id: "r".into(),
         offset: 0,
+        timeout_ms: 0,
     };
     assert_eq!(sluice_agent_code(&unix.get(get).await.unwrap_err()), Code::Unauthenticated);
     let close = apb::CloseSessionRequest { session_id: session.clone() };

@@ -5,6 +5,12 @@
 //! Memory socket protocol (one exchange per fd, on a long-lived connection):
 //! the shim sends the single byte `R` with exactly one fd attached; the agent
 //! answers one line, `OK <ticket>\n` or `ERR <reason>\n`.
+//!
+//! The agent maps memory it did not create, so a descriptor is accepted only
+//! if it can never shrink under the mapping (a memfd with `F_SEAL_SHRINK`);
+//! anything else is refused and closed at once. Descriptors held for tickets
+//! are bounded per connection and in total, connections are bounded, and a
+//! message with too many descriptors closes all of them.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -24,16 +30,32 @@ const TICKET_TTL: Duration = Duration::from_secs(60);
 /// Most unredeemed tickets held at once, so a misbehaving peer cannot make
 /// the agent hoard descriptors.
 const MAX_PENDING: usize = 4096;
+/// Most unredeemed tickets of one connection (a shim redeems each at once).
+const MAX_PENDING_PER_CONNECTION: usize = 256;
+/// Most memory-socket connections at once (a shim keeps one).
+const MAX_CONNECTIONS: usize = 64;
 
 struct Pending {
     fd: OwnedFd,
     at: Instant,
+    connection: u64,
 }
 
 /// The co-located backend.
-#[derive(Default)]
 pub struct ColocatedMemory {
     pending: Mutex<HashMap<String, Pending>>,
+    connections: Arc<tokio::sync::Semaphore>,
+    next_connection: std::sync::atomic::AtomicU64,
+}
+
+impl Default for ColocatedMemory {
+    fn default() -> Self {
+        Self {
+            pending: Mutex::default(),
+            connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+            next_connection: std::sync::atomic::AtomicU64::new(1),
+        }
+    }
 }
 
 impl ColocatedMemory {
@@ -41,15 +63,22 @@ impl ColocatedMemory {
         Arc::new(Self::default())
     }
 
-    /// Stores an fd and returns its ticket.
-    fn deposit(&self, fd: OwnedFd) -> Result<String, MemError> {
+    /// Stores an fd and returns its ticket. The fd must be a memfd that
+    /// cannot shrink; anything else is refused (and closed on return).
+    fn deposit(&self, fd: OwnedFd, connection: u64) -> Result<String, MemError> {
+        sluice_shm::check_sealed(std::os::fd::AsFd::as_fd(&fd))?;
         let mut map = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, p| p.at.elapsed() < TICKET_TTL);
         if map.len() >= MAX_PENDING {
-            return Err(MemError::Map("too many unredeemed memory tickets".into()));
+            return Err(MemError::Exhausted("too many unredeemed memory tickets".into()));
+        }
+        if map.values().filter(|p| p.connection == connection).count() >= MAX_PENDING_PER_CONNECTION {
+            return Err(MemError::Exhausted(format!(
+                "{MAX_PENDING_PER_CONNECTION} unredeemed memory tickets on this connection"
+            )));
         }
         let ticket = crate::ids::random_id();
-        map.insert(ticket.clone(), Pending { fd, at: Instant::now() });
+        map.insert(ticket.clone(), Pending { fd, at: Instant::now(), connection });
         Ok(ticket)
     }
 
@@ -58,8 +87,16 @@ impl ColocatedMemory {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
+                    let Ok(slot) = self.connections.clone().try_acquire_owned() else {
+                        warn!(max = MAX_CONNECTIONS, "memory socket: too many connections; refusing one");
+                        drop(stream);
+                        continue;
+                    };
                     let me = self.clone();
-                    tokio::spawn(async move { me.handle(stream).await });
+                    tokio::spawn(async move {
+                        me.handle(stream).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     warn!(error = %e, "memory socket accept failed");
@@ -70,6 +107,7 @@ impl ColocatedMemory {
     }
 
     async fn handle(&self, mut stream: UnixStream) {
+        let connection = self.next_connection.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut buf = [0u8; 1];
         loop {
             let mut fds = Vec::new();
@@ -84,7 +122,7 @@ impl ColocatedMemory {
             let reply = if buf[0] != b'R' || fds.len() != 1 {
                 format!("ERR expected 'R' with exactly one fd, got {:?} with {} fds\n", buf[0] as char, fds.len())
             } else {
-                match fds.pop().map(|fd| self.deposit(fd)) {
+                match fds.pop().map(|fd| self.deposit(fd, connection)) {
                     Some(Ok(t)) => format!("OK {t}\n"),
                     Some(Err(e)) => format!("ERR {e}\n"),
                     None => "ERR no fd\n".into(),
@@ -142,6 +180,28 @@ mod tests {
         assert_eq!(&out, b"xyz");
         assert!(r.write_at(4095, b"ab").is_err());
         assert!(matches!(mem.import(RegionExport::Colocated { ticket }, 4096), Err(MemError::UnknownTicket)));
+    }
+
+    /// The SIGBUS attack at the agent: descriptors that could shrink under
+    /// its mapping are refused at the door and closed.
+    #[tokio::test]
+    async fn only_sealed_memfds_are_taken() {
+        let mem = ColocatedMemory::new();
+        let (a, b) = UnixStream::pair().unwrap();
+        tokio::spawn(mem.clone().handle_owned(b));
+        let mut reader = tokio::io::BufReader::new(a);
+        let path = std::env::temp_dir().join(format!("sluice-colocated-{}", std::process::id()));
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let regular = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let unsealed = nix::sys::memfd::memfd_create(c"t", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC).unwrap();
+        for (what, fd) in [("regular file", regular.as_fd()), ("unsealed memfd", unsealed.as_fd())] {
+            sluice_shm::send_with_fds(reader.get_ref(), b"R", &[fd]).await.unwrap();
+            let mut line = String::new();
+            reader.read_line(&mut line).await.unwrap();
+            assert!(line.starts_with("ERR") && line.contains("sealed"), "{what}: {line}");
+        }
+        assert!(mem.pending.lock().unwrap().is_empty(), "nothing was kept");
     }
 
     #[tokio::test]

@@ -416,8 +416,9 @@ impl ObjectStore {
         let base = self.next_base();
         let full = &full;
         let upload = self.create_upload(full, base, request_id, headers).await?;
+        let upload_id = upload.id();
         let parts = (0..chunks).step_by(per_part as usize).enumerate().map(|(i, first)| {
-            let (sealer, header, upload) = (sealer.clone(), header.clone(), upload.as_str());
+            let (sealer, header, upload) = (sealer.clone(), header.clone(), upload_id);
             async move {
                 let last = (first + per_part).min(chunks);
                 let _slot = enter(gate, u64::from(last - first) * u64::from(enc.chunk_size)).await?;
@@ -450,12 +451,12 @@ impl ObjectStore {
                 v.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
             }
             Err(e) => {
-                self.abort_multipart(full, &upload, base, request_id).await;
+                upload.failed();
                 return Err(e);
             }
         };
         let n = etags.len();
-        let etag = self.complete_upload(full, &upload, &etags, base, request_id).await?;
+        let etag = self.complete_upload(upload, &etags).await?;
         Ok(PutOutcome::from_parts(etag, &vec![Via::Http; n]))
     }
 }

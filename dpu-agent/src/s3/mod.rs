@@ -34,6 +34,15 @@ async fn enter(gate: Gate<'_>, n: u64) -> Result<Option<sluice_qos::Slot>, S3Err
     }
 }
 
+/// The metrics an S3 client feeds.
+#[derive(Clone)]
+pub struct S3Counters {
+    /// Requests retried after 5xx/throttling/connection errors.
+    pub retries: prometheus::IntCounter,
+    /// Multipart uploads aborted, by reason (`failed`, `cancelled`).
+    pub multipart_aborts: prometheus::IntCounterVec,
+}
+
 /// One namespace's view of an S3 store: endpoints, bucket, key prefix,
 /// region and credentials.
 pub struct ObjectStore {
@@ -45,7 +54,7 @@ pub struct ObjectStore {
     credentials: aws_credential_types::Credentials,
     tuning: S3Tuning,
     next_endpoint: AtomicUsize,
-    retries: prometheus::IntCounter,
+    counters: S3Counters,
     /// The tenant this store serves (descriptors are bound to it).
     tenant: String,
     /// The RDMA data path, when the namespace uses one.
@@ -54,6 +63,8 @@ pub struct ObjectStore {
     access: Vec<crate::config::Permission>,
     /// Inline encryption, when the namespace has it.
     encryption: Option<crypto::Encryption>,
+    /// The namespace's request deadline (and the most a caller may ask for).
+    request_timeout: Duration,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -86,7 +97,7 @@ impl ObjectStore {
         access_key: String,
         secret_key: String,
         tuning: S3Tuning,
-        retries: prometheus::IntCounter,
+        counters: S3Counters,
         rdma: Option<rdma::RdmaPath>,
     ) -> Self {
         Self {
@@ -98,13 +109,19 @@ impl ObjectStore {
             credentials: aws_credential_types::Credentials::new(access_key, secret_key, None, None, "sluice-agent"),
             tuning,
             next_endpoint: AtomicUsize::new(0),
-            retries,
+            counters,
             tenant: tenant.to_owned(),
             rdma,
             degraded: None,
             access: ns.access.clone(),
             encryption: None,
+            request_timeout: Duration::from_millis(ns.request_timeout_ms),
         }
+    }
+
+    /// The namespace's request deadline.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
     }
 
     /// Encrypts this namespace's objects.
@@ -174,7 +191,7 @@ impl ObjectStore {
     /// Backoff before attempt `attempt` (1-based retries): base * 2^(n-1), with
     /// up to 50% jitter so that concurrent parts do not retry in lockstep.
     async fn backoff(&self, attempt: u32) {
-        self.retries.inc();
+        self.counters.retries.inc();
         let base = self.tuning.retry_base_ms.saturating_mul(1 << (attempt - 1).min(10));
         let mut b = [0u8; 2];
         let jitter = match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b) {

@@ -127,12 +127,13 @@ impl ObjectStore {
         let base = self.next_base();
         let headers: Vec<(&'static str, String)> =
             if content_type.is_empty() { vec![] } else { vec![("content-type", content_type.to_owned())] };
-        let upload_id = self.create_upload(full, base, request_id, &headers).await?;
+        let upload = self.create_upload(full, base, request_id, &headers).await?;
 
         let part = self.tuning.put_part_size;
         let count = len.div_ceil(part);
-        let upload = upload_id.as_str();
+        let upload_id = upload.id();
         let uploads = (0..count).map(|i| async move {
+            let upload = upload_id;
             let from = i * part;
             let n = part.min(len - from);
             let number = (i + 1).to_string();
@@ -168,47 +169,51 @@ impl ObjectStore {
         let mut etags = match result {
             Ok(v) => v,
             Err(e) => {
-                self.abort_multipart(full, upload, base, request_id).await;
+                upload.failed();
                 return Err(e);
             }
         };
         etags.sort_by_key(|(i, _, _)| *i);
         let vias: Vec<Via> = etags.iter().map(|(_, _, v)| v.clone()).collect();
         let etags: Vec<String> = etags.into_iter().map(|(_, e, _)| e).collect();
-        let etag = self.complete_upload(full, upload, &etags, base, request_id).await?;
+        let etag = self.complete_upload(upload, &etags).await?;
         Ok(PutOutcome::from_parts(etag, &vias))
     }
 
     /// CreateMultipartUpload; `headers` adds the object's headers (content
-    /// type, user metadata).
-    pub(super) async fn create_upload(
-        &self,
-        full: &str,
+    /// type, user metadata). The upload is aborted when the returned guard
+    /// drops before [`ObjectStore::complete_upload`] succeeds.
+    pub(super) async fn create_upload<'a>(
+        &'a self,
+        full: &'a str,
         base: usize,
-        request_id: &str,
+        request_id: &'a str,
         headers: &[(&'static str, String)],
-    ) -> Result<String, S3Error> {
-        self.retrying(|attempt| async move {
-            let mut spec = Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
-            for (k, v) in headers {
-                spec = spec.header(k, v.clone());
-            }
-            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-            xml::parse_upload_id(&resp.text().await.map_err(S3Error::from_reqwest)?)
-        })
-        .await
+    ) -> Result<MultipartUpload<'a>, S3Error> {
+        let id = self
+            .retrying(|attempt| async move {
+                let mut spec =
+                    Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
+                for (k, v) in headers {
+                    spec = spec.header(k, v.clone());
+                }
+                let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
+                xml::parse_upload_id(&resp.text().await.map_err(S3Error::from_reqwest)?)
+            })
+            .await?;
+        Ok(MultipartUpload { store: self, full, id, base, request_id, failed: false, done: false })
     }
 
-    /// CompleteMultipartUpload with the parts' ETags in order; aborts the
-    /// upload if completing fails.
+    /// CompleteMultipartUpload with the parts' ETags in order; the upload is
+    /// aborted if completing fails.
     pub(super) async fn complete_upload(
         &self,
-        full: &str,
-        upload: &str,
+        mut upload: MultipartUpload<'_>,
         etags: &[String],
-        base: usize,
-        request_id: &str,
     ) -> Result<String, S3Error> {
+        let (full, base, request_id) = (upload.full, upload.base, upload.request_id);
+        let upload_id = upload.id.clone();
+        let upload_id = upload_id.as_str();
         let body = Bytes::from(xml::complete_body(etags));
         let done = self
             .retrying(|attempt| {
@@ -216,7 +221,7 @@ impl ObjectStore {
                 async move {
                     let spec = Spec::new(http::Method::POST, self.endpoint(base, attempt))
                         .key(full)
-                        .query("uploadId", upload)
+                        .query("uploadId", upload_id)
                         .header("content-type", "application/xml".into())
                         .payload(Payload::Bytes(body));
                     let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
@@ -224,20 +229,86 @@ impl ObjectStore {
                 }
             })
             .await;
-        if done.is_err() {
-            self.abort_multipart(full, upload, base, request_id).await;
+        match done {
+            Ok(etag) => {
+                upload.done = true;
+                Ok(etag)
+            }
+            Err(e) => {
+                upload.failed();
+                Err(e)
+            }
         }
-        done
+    }
+}
+
+/// A multipart upload in progress. Dropped before it completed — a part or
+/// the completion failed, or the request itself was dropped mid-way (its
+/// shim died, its deadline passed) — it aborts the upload on a task of its
+/// own, so no path leaves parts behind in the store. (Uploads whose id never
+/// reached the agent are the store's to expire: the gateway does.)
+pub(super) struct MultipartUpload<'a> {
+    store: &'a ObjectStore,
+    full: &'a str,
+    id: String,
+    base: usize,
+    request_id: &'a str,
+    failed: bool,
+    done: bool,
+}
+
+impl MultipartUpload<'_> {
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
-    /// Best effort: a failed upload should not leave parts behind.
-    pub(super) async fn abort_multipart(&self, full: &str, upload: &str, base: usize, request_id: &str) {
-        let spec = Spec::new(http::Method::DELETE, self.endpoint(base, 0)).key(full).query("uploadId", upload);
-        match self.send(spec, request_id).await {
-            Ok(r) if r.status().is_success() => {}
-            Ok(r) => tracing::warn!(status = %r.status(), upload, "aborting multipart upload failed"),
-            Err(e) => tracing::warn!(error = %e, upload, "aborting multipart upload failed"),
+    /// Ends the upload because it failed (aborted as it drops).
+    pub fn failed(mut self) {
+        self.failed = true;
+    }
+}
+
+/// Abort attempts, and the pause before each retry.
+const ABORT_RETRIES_MS: [u64; 3] = [0, 100, 400];
+
+impl Drop for MultipartUpload<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
         }
+        let reason = if self.failed { "failed" } else { "cancelled" };
+        self.store.counters.multipart_aborts.with_label_values(&[reason]).inc();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(upload = %self.id, "no runtime to abort the multipart upload on; the store will expire it");
+            return;
+        };
+        // Signed now (the store and key are borrowed), sent later.
+        let requests: Vec<_> = (0..ABORT_RETRIES_MS.len() as u32)
+            .map(|attempt| {
+                let spec = Spec::new(http::Method::DELETE, self.store.endpoint(self.base, attempt))
+                    .key(self.full)
+                    .query("uploadId", &self.id);
+                self.store.build(spec, self.request_id)
+            })
+            .collect();
+        let upload = std::mem::take(&mut self.id);
+        tracing::info!(upload, reason, "aborting multipart upload");
+        rt.spawn(async move {
+            for (req, pause) in requests.into_iter().zip(ABORT_RETRIES_MS) {
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                let res = match req {
+                    Ok(rb) => rb.send().await.map_err(S3Error::from_reqwest),
+                    Err(e) => Err(e),
+                };
+                match res {
+                    // 404 NoSuchUpload: already gone (completed or aborted).
+                    Ok(r) if r.status().is_success() || r.status() == http::StatusCode::NOT_FOUND => return,
+                    Ok(r) => tracing::warn!(status = %r.status(), upload, "aborting multipart upload failed"),
+                    Err(e) => tracing::warn!(error = %e, upload, "aborting multipart upload failed"),
+                }
+            }
+            tracing::warn!(upload, "giving up aborting the multipart upload; the store will expire it");
+        });
     }
 }
 

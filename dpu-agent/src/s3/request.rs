@@ -62,6 +62,13 @@ impl ObjectStore {
     /// Signs and sends `spec`; transport failures become retryable errors.
     /// The caller checks the status.
     pub(super) async fn send(&self, spec: Spec<'_>, request_id: &str) -> Result<reqwest::Response, S3Error> {
+        self.build(spec, request_id)?.send().await.map_err(S3Error::from_reqwest)
+    }
+
+    /// Signs `spec` into a request ready to send; it owns everything it
+    /// needs, so it can be sent from a task of its own (a cleanup started
+    /// while the request that needed it is being dropped).
+    pub(super) fn build(&self, spec: Spec<'_>, request_id: &str) -> Result<reqwest::RequestBuilder, S3Error> {
         let mut url = format!("{}/{}", spec.endpoint, self.bucket);
         if let Some(k) = spec.key {
             url.push('/');
@@ -118,12 +125,11 @@ impl ObjectStore {
         for (n, v) in instructions.headers() {
             rb = rb.header(n, v);
         }
-        rb = match spec.payload {
+        Ok(match spec.payload {
             Payload::Empty => rb,
             Payload::Bytes(_) => rb.body(body.unwrap_or_else(|| reqwest::Body::from(Vec::new()))),
             Payload::Stream { body, .. } => rb.body(body),
-        };
-        rb.send().await.map_err(S3Error::from_reqwest)
+        })
     }
 }
 

@@ -47,6 +47,10 @@ pub enum ClientError {
     Protocol(String),
     #[error("shared memory: {0}")]
     Memory(#[from] sluice_shm::ShmError),
+    /// No answer within the client's timeout (the shim and agent were told
+    /// the same deadline and stop the request too).
+    #[error("no answer from the shim within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 impl ClientError {
@@ -142,12 +146,22 @@ struct Reply {
 
 type Pending = std::sync::Mutex<HashMap<u64, oneshot::Sender<Reply>>>;
 
+/// The request deadline of a new client (the agent's default namespace
+/// deadline is the same).
+pub const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// How long past a request's deadline the client waits for the shim's own
+/// DEADLINE_EXCEEDED answer before giving up locally.
+const ANSWER_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A connection to the shim.
 pub struct Client {
     stream: Arc<UnixStream>,
     write: Mutex<()>,
     pending: Arc<Pending>,
     next_id: AtomicU64,
+    /// Deadline of each request in ms (0: none; the namespace's applies).
+    timeout_ms: AtomicU64,
     tenant: String,
     namespaces: Vec<String>,
     reader: tokio::task::JoinHandle<()>,
@@ -174,6 +188,7 @@ impl Client {
             write: Mutex::new(()),
             pending,
             next_id: AtomicU64::new(1),
+            timeout_ms: AtomicU64::new(DEFAULT_TIMEOUT.as_millis() as u64),
             tenant: String::new(),
             namespaces: Vec::new(),
             reader,
@@ -190,6 +205,16 @@ impl Client {
             }
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Sets the end-to-end deadline of the requests this client sends from
+    /// now on (`None`: the namespace's default, which is also the most the
+    /// agent allows). The shim and agent get the same deadline and stop the
+    /// request when it passes (DEADLINE_EXCEEDED); the client stops waiting
+    /// a moment later ([`ClientError::Timeout`]).
+    pub fn set_timeout(&self, timeout: Option<std::time::Duration>) {
+        let ms = timeout.map_or(0, |t| t.as_millis().clamp(1, u128::from(u32::MAX)) as u64);
+        self.timeout_ms.store(ms, Ordering::Relaxed);
     }
 
     /// The tenant the shim mapped this process to.
@@ -211,7 +236,13 @@ impl Client {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
-        let frame = encode_frame(&pb::Request { id, request_id: request_id.to_owned(), op: Some(op) });
+        let timeout_ms = self.timeout_ms.load(Ordering::Relaxed);
+        let frame = encode_frame(&pb::Request {
+            id,
+            request_id: request_id.to_owned(),
+            op: Some(op),
+            timeout_ms: timeout_ms.min(u64::from(u32::MAX)) as u32,
+        });
         let sent = {
             let _w = self.write.lock().await;
             let fds: Vec<_> = fd.into_iter().collect();
@@ -221,7 +252,18 @@ impl Client {
             self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
             return Err(e.into());
         }
-        let reply = rx.await.map_err(|_| ClientError::Disconnected)?;
+        let reply = if timeout_ms == 0 {
+            rx.await.map_err(|_| ClientError::Disconnected)?
+        } else {
+            let wait = std::time::Duration::from_millis(timeout_ms) + ANSWER_GRACE;
+            match tokio::time::timeout(wait, rx).await {
+                Ok(r) => r.map_err(|_| ClientError::Disconnected)?,
+                Err(_) => {
+                    self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                    return Err(ClientError::Timeout(wait));
+                }
+            }
+        };
         if let Some(Res::Error(e)) = &reply.resp.result {
             return Err(ClientError::Shim {
                 code: ErrorCode::try_from(e.code).unwrap_or(ErrorCode::Internal),

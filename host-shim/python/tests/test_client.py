@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import sys
@@ -73,9 +74,15 @@ def test_register_client_memfd(client, prefix):
 
 
 def test_register_own_fd(client, prefix):
-    fd = os.memfd_create("pytest-region")
+    fd = os.memfd_create("pytest-region", os.MFD_ALLOW_SEALING)
     try:
         os.ftruncate(fd, 1 << 16)
+        # Unsealed, the file could be truncated under the agent's mapping:
+        # refused, with the fix in the message.
+        with pytest.raises(sluice.BadRequest) as e:
+            client.register(1 << 16, fd=fd)
+        assert "F_SEAL_SHRINK" in e.value.message
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
         region = client.register(1 << 16, fd=fd)
         client.put(f"{prefix}/fd", b"via my fd")
         t = client.get(f"{prefix}/fd", into=region)
@@ -89,6 +96,16 @@ def test_register_own_fd(client, prefix):
         assert e.value.code is sluice.ErrorCode.REGION_TOO_SMALL
     finally:
         os.close(fd)
+
+
+def test_a_regular_file_is_no_region(client, tmp_path):
+    """A file anyone could truncate under the agent's mapping is refused
+    (the truncation attacks themselves are in tests/tests/reliability.rs)."""
+    regular = tmp_path / "plain-file"
+    regular.write_bytes(b"\0" * 4096)
+    with open(regular, "r+b") as f, pytest.raises(sluice.BadRequest) as e:
+        client.register(4096, fd=f.fileno())
+    assert "not a memfd" in e.value.message
 
 
 def test_register_dmabuf_refuses_what_is_not_a_dmabuf(client):

@@ -22,7 +22,9 @@ from .aio import AsyncClient
 from .client import Client
 from .errors import (
     AccessDenied,
+    AgentUnavailable,
     BadRequest,
+    DeadlineExceeded,
     Disconnected,
     ErrorCode,
     IntegrityError,
@@ -70,6 +72,8 @@ __all__ = [
     "ErrorCode",
     "SluiceError",
     "AccessDenied",
+    "AgentUnavailable",
+    "DeadlineExceeded",
     "BadRequest",
     "Disconnected",
     "IntegrityError",

@@ -10,13 +10,16 @@ threads-and-futures, the asyncio client with asyncio futures.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import fcntl
 import itertools
 import mmap
 import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _wire
 from .errors import (
@@ -34,6 +37,10 @@ __version__ = "0.1.0"
 
 DEFAULT_SOCKET = "/run/sluice/shim.sock"
 LOCAL_STACK_SOCKET = ".sluice/run/shim.sock"
+
+#: Default end-to-end deadline of each request, seconds (the agent's default
+#: namespace deadline is the same).
+DEFAULT_TIMEOUT = 300.0
 
 #: Smallest scratch region the client registers for ``get_bytes``/``put(bytes)``.
 SCRATCH_MIN = 1 << 20
@@ -207,6 +214,29 @@ class _ScratchPool:
 _LIVE: "weakref.WeakSet[CoreClient]" = weakref.WeakSet()
 
 
+#: No per-call timeout in force (use the client's).
+_UNSET: Any = object()
+#: A per-call timeout set by the public methods' ``timeout=`` for the
+#: duration of one call (a context variable: per thread and per asyncio task).
+_CALL_TIMEOUT: "contextvars.ContextVar[Any]" = contextvars.ContextVar("sluice_call_timeout", default=_UNSET)
+
+
+@contextlib.contextmanager
+def call_timeout(timeout: Optional[float]) -> Iterator[None]:
+    """Within the block, requests use ``timeout`` seconds (``None``: the
+    client's own ``timeout``)."""
+    if timeout is None:
+        yield
+        return
+    if timeout <= 0:
+        raise ValueError("timeout must be > 0 seconds")
+    token = _CALL_TIMEOUT.set(float(timeout))
+    try:
+        yield
+    finally:
+        _CALL_TIMEOUT.reset(token)
+
+
 def _after_fork_in_child() -> None:
     """A forked child must not use its parent's connections (the answers go
     to the parent's reader). Close the child's copies of their sockets
@@ -258,9 +288,22 @@ class CoreClient:
             self._next_id += 1
             return i
 
+    def _timeout_now(self) -> Optional[float]:
+        """The timeout of a request sent now: the call's, else the client's."""
+        t = _CALL_TIMEOUT.get()
+        return self.timeout if t is _UNSET else t
+
     def _encode(self, id_: int, call: Call) -> bytes:
+        # The deadline travels with the request: the shim and the agent stop
+        # working on it when it passes (DEADLINE_EXCEEDED), not only this
+        # client's wait.
+        t = self._timeout_now()
+        timeout_ms = 0 if t is None else min(max(int(t * 1000), 1), (1 << 32) - 1)
         try:
-            return _wire.encode_frame("Request", {"id": id_, "request_id": call.request_id, call.op: call.fields})
+            return _wire.encode_frame(
+                "Request",
+                {"id": id_, "request_id": call.request_id, "timeout_ms": timeout_ms, call.op: call.fields},
+            )
         except _wire.WireError as e:
             raise BadRequest(str(e)) from None
 
@@ -387,6 +430,9 @@ class CoreClient:
             own_fd = os.memfd_create("sluice-python", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
             try:
                 os.ftruncate(own_fd, nbytes)
+                # The shim and agent map only memory that cannot shrink under
+                # them (a truncated mapping faults whoever touches it).
+                fcntl.fcntl(own_fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             except OSError:
                 os.close(own_fd)
                 raise

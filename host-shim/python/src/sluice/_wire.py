@@ -64,6 +64,7 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
     "Request": {
         1: ("id", "u64", ""),
         2: ("request_id", "string", ""),
+        3: ("timeout_ms", "u32", ""),
         10: ("hello", "Hello", "oneof:op"),
         11: ("register", "Register", "oneof:op"),
         12: ("release", "Release", "oneof:op"),

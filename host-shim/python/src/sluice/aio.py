@@ -9,7 +9,7 @@ from collections import deque
 from typing import Any, AsyncIterator, Deque, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 from . import _core
-from ._core import Call, CoreClient, Op, Outcome, close_fd, drive_step
+from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
 from .client import ANC_SPACE, RECV_FLAGS, RECV_SIZE, fds_from_ancillary, scm_rights
 from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
 from .region import Region
@@ -43,7 +43,7 @@ class AsyncClient(CoreClient):
         self,
         socket: "Optional[Union[str, os.PathLike[str]]]" = None,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         connect_timeout: Optional[float] = 30.0,
         client_name: Optional[str] = None,
         scratch_bytes: int = 256 << 20,
@@ -233,6 +233,7 @@ class AsyncClient(CoreClient):
         self._pending[id_] = fut
         if fut is not None:
             fut.sluice_id = id_  # type: ignore[attr-defined]
+            fut.sluice_timeout = self._timeout_now()  # type: ignore[attr-defined]
         try:
             await self._send(frame, call.fd)
         except OSError as e:
@@ -262,13 +263,14 @@ class AsyncClient(CoreClient):
                 return
 
     async def _wait(self, fut: "asyncio.Future[Outcome]") -> Outcome:
+        timeout = getattr(fut, "sluice_timeout", self.timeout)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.timeout)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
         except asyncio.TimeoutError:
             self._pending.pop(getattr(fut, "sluice_id", -1), None)
             if fut.done():
                 return fut.result()
-            raise Timeout(f"no answer from the shim within {self.timeout}s") from None
+            raise Timeout(f"no answer from the shim within {timeout}s") from None
 
     def _forget(self, futs: "Sequence[asyncio.Future[Outcome]]") -> None:
         for f in futs:
@@ -326,15 +328,23 @@ class AsyncClient(CoreClient):
         range: Optional[ByteRange] = None,
         *,
         request_id: str = "",
+        timeout: Optional[float] = None,
     ) -> Transfer:
         """See :meth:`sluice.Client.get`."""
-        return await self._run(self._get_op(path, into, offset, range, request_id))
+        with call_timeout(timeout):
+            return await self._run(self._get_op(path, into, offset, range, request_id))
 
     async def get_bytes(
-        self, path: str, range: Optional[ByteRange] = None, *, size_hint: Optional[int] = None
+        self,
+        path: str,
+        range: Optional[ByteRange] = None,
+        *,
+        size_hint: Optional[int] = None,
+        timeout: Optional[float] = None,
     ) -> bytes:
         """See :meth:`sluice.Client.get_bytes`."""
-        return (await self._run(self._get_bytes_op(path, range, size_hint)))[0]
+        with call_timeout(timeout):
+            return (await self._run(self._get_bytes_op(path, range, size_hint)))[0]
 
     async def put(
         self,
@@ -345,13 +355,16 @@ class AsyncClient(CoreClient):
         *,
         content_type: str = "",
         request_id: str = "",
+        timeout: Optional[float] = None,
     ) -> Transfer:
         """See :meth:`sluice.Client.put`."""
-        return await self._run(self._put_op(path, data, offset, length, content_type, request_id))
+        with call_timeout(timeout):
+            return await self._run(self._put_op(path, data, offset, length, content_type, request_id))
 
-    async def head(self, path: str, *, request_id: str = "") -> ObjectInfo:
+    async def head(self, path: str, *, request_id: str = "", timeout: Optional[float] = None) -> ObjectInfo:
         """See :meth:`sluice.Client.head`."""
-        return await self._run(self._head_op(path, request_id))
+        with call_timeout(timeout):
+            return await self._run(self._head_op(path, request_id))
 
     async def list_page(
         self, prefix: str, continuation_token: str = "", max_keys: int = 0, delimiter: str = ""
@@ -370,17 +383,19 @@ class AsyncClient(CoreClient):
                 return
             token = page.next_continuation_token
 
-    async def delete(self, path: str, *, request_id: str = "") -> None:
+    async def delete(self, path: str, *, request_id: str = "", timeout: Optional[float] = None) -> None:
         """See :meth:`sluice.Client.delete`."""
-        await self._run(self._delete_op(path, request_id))
+        with call_timeout(timeout):
+            await self._run(self._delete_op(path, request_id))
 
     async def stats(self) -> Stats:
         """See :meth:`sluice.Client.stats`."""
         return await self._run(self._stats_op())
 
-    async def get_many(self, items: Iterable[GetItem]) -> List[ItemResult]:
+    async def get_many(self, items: Iterable[GetItem], *, timeout: Optional[float] = None) -> List[ItemResult]:
         """See :meth:`sluice.Client.get_many` (pipelined; per-item results)."""
-        return await self._run(self._get_many_op(list(items)))
+        with call_timeout(timeout):
+            return await self._run(self._get_many_op(list(items)))
 
     async def _item(self, index: int, path: str, hint: Optional[int]) -> ItemResult:
         res = ItemResult(path, index)

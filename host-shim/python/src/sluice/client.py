@@ -12,7 +12,7 @@ from concurrent.futures import TimeoutError as _FutureTimeout
 from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _core
-from ._core import Call, CoreClient, Op, Outcome, close_fd, drive_step
+from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
 from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
 from .region import Region
 from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer
@@ -105,9 +105,12 @@ class Client(CoreClient):
     Args:
         socket: path of the shim socket; default ``$SLUICE_SOCKET``, then
             ``./.sluice/run/shim.sock`` if present, then ``/run/sluice/shim.sock``.
-        timeout: seconds to wait for each answer (``None``: no limit). On
-            expiry :class:`~sluice.Timeout` is raised; the connection stays
-            usable.
+        timeout: each request's end-to-end deadline in seconds (default 300;
+            ``None``: the namespace's deadline, set by the agent's operator).
+            The deadline travels with the request: the shim and agent stop it
+            when it passes and :class:`~sluice.DeadlineExceeded` is raised (or
+            :class:`~sluice.Timeout` if no answer came at all); the connection
+            stays usable. Methods that move data take ``timeout=`` per call.
         connect_timeout: seconds for connecting and the handshake.
         client_name: sent in ``Hello`` (shows in the shim's log).
         scratch_bytes: how much internal scratch memory (regions used by
@@ -128,7 +131,7 @@ class Client(CoreClient):
         self,
         socket: "Optional[Union[str, os.PathLike[str]]]" = None,
         *,
-        timeout: Optional[float] = None,
+        timeout: Optional[float] = DEFAULT_TIMEOUT,
         connect_timeout: Optional[float] = 30.0,
         client_name: Optional[str] = None,
         scratch_bytes: int = 256 << 20,
@@ -253,6 +256,8 @@ class Client(CoreClient):
         id_ = self._new_id()
         frame = self._encode(id_, call)
         fut: "Optional[Future[Outcome]]" = Future() if wait else None
+        if fut is not None:
+            fut.sluice_timeout = self._timeout_now()  # type: ignore[attr-defined]
         with self._pending_lock:
             if self._dead:
                 raise Disconnected(f"the shim connection closed{self._why()}")
@@ -293,14 +298,15 @@ class Client(CoreClient):
                 return
 
     def _wait(self, fut: "Future[Outcome]") -> Outcome:
+        timeout = getattr(fut, "sluice_timeout", self.timeout)
         try:
-            return fut.result(timeout=self.timeout)
+            return fut.result(timeout=timeout)
         except _FutureTimeout:
             with self._pending_lock:
                 self._pending.pop(getattr(fut, "sluice_id", -1), None)
             if fut.done():
                 return fut.result()
-            raise Timeout(f"no answer from the shim within {self.timeout}s") from None
+            raise Timeout(f"no answer from the shim within {timeout}s") from None
 
     def _forget(self, futs: "Sequence[Future[Outcome]]") -> None:
         for f in futs:
@@ -354,19 +360,30 @@ class Client(CoreClient):
         range: Optional[ByteRange] = None,
         *,
         request_id: str = "",
+        timeout: Optional[float] = None,
     ) -> Transfer:
         """Reads object ``path`` (``"namespace/key"``), or ``range`` of it
         (``(start, length)``, ``(start, None)`` = to the end), into region
         ``into`` at ``offset``. Returns the :class:`~sluice.Transfer`; its
         ``bytes`` is how many bytes landed. If the span does not fit,
-        :class:`~sluice.RegionTooSmall` is raised and nothing is written."""
-        return self._run(self._get_op(path, into, offset, range, request_id))
+        :class:`~sluice.RegionTooSmall` is raised and nothing is written.
+        ``timeout``: this call's deadline (default: the client's)."""
+        with call_timeout(timeout):
+            return self._run(self._get_op(path, into, offset, range, request_id))
 
-    def get_bytes(self, path: str, range: Optional[ByteRange] = None, *, size_hint: Optional[int] = None) -> bytes:
+    def get_bytes(
+        self,
+        path: str,
+        range: Optional[ByteRange] = None,
+        *,
+        size_hint: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> bytes:
         """Reads an object (or a range of it) and returns its bytes, via an
         internal scratch region. ``size_hint`` avoids a retry for objects
         larger than the scratch region."""
-        return self._run(self._get_bytes_op(path, range, size_hint))[0]
+        with call_timeout(timeout):
+            return self._run(self._get_bytes_op(path, range, size_hint))[0]
 
     def put(
         self,
@@ -377,6 +394,7 @@ class Client(CoreClient):
         *,
         content_type: str = "",
         request_id: str = "",
+        timeout: Optional[float] = None,
     ) -> Transfer:
         """Stores an object.
 
@@ -385,11 +403,13 @@ class Client(CoreClient):
         :class:`~sluice.OutOfBounds`) or any bytes-like object (bytes,
         bytearray, memoryview, numpy array), which is copied into a scratch
         region first."""
-        return self._run(self._put_op(path, data, offset, length, content_type, request_id))
+        with call_timeout(timeout):
+            return self._run(self._put_op(path, data, offset, length, content_type, request_id))
 
-    def head(self, path: str, *, request_id: str = "") -> ObjectInfo:
+    def head(self, path: str, *, request_id: str = "", timeout: Optional[float] = None) -> ObjectInfo:
         """The object's metadata; :class:`~sluice.NoSuchKey` if it does not exist."""
-        return self._run(self._head_op(path, request_id))
+        with call_timeout(timeout):
+            return self._run(self._head_op(path, request_id))
 
     def list_page(
         self, prefix: str, continuation_token: str = "", max_keys: int = 0, delimiter: str = ""
@@ -410,15 +430,16 @@ class Client(CoreClient):
                 return
             token = page.next_continuation_token
 
-    def delete(self, path: str, *, request_id: str = "") -> None:
+    def delete(self, path: str, *, request_id: str = "", timeout: Optional[float] = None) -> None:
         """Deletes an object (a missing key is not an error: S3 semantics)."""
-        self._run(self._delete_op(path, request_id))
+        with call_timeout(timeout):
+            self._run(self._delete_op(path, request_id))
 
     def stats(self) -> Stats:
         """This connection's session counters."""
         return self._run(self._stats_op())
 
-    def get_many(self, items: Iterable[GetItem]) -> List[ItemResult]:
+    def get_many(self, items: Iterable[GetItem], *, timeout: Optional[float] = None) -> List[ItemResult]:
         """Reads many objects with pipelined requests; never raises for a
         single item's failure.
 
@@ -430,9 +451,11 @@ class Client(CoreClient):
 
         All requests go out before any answer is awaited (items without a
         region first get their sizes with pipelined HEADs, then are read into
-        shared scratch regions with pipelined GETs).
+        shared scratch regions with pipelined GETs). ``timeout`` applies to
+        each request.
         """
-        return self._run(self._get_many_op(list(items)))
+        with call_timeout(timeout):
+            return self._run(self._get_many_op(list(items)))
 
     def iter_get(
         self, items: Iterable[Union[str, Tuple[str, Optional[int]]]], *, prefetch: int = 8

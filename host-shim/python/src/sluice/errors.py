@@ -46,6 +46,8 @@ class ErrorCode(enum.IntEnum):
     QUOTA_EXCEEDED = 19
     INTEGRITY = 20
     UNSUPPORTED = 21
+    AGENT_UNAVAILABLE = 22
+    DEADLINE_EXCEEDED = 23
 
 
 class SluiceError(Exception):
@@ -229,6 +231,22 @@ class Unsupported(SluiceError):
     CODE = ErrorCode.UNSUPPORTED
 
 
+class AgentUnavailable(SluiceError):
+    """AGENT_UNAVAILABLE: the agent is unreachable or restarting. The shim
+    keeps this connection and its regions and re-opens its session with the
+    agent when it is back, so retrying later succeeds."""
+
+    CODE = ErrorCode.AGENT_UNAVAILABLE
+
+
+class DeadlineExceeded(SluiceError, TimeoutError):
+    """DEADLINE_EXCEEDED: the request did not finish within its deadline
+    (the client's ``timeout``, or the namespace's); the shim and agent
+    stopped it. Also a :class:`TimeoutError`."""
+
+    CODE = ErrorCode.DEADLINE_EXCEEDED
+
+
 # ------------------------------------------------------------ client-side ---
 
 
@@ -274,6 +292,8 @@ _BY_CODE: Dict[int, Type[SluiceError]] = {
         QuotaExceeded,
         IntegrityError,
         Unsupported,
+        AgentUnavailable,
+        DeadlineExceeded,
     )
     if cls.CODE is not None
 }
@@ -313,6 +333,8 @@ __all__ = [
     "QuotaExceeded",
     "IntegrityError",
     "Unsupported",
+    "AgentUnavailable",
+    "DeadlineExceeded",
     "ShimConnectionError",
     "Disconnected",
     "Timeout",

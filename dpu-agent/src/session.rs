@@ -1,0 +1,177 @@
+//! Sessions: what a shim opened for one tenant, the regions it registered,
+//! and the lease that lets the agent reclaim them when the shim dies.
+//!
+//! Every call that names a session renews it, and a live shim renews all its
+//! sessions with `Renew` (every third of the lease). A session nobody named
+//! for a whole lease belongs to a shim that died (killed, partitioned,
+//! restarted): the agent closes it and releases its regions, so neither
+//! memory nor the tenant's registered-bytes quota leaks.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::error::AgentError;
+use crate::hostmem::HostRegion;
+use crate::identity::ShimOrigin;
+
+/// Per-session counters reported by Stats.
+#[derive(Default)]
+pub struct SessionStats {
+    pub requests: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub errors: AtomicU64,
+    pub fallbacks: AtomicU64,
+}
+
+/// A registered region and its share of the tenant's registered-memory
+/// quota, given back when the entry is dropped (release or session close).
+pub(crate) struct Registered {
+    pub region: Arc<dyn HostRegion>,
+    pub _quota: sluice_qos::MemoryReservation,
+}
+
+pub(crate) struct Session {
+    pub tenant: String,
+    /// Where the connection that opened it came from: the session id is
+    /// honoured only from there.
+    pub origin: ShimOrigin,
+    pub regions: Mutex<HashMap<String, Registered>>,
+    pub stats: SessionStats,
+    /// When a call or a Renew last named it (ms since the table's epoch).
+    last_seen_ms: AtomicU64,
+}
+
+impl Session {
+    pub fn regions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Registered>> {
+        self.regions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn registered_bytes(regions: &HashMap<String, Registered>) -> u64 {
+        regions.values().map(|r| r.region.len()).sum()
+    }
+}
+
+/// The agent's open sessions.
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<String, Arc<Session>>>,
+    epoch: Instant,
+    lease: Duration,
+}
+
+impl Sessions {
+    pub fn new(lease: Duration) -> Self {
+        Self { map: Mutex::default(), epoch: Instant::now(), lease }
+    }
+
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn open(&self, id: String, tenant: &str, origin: &ShimOrigin) -> Arc<Session> {
+        let s = Arc::new(Session {
+            tenant: tenant.to_owned(),
+            origin: origin.clone(),
+            regions: Mutex::default(),
+            stats: SessionStats::default(),
+            last_seen_ms: AtomicU64::new(self.now_ms()),
+        });
+        self.map().insert(id, s.clone());
+        s
+    }
+
+    /// The session, renewed; `UnknownSession` if it is not open.
+    pub fn get(&self, id: &str) -> Result<Arc<Session>, AgentError> {
+        let s = self.map().get(id).cloned().ok_or(AgentError::UnknownSession)?;
+        s.last_seen_ms.store(self.now_ms(), Ordering::Relaxed);
+        Ok(s)
+    }
+
+    /// The session without renewing it (origin checks).
+    pub fn peek(&self, id: &str) -> Option<Arc<Session>> {
+        self.map().get(id).cloned()
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
+        self.map().remove(id)
+    }
+
+    /// Renews the sessions among `ids` that are open and were opened from
+    /// `origin`; returns the ids that are not (unknown, expired, another
+    /// origin's), which the shim must re-open.
+    pub fn renew(&self, ids: &[String], origin: &ShimOrigin) -> Vec<String> {
+        let now = self.now_ms();
+        let map = self.map();
+        ids.iter()
+            .filter(|id| match map.get(id.as_str()) {
+                Some(s) if s.origin == *origin => {
+                    s.last_seen_ms.store(now, Ordering::Relaxed);
+                    false
+                }
+                _ => true,
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Removes and returns every session not named for a whole lease.
+    pub fn take_expired(&self) -> Vec<(String, Arc<Session>)> {
+        let now = self.now_ms();
+        let lease = self.lease.as_millis() as u64;
+        let mut map = self.map();
+        let dead: Vec<String> = map
+            .iter()
+            .filter(|(_, s)| now.saturating_sub(s.last_seen_ms.load(Ordering::Relaxed)) > lease)
+            .map(|(id, _)| id.clone())
+            .collect();
+        dead.into_iter().filter_map(|id| map.remove(&id).map(|s| (id, s))).collect()
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_expire_unless_named() {
+        let t = Sessions::new(Duration::from_millis(40));
+        t.open("a".into(), "alpha", &ShimOrigin::Unix);
+        t.open("b".into(), "alpha", &ShimOrigin::Unix);
+        t.open("c".into(), "alpha", &ShimOrigin::Unix);
+        for _ in 0..4 {
+            std::thread::sleep(Duration::from_millis(15));
+            assert!(t.get("a").is_ok());
+            let unknown = t.renew(&["b".into(), "zz".into()], &ShimOrigin::Unix);
+            assert_eq!(unknown, ["zz"]);
+        }
+        let expired: Vec<String> = t.take_expired().into_iter().map(|(id, _)| id).collect();
+        assert_eq!(expired, ["c"], "only the session nobody named");
+        assert_eq!(t.len(), 2);
+        assert!(matches!(t.get("c"), Err(AgentError::UnknownSession)));
+    }
+
+    #[test]
+    fn renewals_from_another_origin_do_not_count() {
+        let t = Sessions::new(Duration::from_millis(10));
+        t.open("a".into(), "alpha", &ShimOrigin::Unix);
+        let other = ShimOrigin::Network("10.0.0.9".parse().expect("ip"));
+        assert_eq!(t.renew(&["a".into()], &other), ["a"]);
+        std::thread::sleep(Duration::from_millis(25));
+        assert_eq!(t.take_expired().len(), 1);
+    }
+}

@@ -1,0 +1,347 @@
+//! A client connection's session with the agent, and riding through agent
+//! restarts.
+//!
+//! The shim keeps what it needs to register every region again (the
+//! region's memfd, or its DOCA export), and names regions to clients by ids
+//! of its own. When the agent answers UNAUTHENTICATED for a session (it
+//! restarted, or the session's lease ran out), the shim opens a new session,
+//! registers the regions again and retries the call once; the renew loop
+//! does the same ahead of time for sessions the agent no longer knows. So
+//! loaders keep their connection and their regions across an agent restart:
+//! calls in flight when it died fail with AGENT_UNAVAILABLE, later ones
+//! succeed.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use sluice_proto::agent as apb;
+use sluice_proto::auth;
+use sluice_proto::common::ErrorCode;
+use tracing::{debug, info, warn};
+
+use crate::error::{agent_code, ShimError};
+use crate::memory::ExportGuard;
+use crate::server::Shared;
+
+/// What the shim keeps to register a region again.
+pub enum RegionSource {
+    /// Co-located: the memfd, handed over again for a new ticket.
+    Memfd(OwnedFd),
+    /// DOCA: the export descriptor (its mapping lives in the guard).
+    Blob(Vec<u8>),
+}
+
+struct Region {
+    len: u64,
+    /// The agent's id for it in the current agent session; `Err(why)` if it
+    /// could not be registered again after an agent restart.
+    agent_id: Result<String, String>,
+    source: Arc<RegionSource>,
+    /// Keeps a DOCA export valid until the agent has released the region.
+    _guard: ExportGuard,
+}
+
+struct Inner {
+    agent_session: String,
+    /// Bumped each time the agent session is replaced.
+    generation: u64,
+    regions: HashMap<String, Region>,
+    closed: bool,
+}
+
+/// One client connection's session.
+pub struct Session {
+    pub tenant: String,
+    inner: Mutex<Inner>,
+    /// One re-establishment at a time.
+    reopen: tokio::sync::Mutex<()>,
+}
+
+/// The agent-side names a call needs, taken together so they belong to the
+/// same agent session.
+pub struct Snapshot {
+    pub session_id: String,
+    /// The agent's id of the region the call names ("" for none).
+    pub region_id: String,
+    generation: u64,
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 16];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    hex::encode(b)
+}
+
+/// Whether an agent error means "that session is gone" (a restart, or an
+/// expired lease): re-opening it is the cure.
+fn session_gone(status: &tonic::Status) -> bool {
+    agent_code(status) == Some(ErrorCode::Unauthenticated)
+}
+
+/// Opens an agent session for `tenant`, proving the tenant's secret.
+async fn open_agent_session(shared: &Shared, tenant: &str) -> Result<(String, Vec<String>), ShimError> {
+    let secret = shared.secrets.get(tenant).ok_or_else(|| ShimError::BadRequest(format!("no secret for {tenant}")))?;
+    let (shim_id, timestamp_ms, nonce) = (shared.shim_id.clone(), auth::now_ms(), auth::new_nonce());
+    let proof = auth::session_proof(secret, tenant, &shim_id, timestamp_ms, &nonce);
+    let req =
+        apb::OpenSessionRequest { tenant: tenant.to_owned(), shim_id, timestamp_ms, nonce: nonce.to_vec(), proof };
+    let reply = shared.agent.grpc.clone().open_session(req).await?.into_inner();
+    if reply.lease_ms > 0 {
+        shared.sessions.lease_ms.store(u64::from(reply.lease_ms), Ordering::Relaxed);
+    }
+    Ok((reply.session_id, reply.namespaces))
+}
+
+impl Session {
+    /// Opens the agent session for a client that completed Hello.
+    pub async fn open(shared: &Shared, tenant: &str) -> Result<(Arc<Self>, Vec<String>), ShimError> {
+        let (id, namespaces) = open_agent_session(shared, tenant).await?;
+        let s = Arc::new(Self {
+            tenant: tenant.to_owned(),
+            inner: Mutex::new(Inner { agent_session: id, generation: 0, regions: HashMap::new(), closed: false }),
+            reopen: tokio::sync::Mutex::new(()),
+        });
+        shared.sessions.add(&s);
+        Ok((s, namespaces))
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn region_count(&self) -> usize {
+        self.inner().regions.len()
+    }
+
+    /// The current agent session and, if `region` is given, the agent's id
+    /// for that region of this connection.
+    pub fn snapshot(&self, region: Option<&str>) -> Result<Snapshot, ShimError> {
+        let inner = self.inner();
+        let region_id = match region {
+            None => String::new(),
+            Some(id) => match inner.regions.get(id).map(|r| &r.agent_id) {
+                None => return Err(ShimError::UnknownRegion(id.to_owned())),
+                Some(Ok(agent_id)) => agent_id.clone(),
+                Some(Err(why)) => return Err(ShimError::RegionLost(id.to_owned(), why.clone())),
+            },
+        };
+        Ok(Snapshot { session_id: inner.agent_session.clone(), region_id, generation: inner.generation })
+    }
+
+    /// Runs one agent call; if the agent no longer knows the session, opens
+    /// a new one (registering the regions again) and runs it once more.
+    pub async fn call<T, F, Fut>(&self, shared: &Shared, region: Option<&str>, mut f: F) -> Result<T, ShimError>
+    where
+        F: FnMut(Snapshot) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let snap = self.snapshot(region)?;
+        let generation = snap.generation;
+        match f(snap).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(status) if session_gone(&status) => {
+                self.reestablish(shared, generation).await?;
+                Ok(f(self.snapshot(region)?).await?.into_inner())
+            }
+            Err(status) => Err(status.into()),
+        }
+    }
+
+    /// Registers a region with the agent and returns the shim's id for it.
+    pub async fn register(
+        &self,
+        shared: &Shared,
+        len: u64,
+        source: RegionSource,
+        guard: ExportGuard,
+    ) -> Result<String, ShimError> {
+        let max = shared.config.limits.max_regions_per_connection;
+        if self.region_count() >= max {
+            return Err(ShimError::Limit(format!("{max} regions per connection (max_regions_per_connection)")));
+        }
+        let source = Arc::new(source);
+        // Twice at most: once more if the agent session changed meanwhile.
+        for _ in 0..2 {
+            let snap = self.snapshot(None)?;
+            let export = shared.memory.export_again(&shared.agent, &source).await?;
+            let req = apb::RegisterRegionRequest { session_id: snap.session_id, length: len, export: Some(export) };
+            match shared.agent.grpc.clone().register_region(req).await {
+                Ok(reply) => {
+                    let mut inner = self.inner();
+                    if inner.generation == snap.generation && !inner.closed {
+                        let id = random_id();
+                        let agent_id = Ok(reply.into_inner().region_id);
+                        inner.regions.insert(id.clone(), Region { len, agent_id, source, _guard: guard });
+                        return Ok(id);
+                    }
+                    // Registered in a session that has just been replaced.
+                }
+                Err(status) if session_gone(&status) => self.reestablish(shared, snap.generation).await?,
+                Err(status) => return Err(status.into()),
+            }
+        }
+        Err(ShimError::AgentUnavailable("the agent session changed twice while registering; try again".into()))
+    }
+
+    /// Releases a region in the agent, then here.
+    pub async fn release(&self, shared: &Shared, region_id: &str) -> Result<(), ShimError> {
+        let lost = matches!(self.inner().regions.get(region_id).map(|r| r.agent_id.is_err()), Some(true));
+        if !lost {
+            self.call(shared, Some(region_id), |snap| {
+                let mut agent = shared.agent.grpc.clone();
+                async move {
+                    agent
+                        .release_region(apb::ReleaseRegionRequest {
+                            session_id: snap.session_id,
+                            region_id: snap.region_id,
+                        })
+                        .await
+                }
+            })
+            .await?;
+        }
+        self.inner().regions.remove(region_id).map(|_| ()).ok_or_else(|| ShimError::UnknownRegion(region_id.into()))
+    }
+
+    /// Replaces the agent session after the agent lost it, unless that was
+    /// done already since `seen` was current; registers every region again.
+    pub async fn reestablish(&self, shared: &Shared, seen: u64) -> Result<(), ShimError> {
+        let _one = self.reopen.lock().await;
+        let todo: Vec<(String, u64, Arc<RegionSource>)> = {
+            let inner = self.inner();
+            if inner.closed {
+                return Err(ShimError::AgentUnavailable("the connection is closing".into()));
+            }
+            if inner.generation != seen {
+                return Ok(());
+            }
+            inner.regions.iter().map(|(id, r)| (id.clone(), r.len, r.source.clone())).collect()
+        };
+        let (session_id, _) = open_agent_session(shared, &self.tenant).await?;
+        let mut again = Vec::with_capacity(todo.len());
+        let mut lost = 0usize;
+        for (id, len, source) in todo {
+            let res = async {
+                let export = shared.memory.export_again(&shared.agent, &source).await?;
+                let req =
+                    apb::RegisterRegionRequest { session_id: session_id.clone(), length: len, export: Some(export) };
+                Ok::<_, ShimError>(shared.agent.grpc.clone().register_region(req).await?.into_inner().region_id)
+            }
+            .await;
+            if let Err(e) = &res {
+                lost += 1;
+                warn!(tenant = %self.tenant, region = %id, error = %e, "could not register a region again");
+            }
+            again.push((id, res.map_err(|e| e.to_string())));
+        }
+        let mut inner = self.inner();
+        inner.agent_session = session_id;
+        inner.generation += 1;
+        let n = again.len();
+        for (id, agent_id) in again {
+            if let Some(r) = inner.regions.get_mut(&id) {
+                r.agent_id = agent_id;
+            }
+        }
+        info!(tenant = %self.tenant, regions = n, lost, "re-opened the agent session (the agent restarted or expired it)");
+        Ok(())
+    }
+
+    /// Ends the session when its client disconnects: the agent releases the
+    /// regions (waiting for transfers still using them), then the shim drops
+    /// what backed them.
+    pub async fn close(&self, shared: &Shared) {
+        let session_id = {
+            let mut inner = self.inner();
+            inner.closed = true;
+            inner.agent_session.clone()
+        };
+        let req = apb::CloseSessionRequest { session_id };
+        let mut agent = shared.agent.grpc.clone();
+        match tokio::time::timeout(Duration::from_secs(60), agent.close_session(req)).await {
+            Ok(Ok(_)) => {}
+            // A session the agent already forgot (restart, expiry) is closed.
+            Ok(Err(status)) if session_gone(&status) => {}
+            Ok(Err(e)) => warn!(tenant = %self.tenant, error = %e, "closing the agent session failed; its lease will"),
+            Err(_) => warn!(tenant = %self.tenant, "closing the agent session timed out; its lease will"),
+        }
+        let n = std::mem::take(&mut self.inner().regions).len();
+        info!(tenant = %self.tenant, released_regions = n, "client disconnected");
+    }
+}
+
+/// Every live session of this shim, renewed with the agent in one call.
+pub struct Registry {
+    sessions: Mutex<Vec<Weak<Session>>>,
+    /// The agent's session lease, learned at each session open.
+    pub lease_ms: AtomicU64,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self { sessions: Mutex::default(), lease_ms: AtomicU64::new(15_000) }
+    }
+}
+
+impl Registry {
+    fn add(&self, s: &Arc<Session>) {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(s));
+    }
+
+    /// Live sessions with their current agent ids and generations.
+    fn live(&self) -> Vec<(Arc<Session>, String, u64)> {
+        let mut list = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|s| {
+                let (id, generation, closed) = {
+                    let inner = s.inner();
+                    (inner.agent_session.clone(), inner.generation, inner.closed)
+                };
+                (!closed).then_some((s, id, generation))
+            })
+            .collect()
+    }
+
+    /// Renews every live session each third of the lease; sessions the
+    /// agent no longer knows are re-opened right away, so their regions are
+    /// back before the client's next call.
+    pub async fn renew_loop(shared: Arc<Shared>) {
+        loop {
+            let lease = Duration::from_millis(shared.sessions.lease_ms.load(Ordering::Relaxed));
+            let every = (lease / 3).clamp(Duration::from_millis(30), Duration::from_secs(10));
+            tokio::time::sleep(every).await;
+            let live = shared.sessions.live();
+            if live.is_empty() {
+                continue;
+            }
+            let session_ids = live.iter().map(|(_, id, _)| id.clone()).collect();
+            let mut agent = shared.agent.grpc.clone();
+            let unknown = match tokio::time::timeout(every, agent.renew(apb::RenewRequest { session_ids })).await {
+                Ok(Ok(reply)) => reply.into_inner().unknown_session_ids,
+                Ok(Err(e)) => {
+                    debug!(error = %e, "renewing sessions failed (agent unreachable?)");
+                    continue;
+                }
+                Err(_) => {
+                    debug!("renewing sessions timed out");
+                    continue;
+                }
+            };
+            for (s, id, generation) in live {
+                if unknown.contains(&id) {
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = s.reestablish(&shared, generation).await {
+                            warn!(tenant = %s.tenant, error = %e, "re-opening an agent session failed; retrying later");
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
