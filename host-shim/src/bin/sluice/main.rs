@@ -26,6 +26,10 @@ struct Cli {
     /// Print machine-readable JSON instead of text.
     #[arg(long, global = true)]
     json: bool,
+    /// Deadline of each request (e.g. 30s, 5m); the shim and agent stop a
+    /// request when it passes. Default: 5m.
+    #[arg(long, global = true, value_parser = humantime::parse_duration)]
+    request_timeout: Option<std::time::Duration>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -74,6 +78,9 @@ enum Cmd {
     Whoami,
     /// Start a local stack (gateway + embedded store, agent, shim) in --dir.
     Up(stack::UpArgs),
+    /// Restart one daemon of the local stack (gateway, agent or shim) from
+    /// its config; the others keep serving.
+    Restart(stack::RestartArgs),
     /// Stop the local stack started by `sluice up`.
     Down {
         /// State directory used by `sluice up`.
@@ -110,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
     match &cli.cmd {
         Cmd::Up(args) => return stack::up(args, cli.json).await,
         Cmd::Down { dir } => return stack::down(dir),
+        Cmd::Restart(args) => return stack::restart(args),
         _ => {}
     }
     let socket = socket_path(&cli);
@@ -119,6 +127,9 @@ async fn main() -> anyhow::Result<()> {
             socket.display()
         )
     })?;
+    if let Some(t) = cli.request_timeout {
+        client.set_timeout(Some(t));
+    }
     match cli.cmd {
         Cmd::Get { path, dest, range } => ops::get(&client, &path, dest, range.as_deref(), cli.json).await,
         Cmd::Put { src, path, content_type } => ops::put(&client, &src, &path, &content_type, cli.json).await,
@@ -128,6 +139,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Whoami => ops::whoami(&client, cli.json).await,
         Cmd::Demo(args) => demo::run(&client, &args, cli.json).await,
         Cmd::Bench(args) => bench::run(&client, &socket, &args, cli.json).await,
-        Cmd::Up(_) | Cmd::Down { .. } => Ok(()),
+        Cmd::Up(_) | Cmd::Down { .. } | Cmd::Restart(_) => Ok(()),
     }
 }

@@ -47,6 +47,93 @@ pub struct UpArgs {
 
 const PROCS: [&str; 3] = ["sluice-gateway", "sluice-agent", "sluice-shim"];
 
+#[derive(clap::Args, Debug)]
+pub struct RestartArgs {
+    /// Which daemon: gateway, agent or shim.
+    #[arg(value_parser = ["gateway", "agent", "shim"])]
+    pub name: String,
+    /// State directory used by `sluice up`.
+    #[arg(long, default_value = ".sluice")]
+    pub dir: PathBuf,
+    /// Seconds to wait for the daemon to stop and to come back.
+    #[arg(long, default_value_t = 30)]
+    pub timeout: u64,
+}
+
+/// Replaces `key = ...` (a top-level line of a generated config) with the
+/// address a daemon actually bound, so a restart from the same file comes
+/// back where the others expect it.
+fn pin_address(config: &Path, key: &str, addr: &str) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let prefix = format!("{key} = ");
+    let pinned: String = text
+        .lines()
+        .map(|l| if l.starts_with(&prefix) { format!("{key} = \"{addr}\"\n") } else { format!("{l}\n") })
+        .collect();
+    write_private(config, &pinned)
+}
+
+fn write_pids(dir: &Path, pids: &[(String, i32)]) -> anyhow::Result<()> {
+    let text: String = pids.iter().map(|(n, p)| format!("{n} {p}\n")).collect();
+    std::fs::write(dir.join("pids"), text).with_context(|| format!("writing {}/pids", dir.display()))
+}
+
+/// Stops one daemon (SIGTERM, then SIGKILL after `timeout`).
+fn stop(name: &str, pid: i32, timeout: Duration) {
+    if !alive(pid) {
+        return;
+    }
+    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    let t0 = Instant::now();
+    while alive(pid) && t0.elapsed() < timeout {
+        // Our own children (when up and down run in one process tree) need reaping.
+        let _ = nix::sys::wait::waitpid(Pid::from_raw(pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if alive(pid) {
+        eprintln!("{name} ({pid}) ignored SIGTERM; killing it");
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+}
+
+/// `sluice restart NAME`: stops one daemon of a `sluice up` stack and starts
+/// it again from its config; the others keep running (the shim re-opens
+/// its agent sessions and regions by itself; clients of a restarted shim
+/// reconnect).
+pub fn restart(args: &RestartArgs) -> anyhow::Result<()> {
+    let dir = args.dir.canonicalize().with_context(|| format!("no stack in {}", args.dir.display()))?;
+    let proc_name = format!("sluice-{}", args.name);
+    let mut pids = read_pids(&dir);
+    let Some(slot) = pids.iter().position(|(n, _)| *n == proc_name) else {
+        bail!("{} is not part of the stack in {} (start it with `sluice up`)", proc_name, dir.display());
+    };
+    let bin_dir = PathBuf::from(
+        std::fs::read_to_string(dir.join("bin-dir")).context("the stack does not record its bin directory")?.trim(),
+    );
+    let timeout = Duration::from_secs(args.timeout);
+    stop(&proc_name, pids[slot].1, timeout);
+    let run = dir.join("run");
+    let config = dir.join(format!("{}.toml", args.name));
+    let (ready_file, socket) = match args.name.as_str() {
+        "gateway" => (Some(run.join("gateway.addr")), None),
+        "agent" => (Some(run.join("agent.addr")), None),
+        _ => (None, Some(run.join("shim.sock"))),
+    };
+    if let Some(f) = &ready_file {
+        let _ = std::fs::remove_file(f);
+    }
+    let mut child = spawn(&dir, &bin_dir.join(&proc_name), &["--config", &config.to_string_lossy()])?;
+    pids[slot].1 = child.id() as i32;
+    write_pids(&dir, &pids)?;
+    wait_for(&mut child, &dir, &proc_name, timeout, || match (&ready_file, &socket) {
+        (Some(f), _) => f.exists(),
+        (None, Some(s)) => std::os::unix::net::UnixStream::connect(s).is_ok(),
+        (None, None) => true,
+    })?;
+    eprintln!("restarted {proc_name} (pid {})", child.id());
+    Ok(())
+}
+
 fn alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
 }
@@ -183,6 +270,9 @@ pub async fn up(args: &UpArgs, json_out: bool) -> anyhow::Result<()> {
     std::fs::write(dir.join("pids"), started(&pids))?;
     res?;
     let gw_addr = std::fs::read_to_string(&gw_addr_file)?.trim().to_owned();
+    // The agent's endpoint is this address: a restarted gateway must bind it again.
+    pin_address(&gw_cfg, "listen", &gw_addr)?;
+    std::fs::write(dir.join("bin-dir"), format!("{}\n", bin_dir.display()))?;
 
     // The secret the shim proves to the agent for tenant "default" (both
     // read it from this 0600 file).
@@ -214,6 +304,9 @@ pub async fn up(args: &UpArgs, json_out: bool) -> anyhow::Result<()> {
         .lines()
         .find_map(|l| l.strip_prefix("metrics = ").map(|v| v.trim_matches('"').to_owned()))
         .unwrap_or_default();
+    if !metrics.is_empty() {
+        pin_address(&agent_cfg, "metrics_listen", &metrics)?;
+    }
 
     // 3. Shim: this user is tenant "default".
     let shim_cfg = dir.join("shim.toml");
@@ -258,20 +351,7 @@ pub fn down(dir: &Path) -> anyhow::Result<()> {
     }
     // Stop in reverse start order: shim, agent, gateway.
     for (name, pid) in pids.iter().rev() {
-        if !alive(*pid) {
-            continue;
-        }
-        let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
-        let t0 = Instant::now();
-        while alive(*pid) && t0.elapsed() < Duration::from_secs(10) {
-            // Our own children (when up and down run in one process tree) need reaping.
-            let _ = nix::sys::wait::waitpid(Pid::from_raw(*pid), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        if alive(*pid) {
-            eprintln!("{name} ({pid}) ignored SIGTERM; killing it");
-            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
-        }
+        stop(name, *pid, Duration::from_secs(10));
     }
     std::fs::remove_file(dir.join("pids"))?;
     eprintln!("stopped the stack in {}", dir.display());
