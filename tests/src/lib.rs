@@ -81,6 +81,13 @@ pub struct Options {
     /// Top-level settings and tables for the (alpha) shim config, placed
     /// before its `[agent]` table (e.g. `memory_backend = "doca"` + `[doca]`).
     pub shim_extra: String,
+    /// Extra lines of the (alpha) shim's `[limits]` table.
+    pub shim_limits: String,
+    /// Lines of the agent's `[limits]` table (e.g. `session_lease_ms = 1000`).
+    pub agent_limits: String,
+    /// Top-level settings and tables of the gateway config, placed before
+    /// its `[rdma]` table (e.g. `header_timeout_ms`, `[multipart]`).
+    pub gateway_extra: String,
 }
 
 impl Default for Options {
@@ -101,14 +108,32 @@ impl Default for Options {
             beta: String::new(),
             beta_shim: false,
             shim_extra: String::new(),
+            shim_limits: String::new(),
+            agent_limits: String::new(),
+            gateway_extra: String::new(),
         }
     }
 }
 
+/// One of the stack's processes, and how to start it again.
+struct Proc {
+    name: String,
+    binary: &'static str,
+    config: PathBuf,
+    child: Child,
+}
+
 /// Starts a shim (binary `sluice-shim`, log `{name}.log`) and waits until
 /// it accepts connections.
-fn start_shim(d: &Path, name: &str, cfg: &Path, socket: &Path) -> (String, Child) {
-    let mut shim = spawn_as(d, "sluice-shim", name, &["--config", cfg.to_str().expect("utf8")]);
+fn start_shim(d: &Path, name: &str, cfg: &Path, socket: &Path) -> Proc {
+    let shim = spawn_as(d, "sluice-shim", name, &["--config", cfg.to_str().expect("utf8")]);
+    let mut p = Proc { name: name.to_owned(), binary: "sluice-shim", config: cfg.to_owned(), child: shim };
+    wait_socket(d, &mut p, socket);
+    p
+}
+
+fn wait_socket(d: &Path, p: &mut Proc, socket: &Path) {
+    let (name, shim) = (p.name.as_str(), &mut p.child);
     let t0 = Instant::now();
     // The socket file appears at bind(), a moment before listen(): wait
     // until a connection is accepted, not just for the file.
@@ -122,7 +147,6 @@ fn start_shim(d: &Path, name: &str, cfg: &Path, socket: &Path) -> (String, Child
         assert!(t0.elapsed() < Duration::from_secs(30), "{name} did not start");
         std::thread::sleep(Duration::from_millis(20));
     }
-    (name.to_owned(), shim)
 }
 
 /// A running stack. Processes are killed when it drops.
@@ -136,14 +160,14 @@ pub struct Stack {
     /// The agent's gRPC address (TCP).
     pub grpc_addr: SocketAddr,
     pub data_dir: PathBuf,
-    children: Vec<(String, Child)>,
+    children: Vec<Proc>,
 }
 
 impl Drop for Stack {
     fn drop(&mut self) {
-        for (_, c) in self.children.iter_mut().rev() {
-            let _ = c.kill();
-            let _ = c.wait();
+        for p in self.children.iter_mut().rev() {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
         }
         if std::thread::panicking() {
             print_logs_after_failure(self.dir.path());
@@ -205,9 +229,11 @@ fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
     spawn_as(dir, name, name, args)
 }
 
-/// Starts binary `name` logging to `{log_name}.log` in `dir`.
+/// Starts binary `name` logging to `{log_name}.log` in `dir` (appending: a
+/// restarted process adds to its predecessor's log).
 fn spawn_as(dir: &Path, name: &str, log_name: &str, args: &[&str]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{log_name}.log"))).expect("log file");
+    let log =
+        std::fs::File::options().create(true).append(true).open(dir.join(format!("{log_name}.log"))).expect("log file");
     Command::new(bin(name))
         .args(args)
         .env("RUST_LOG", "info")
@@ -234,12 +260,14 @@ impl Stack {
         if opts.gateway {
             let cfg = d.join("gateway.toml");
             std::fs::write(&cfg, format!(
-                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n[rdma]\n{}\n{}\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
-                data_dir.display(), d.display(), opts.gateway_rdma, opts.gateway_backend)).expect("write config");
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n{}\n[rdma]\n{}\n{}\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
+                data_dir.display(), d.display(), opts.gateway_extra, opts.gateway_rdma, opts.gateway_backend)).expect("write config");
             let mut gw = spawn(&d, "sluice-gateway", &["--config", cfg.to_str().expect("utf8")]);
             let addr = wait_file(&d.join("gw.addr"), &mut gw, "sluice-gateway", &d.join("sluice-gateway.log"));
+            // Restarted from the same file, it must come back on the same port.
+            pin_address(&cfg, "listen", addr.trim());
             gateway_addr = Some(addr.trim().parse().expect("gateway addr"));
-            children.push(("sluice-gateway".to_owned(), gw));
+            children.push(Proc { name: "sluice-gateway".into(), binary: "sluice-gateway", config: cfg, child: gw });
         }
         // Without our gateway, the other namespaces point at the first endpoint's host.
         let gw = gateway_addr.map(|a| a.to_string()).unwrap_or_else(|| {
@@ -255,8 +283,8 @@ impl Stack {
         }
         let cfg = d.join("agent.toml");
         std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
-            opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display())).expect("write config");
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display())).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs
@@ -264,20 +292,22 @@ impl Stack {
             .find_map(|l| l.strip_prefix("grpc = "))
             .map(|v| v.trim_matches('"').parse().expect("grpc addr"))
             .expect("grpc line");
-        let metrics_addr = addrs
+        let metrics_addr: SocketAddr = addrs
             .lines()
             .find_map(|l| l.strip_prefix("metrics = "))
             .map(|v| v.trim_matches('"').parse().expect("metrics addr"))
             .expect("metrics line");
-        children.push(("sluice-agent".to_owned(), agent));
+        pin_address(&cfg, "grpc_listen", &grpc_addr.to_string());
+        pin_address(&cfg, "metrics_listen", &metrics_addr.to_string());
+        children.push(Proc { name: "sluice-agent".into(), binary: "sluice-agent", config: cfg, child: agent });
 
         let uid = unsafe_free_uid();
         let callers = opts.callers.unwrap_or_else(|| format!("[[callers]]\nuid = {uid}\ntenant = \"alpha\"\n"));
         let socket = d.join("shim.sock");
         let cfg = d.join("shim.toml");
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
-            socket.display(), opts.shim_extra, d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
+            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
+            socket.display(), opts.shim_extra, opts.shim_limits, d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
         children.push(start_shim(&d, "sluice-shim", &cfg, &socket));
         let beta_socket = d.join("shim-beta.sock");
         if opts.beta_shim {
@@ -295,19 +325,55 @@ impl Stack {
         sluice_client::Client::connect(&self.socket).await.expect("connect to shim")
     }
 
-    /// Kills one process (e.g. "sluice-gateway").
+    /// Kills one process (e.g. "sluice-gateway") with SIGKILL.
     pub fn kill(&mut self, name: &str) {
-        for (n, c) in &mut self.children {
-            if n == name {
-                let _ = c.kill();
-                let _ = c.wait();
+        for p in &mut self.children {
+            if p.name == name {
+                let _ = p.child.kill();
+                let _ = p.child.wait();
             }
         }
     }
 
+    /// Starts a killed process again from its config, on the same
+    /// addresses, and waits until it serves.
+    pub fn restart(&mut self, name: &str) {
+        let d = self.dir.path().to_owned();
+        let shim_socket = if name == "sluice-shim" { self.socket.clone() } else { self.beta_socket.clone() };
+        let p = self.children.iter_mut().find(|p| p.name == name).unwrap_or_else(|| panic!("no process {name}"));
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+        let ready = match p.binary {
+            "sluice-gateway" => Some(d.join("gw.addr")),
+            "sluice-agent" => Some(d.join("agent.addr")),
+            _ => None,
+        };
+        if let Some(f) = &ready {
+            let _ = std::fs::remove_file(f);
+        }
+        p.child = spawn_as(&d, p.binary, &p.name, &["--config", p.config.to_str().expect("utf8")]);
+        match &ready {
+            Some(f) => {
+                wait_file(f, &mut p.child, name, &d.join(format!("{name}.log")));
+            }
+            None => wait_socket(&d, p, &shim_socket),
+        }
+    }
+
+    /// Whether the process is still running (not exited, not killed).
+    pub fn alive(&mut self, name: &str) -> bool {
+        self.children.iter_mut().find(|p| p.name == name).is_some_and(|p| matches!(p.child.try_wait(), Ok(None)))
+    }
+
+    /// Open descriptors of one of the stack's processes.
+    pub fn fd_count(&self, name: &str) -> usize {
+        let pid = self.pid(name).unwrap_or_else(|| panic!("no process {name}"));
+        std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    }
+
     /// The process id of one of the stack's processes (e.g. "sluice-agent").
     pub fn pid(&self, name: &str) -> Option<u32> {
-        self.children.iter().find(|(n, _)| n == name).map(|(_, c)| c.id())
+        self.children.iter().find(|p| p.name == name).map(|p| p.child.id())
     }
 
     /// Sends `signal` (e.g. "HUP") to one of the stack's processes with
@@ -349,6 +415,18 @@ impl Stack {
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
     }
+}
+
+/// Replaces `key = ...` at the start of a line of a generated config with
+/// the address a daemon bound, so a restart comes back on it.
+fn pin_address(config: &Path, key: &str, addr: &str) {
+    let text = std::fs::read_to_string(config).expect("read config");
+    let prefix = format!("{key} = ");
+    let pinned: String = text
+        .lines()
+        .map(|l| if l.starts_with(&prefix) { format!("{key} = \"{addr}\"\n") } else { format!("{l}\n") })
+        .collect();
+    std::fs::write(config, pinned).expect("write config");
 }
 
 /// This process's uid, read from /proc (keeps the harness free of libc calls).

@@ -12,6 +12,7 @@ pub struct Proxy {
     pub addr: SocketAddr,
     down: Arc<AtomicU64>,
     stopped: Arc<AtomicBool>,
+    stalled: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
 }
 
@@ -24,8 +25,9 @@ impl Proxy {
         listener.set_nonblocking(true).expect("nonblocking");
         let down = Arc::new(AtomicU64::new(0));
         let stopped = Arc::new(AtomicBool::new(false));
+        let stalled = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (d, s, cs) = (down.clone(), stopped.clone(), conns.clone());
+        let (d, s, cs, st) = (down.clone(), stopped.clone(), conns.clone(), stalled.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 let client = match listener.accept() {
@@ -43,13 +45,20 @@ impl Proxy {
                     }
                 }
                 let (c2, u2) = (client.try_clone().expect("clone"), upstream.try_clone().expect("clone"));
-                std::thread::spawn(move || pump(c2, u2, None));
-                let (d, s, cs) = (d.clone(), s.clone(), cs.clone());
-                std::thread::spawn(move || pump(upstream, client, Some((d, cut_after, s, cs))));
+                let st2 = st.clone();
+                std::thread::spawn(move || pump(c2, u2, None, &st2));
+                let (d, s, cs, st) = (d.clone(), s.clone(), cs.clone(), st.clone());
+                std::thread::spawn(move || pump(upstream, client, Some((d, cut_after, s, cs)), &st));
             }
             // Dropping the listener here refuses new connections.
         });
-        Self { addr, down, stopped, conns }
+        Self { addr, down, stopped, stalled, conns }
+    }
+
+    /// While stalled, connections are accepted and bytes are read but none
+    /// is passed on: a store that hangs without closing anything.
+    pub fn stall(&self, stalled: bool) {
+        self.stalled.store(stalled, Ordering::SeqCst);
     }
 
     /// Bytes carried from the target back to clients.
@@ -78,13 +87,16 @@ fn stop_all(stopped: &AtomicBool, conns: &Mutex<Vec<TcpStream>>) {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, count: Option<Count>) {
+fn pump(mut from: TcpStream, mut to: TcpStream, count: Option<Count>, stalled: &AtomicBool) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        while stalled.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let mut n = n;
         if let Some((down, cut, stopped, conns)) = &count {
             let total = down.fetch_add(n as u64, Ordering::SeqCst) + n as u64;

@@ -91,6 +91,10 @@ impl Region {
     pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), ClientError> {
         Ok(self.map.read_at(offset, out)?)
     }
+    /// The region's memory file (sealed: it can neither shrink nor grow).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.map.fd()
+    }
 }
 
 /// How a transfer went.
@@ -292,6 +296,18 @@ impl Client {
         let reply = self.call(op, Some(map.fd()), "").await?;
         match reply.resp.result {
             Some(Res::Registered(r)) => Ok(Region { id: r.region_id, map }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Registers `len` bytes of a memory file this process made and maps
+    /// itself; returns the region id. The shim accepts only a memfd sealed
+    /// against shrinking (`F_SEAL_SHRINK`), since the agent maps it too;
+    /// anything else is BAD_REQUEST.
+    pub async fn register_fd(&self, fd: std::os::fd::BorrowedFd<'_>, len: u64) -> Result<String, ClientError> {
+        let op = Op::Register(pb::Register { length: len, fd_attached: true, ..Default::default() });
+        match self.call(op, Some(fd), "").await?.resp.result {
+            Some(Res::Registered(r)) => Ok(r.region_id),
             other => Err(unexpected(other)),
         }
     }
