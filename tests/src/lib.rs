@@ -36,6 +36,16 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// Prints one summary line that survives libtest's output capture (it
+/// writes to the process's stdout directly, not through `print!`), so
+/// `scripts/test` can add up the counts of the reliability and fuzz tests.
+pub fn report(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
 /// Access key and secret the test gateway accepts.
 pub const ACCESS_KEY: &str = "test-access";
 pub const SECRET_KEY: &str = "test-secret-key-0123456789";

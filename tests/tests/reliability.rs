@@ -46,7 +46,7 @@ impl Tally {
 impl Drop for Tally {
     fn drop(&mut self) {
         if !std::thread::panicking() {
-            println!("reliability: {}: cases={} faults={}", self.name, self.cases, self.faults);
+            sluice_tests::report(&format!("reliability: {}: cases={} faults={}", self.name, self.cases, self.faults));
         }
     }
 }
@@ -238,7 +238,7 @@ async fn a_dead_shims_sessions_are_reclaimed() {
     let took = t0.elapsed();
     assert!(took < Duration::from_secs(5), "reclaimed in {took:?}, lease 1 s");
     assert!(stack.metric("sluice_agent_sessions_expired_total", &[]) >= 1.0);
-    println!("reliability: sessions of a killed shim reclaimed in {} ms", took.as_millis());
+    sluice_tests::report(&format!("reliability: sessions of a killed shim reclaimed in {} ms", took.as_millis()));
 }
 
 /// Descriptor floods at the shim's socket (before Hello, as a user mapped to
@@ -311,9 +311,9 @@ async fn descriptor_floods_stay_bounded() {
     upload(&connected, "data/after-flood", b"still here").await;
     let fresh = stack.client().await;
     assert_eq!(read(&fresh, "data/after-flood", 64).await.expect("read"), b"still here");
-    println!(
+    sluice_tests::report(&format!(
         "reliability: fd floods: shim peak {max_seen} (base {shim_fds}), agent peak {agent_max} (base {agent_fds})"
-    );
+    ));
 }
 
 /// Waits until the peer closes `s` (reading and discarding what it says).
@@ -443,7 +443,11 @@ async fn a_stalled_store_ends_at_the_deadline() {
         assert_eq!(code(&e), Some(Code::DeadlineExceeded), "{op}: {e}");
         let limit = Duration::from_millis(timeout.unwrap_or(2500).min(2500));
         assert!(took >= limit && took < limit + Duration::from_secs(3), "{op} ended after {took:?} ({limit:?})");
-        println!("reliability: stalled {op} ended in {} ms (deadline {} ms)", took.as_millis(), limit.as_millis());
+        sluice_tests::report(&format!(
+            "reliability: stalled {op} ended in {} ms (deadline {} ms)",
+            took.as_millis(),
+            limit.as_millis()
+        ));
     }
     proxy.stall(false);
     c.set_timeout(Some(Duration::from_secs(60)));
@@ -493,7 +497,10 @@ async fn trickling_http_clients_are_dropped() {
     }
     let took = t0.elapsed();
     assert_eq!(open, 0, "connections still open after {took:?}");
-    println!("reliability: 100 trickling/idle HTTP connections dropped within {} ms", took.as_millis());
+    sluice_tests::report(&format!(
+        "reliability: 100 trickling/idle HTTP connections dropped within {} ms",
+        took.as_millis()
+    ));
     drop(conns);
     fds_back(&stack, "sluice-gateway", base).await;
     let c = stack.client().await;

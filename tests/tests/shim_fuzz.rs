@@ -337,11 +337,11 @@ async fn shim_protocol_fuzz() {
     normal.get("data/after-fuzz", &r, 0, None).await.expect("get after fuzzing");
     assert_eq!(sha256(&r.as_slice()[..data.len()]), sha256(&data));
     stack.kill("sluice-shim"); // (its log stays for a failed run)
-    println!(
+    sluice_tests::report(&format!(
         "shim-fuzz: seed={seed} secs={secs} rounds={rounds} connections={} frames={} fds={} responses={} crashes=0",
         counts.connections.load(Ordering::Relaxed),
         counts.frames.load(Ordering::Relaxed),
         counts.fds.load(Ordering::Relaxed),
         counts.responses.load(Ordering::Relaxed),
-    );
+    ));
 }
