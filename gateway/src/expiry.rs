@@ -5,10 +5,9 @@
 //! agent does, on every path); this is for uploads whose client died before
 //! it could.
 //!
-//! Layout of the directory store (s3s-fs) at its root:
-//! `.upload-<uuid>.json` (the upload), `.upload_id-<uuid>.part-<n>` (its
-//! parts), `.bucket-<b64>.object-<b64>.upload-<uuid>.metadata.json` (its
-//! metadata).
+//! Each upload is a directory under the store's `.sluice/uploads/` (see
+//! `crate::store::multipart`); its age is that of its youngest file (a
+//! part being received touches `upload.json` when it starts).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -23,57 +22,44 @@ pub struct Swept {
     pub bytes: u64,
 }
 
-/// The upload id a store file belongs to, if it is one of an upload's files.
-fn upload_of(name: &str) -> Option<&str> {
-    if let Some(rest) = name.strip_prefix(".upload-") {
-        return rest.strip_suffix(".json");
-    }
-    if let Some(rest) = name.strip_prefix(".upload_id-") {
-        return rest.split_once(".part-").map(|(id, _)| id);
-    }
-    if name.starts_with(".bucket-") {
-        let rest = name.strip_suffix(".metadata.json")?;
-        return rest.rsplit_once(".upload-").map(|(_, id)| id);
-    }
-    None
-}
-
 fn age(meta: &std::fs::Metadata, now: SystemTime) -> Duration {
     meta.modified().ok().and_then(|m| now.duration_since(m).ok()).unwrap_or_default()
 }
 
-/// Removes every upload under `root` whose newest file is older than
-/// `expire_after` (a part still being written keeps its upload alive).
-pub fn sweep(root: &Path, expire_after: Duration) -> std::io::Result<Swept> {
+/// Removes every upload under `uploads` (the store's uploads directory)
+/// whose youngest file is older than `expire_after`.
+pub fn sweep(uploads: &Path, expire_after: Duration) -> std::io::Result<Swept> {
     let now = SystemTime::now();
-    // upload id -> (its files, the youngest file's age)
-    let mut uploads: std::collections::HashMap<String, (Vec<(PathBuf, u64)>, Duration)> = Default::default();
-    for entry in std::fs::read_dir(root)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(id) = name.to_str().and_then(upload_of) else { continue };
-        let Ok(meta) = entry.metadata() else { continue };
-        let slot = uploads.entry(id.to_owned()).or_insert_with(|| (Vec::new(), Duration::MAX));
-        slot.0.push((entry.path(), meta.len()));
-        slot.1 = slot.1.min(age(&meta, now));
-    }
     let mut swept = Swept::default();
-    for (id, (files, youngest)) in uploads {
+    for entry in std::fs::read_dir(uploads)? {
+        let entry = entry?;
+        let dir = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_dir() {
+            continue;
+        }
+        let mut youngest = age(&meta, now);
+        let (mut files, mut bytes) = (0usize, 0u64);
+        for f in std::fs::read_dir(&dir)?.flatten() {
+            if let Ok(m) = f.metadata() {
+                youngest = youngest.min(age(&m, now));
+                files += 1;
+                bytes += m.len();
+            }
+        }
         if youngest < expire_after {
             continue;
         }
-        for (path, len) in files {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {
-                    swept.files += 1;
-                    swept.bytes += len;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => warn!(path = %path.display(), error = %e, "could not remove an expired upload's file"),
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {
+                swept.uploads += 1;
+                swept.files += files;
+                swept.bytes += bytes;
+                info!(upload = %entry.file_name().to_string_lossy(), idle_secs = youngest.as_secs(), "expired an incomplete multipart upload");
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!(path = %dir.display(), error = %e, "could not remove an expired upload"),
         }
-        swept.uploads += 1;
-        info!(upload = %id, idle_secs = youngest.as_secs(), "expired an incomplete multipart upload");
     }
     Ok(swept)
 }
@@ -100,43 +86,31 @@ pub async fn run(root: PathBuf, expire_after: Duration, every: Duration) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn names_map_to_their_upload() {
-        let id = "0b1c2d3e-0000-4000-8000-000000000001";
-        assert_eq!(upload_of(&format!(".upload-{id}.json")), Some(id));
-        assert_eq!(upload_of(&format!(".upload_id-{id}.part-17")), Some(id));
-        assert_eq!(upload_of(&format!(".bucket-ZGF0YQ.object-a2V5.upload-{id}.metadata.json")), Some(id));
-        assert_eq!(upload_of(".bucket-ZGF0YQ.object-a2V5.metadata.json"), None, "a finished object's metadata");
-        assert_eq!(upload_of(".bucket-ZGF0YQ.object-a2V5.internal.json"), None);
-        assert_eq!(upload_of("data"), None);
+    fn age_by(path: &Path, by: Duration) {
+        std::fs::File::options().write(true).open(path).unwrap().set_modified(SystemTime::now() - by).unwrap();
     }
 
     #[test]
     fn only_idle_uploads_go() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let (old, new) = ("11111111-0000-4000-8000-000000000000", "22222222-0000-4000-8000-000000000000");
-        for id in [old, new] {
-            std::fs::write(root.join(format!(".upload-{id}.json")), "null").unwrap();
-            std::fs::write(root.join(format!(".upload_id-{id}.part-1")), vec![7u8; 1000]).unwrap();
-            std::fs::write(root.join(format!(".bucket-YQ.object-Yg.upload-{id}.metadata.json")), "{}").unwrap();
+        for id in ["old", "new"] {
+            std::fs::create_dir(root.join(id)).unwrap();
+            std::fs::write(root.join(id).join("upload.json"), "{}").unwrap();
+            std::fs::write(root.join(id).join("1"), vec![7u8; 1000]).unwrap();
+            std::fs::write(root.join(id).join("1.json"), "{}").unwrap();
         }
-        std::fs::create_dir(root.join("data")).unwrap();
-        std::fs::write(root.join("data/object"), b"stays").unwrap();
-        let long_ago = SystemTime::now() - Duration::from_secs(3 * 3600);
-        for name in [format!(".upload-{old}.json"), format!(".upload_id-{old}.part-1")] {
-            std::fs::File::options().write(true).open(root.join(name)).unwrap().set_modified(long_ago).unwrap();
+        let long_ago = Duration::from_secs(3 * 3600);
+        for f in ["upload.json", "1"] {
+            age_by(&root.join("old").join(f), long_ago);
         }
-        // The old upload's metadata file is young: the upload is still in use.
+        // The directory itself is young, and so is one of its files.
         assert_eq!(sweep(root, Duration::from_secs(3600)).unwrap(), Swept::default());
-        let meta = root.join(format!(".bucket-YQ.object-Yg.upload-{old}.metadata.json"));
-        std::fs::File::options().write(true).open(&meta).unwrap().set_modified(long_ago).unwrap();
+        age_by(&root.join("old/1.json"), long_ago);
+        std::fs::File::open(root.join("old")).unwrap().set_modified(SystemTime::now() - long_ago).unwrap();
         let s = sweep(root, Duration::from_secs(3600)).unwrap();
-        assert_eq!((s.uploads, s.files, s.bytes), (1, 3, 1006));
-        let left: Vec<String> =
-            std::fs::read_dir(root).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-        assert_eq!(left.len(), 4, "{left:?}");
-        assert!(left.iter().all(|n| !n.contains(old)), "{left:?}");
-        assert_eq!(std::fs::read(root.join("data/object")).unwrap(), b"stays");
+        assert_eq!((s.uploads, s.files, s.bytes), (1, 3, 1004));
+        assert!(!root.join("old").exists());
+        assert!(root.join("new/1").exists());
     }
 }

@@ -1,14 +1,16 @@
 //! The Sluice storage-side gateway: an S3 server (built on `s3s`) in front of
-//! a local directory, with SigV4 verification always on.
+//! a local directory ([`store`]) or another S3 endpoint (`upstream`), with
+//! SigV4 verification always on and the S3-over-RDMA token data path
+//! ([`rdma`]).
 //!
 //! It is Sluice's embedded default store and the peer that the agent's data
-//! paths are tested against. Later the RDMA token data path and an upstream
-//! S3 proxy backend plug in here.
+//! paths are tested against.
 
 #![forbid(unsafe_code)]
 
 pub mod expiry;
 pub mod rdma;
+pub mod store;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -213,9 +215,9 @@ impl DcConfig {
 fn with_rdma<S: s3s::S3>(
     inner: S,
     cfg: &RdmaConfig,
-    local_root: Option<PathBuf>,
+    local: Option<std::sync::Arc<store::DirStore>>,
 ) -> Result<rdma::RdmaGateway<S>, GatewayError> {
-    let mut g = rdma::RdmaGateway::new(inner, cfg.tcp, cfg.max_op_bytes, local_root);
+    let mut g = rdma::RdmaGateway::new(inner, cfg.tcp, cfg.max_op_bytes, local);
     if cfg.verbs {
         g = g.with_verbs();
     }
@@ -253,9 +255,7 @@ impl GatewayConfig {
             }
         }
         for b in &self.buckets {
-            if !valid_bucket_name(b) {
-                return Err(GatewayError::Invalid(format!("invalid bucket name {b:?}")));
-            }
+            store::keys::check_bucket(b).map_err(|e| GatewayError::Invalid(e.to_string()))?;
         }
         if self.header_timeout_ms == 0 {
             return Err(GatewayError::Invalid("header_timeout_ms must be > 0".into()));
@@ -265,14 +265,6 @@ impl GatewayConfig {
         }
         Ok(())
     }
-}
-
-/// S3 bucket naming rules (the subset that matters for a directory store).
-fn valid_bucket_name(name: &str) -> bool {
-    (3..=63).contains(&name.len())
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric()
 }
 
 /// A bound, ready-to-serve gateway.
@@ -296,23 +288,22 @@ impl Gateway {
             let dir = cfg.data_dir.join(b);
             std::fs::create_dir_all(&dir).map_err(|source| GatewayError::DataDir { path: dir, source })?;
         }
-        let mut auth = SimpleAuth::new();
+        let mut keys = SimpleAuth::new();
         for c in &cfg.credentials {
-            auth.register(c.access_key.clone(), c.secret_key.clone().into());
+            keys.register(c.access_key.clone(), c.secret_key.clone().into());
         }
+        let auth = store::Auth(keys);
         if cfg.rdma.max_op_bytes == 0 || cfg.rdma.max_op_bytes > sluice_dataplane::MAX_OP_BYTES {
             return Err(GatewayError::Invalid("rdma.max_op_bytes must be between 1 and 1 GiB".into()));
         }
         let mut sweep = None;
         let service = match &cfg.backend {
             BackendConfig::Directory => {
-                let fs = s3s_fs::FileSystem::new(&cfg.data_dir).map_err(|e| GatewayError::Store(format!("{e:?}")))?;
-                let root = cfg
-                    .data_dir
-                    .canonicalize()
-                    .map_err(|source| GatewayError::DataDir { path: cfg.data_dir.clone(), source })?;
-                sweep = Some((root.clone(), cfg.multipart.clone()));
-                let mut b = S3ServiceBuilder::new(with_rdma(fs, &cfg.rdma, Some(root))?);
+                let dir = std::sync::Arc::new(
+                    store::DirStore::open(&cfg.data_dir).map_err(|e| GatewayError::Store(e.to_string()))?,
+                );
+                sweep = Some((dir.uploads_dir(), cfg.multipart.clone()));
+                let mut b = S3ServiceBuilder::new(with_rdma(store::Store(dir.clone()), &cfg.rdma, Some(dir))?);
                 b.set_auth(auth);
                 b.build()
             }
@@ -467,16 +458,6 @@ key = 0xffeeddcc
         let err = Gateway::bind(&cfg).await.err().expect("no mlx5 device here");
         let msg = err.to_string();
         assert!(msg.contains("[rdma.dc]") && msg.contains("mlx5_0"), "{msg}");
-    }
-
-    #[test]
-    fn bucket_names() {
-        assert!(valid_bucket_name("data"));
-        assert!(valid_bucket_name("my-bucket.1"));
-        assert!(!valid_bucket_name("ab"));
-        assert!(!valid_bucket_name("Data"));
-        assert!(!valid_bucket_name("-data"));
-        assert!(!valid_bucket_name("../etc"));
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! Every other request passes through untouched.
 
 use std::future::Future;
-use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,6 +21,8 @@ use sluice_dataplane::tcp::TcpRemote;
 use sluice_dataplane::verbs::VerbsRemote;
 use sluice_dataplane::{Token, TransportError, TransportKind, TRANSPORT_HEADER};
 use tracing::warn;
+
+use crate::store::DirStore;
 
 pub const TOKEN_HEADER: &str = "x-amz-rdma-token";
 pub const REPLY_HEADER: &str = "x-amz-rdma-reply";
@@ -52,9 +53,10 @@ pub struct RdmaGateway<S> {
     verbs: Option<VerbsRemote>,
     /// Standard (mlx5 DC) tokens, when a DC-capable device is configured.
     dc: Option<VerbsRemote>,
-    /// When the backend is the local directory store: its root, for reading
-    /// object files directly (large reads; `sendfile` for RDMA WRITEs).
-    local_root: Option<PathBuf>,
+    /// When the backend is the local directory store: the store, so that a
+    /// GET reads the very file whose ETag it reports (`sendfile` for RDMA
+    /// WRITEs).
+    local: Option<Arc<DirStore>>,
     pub stats: Arc<RdmaStats>,
 }
 
@@ -62,9 +64,9 @@ impl<S: S3> RdmaGateway<S> {
     /// `tcp`: serve Sluice's `tcp` software transport, with operations of at
     /// most `max_op` bytes. Standard (mlx5 DC) tokens are declined with 501
     /// unless [`RdmaGateway::with_dc`] gives a DC initiator.
-    pub fn new(inner: S, tcp: bool, max_op: u64, local_root: Option<PathBuf>) -> Self {
+    pub fn new(inner: S, tcp: bool, max_op: u64, local: Option<Arc<DirStore>>) -> Self {
         let tcp = tcp.then(|| TcpRemote::new(max_op));
-        Self { inner, tcp, verbs: None, dc: None, local_root, stats: Arc::default() }
+        Self { inner, tcp, verbs: None, dc: None, local, stats: Arc::default() }
     }
 
     /// Also serve the verbs RC transport (needs an RDMA device).
@@ -87,30 +89,6 @@ impl<S: S3> RdmaGateway<S> {
             TransportKind::Tcp => None,
         }
     }
-
-    /// The object's file in the local store, if it is the one the backend
-    /// just described (same length), with the span to read.
-    fn local_file(&self, bucket: &str, key: &str, out: &GetObjectOutput) -> Option<(std::fs::File, u64, u64)> {
-        let root = self.local_root.as_ref()?;
-        let file = std::fs::File::open(root.join(bucket).join(key)).ok()?;
-        let file_len = file.metadata().ok()?.len();
-        let len = out.content_length? as u64;
-        let (start, total) = match out.content_range.as_deref() {
-            Some(cr) => (parse_range_start(cr)?, cr.rsplit('/').next()?.parse().ok()?),
-            None => (0, len),
-        };
-        // A file replaced since the backend opened it: use the backend's body.
-        (file_len == total).then_some((file, start, len))
-    }
-}
-
-/// A file span as a body stream, read in 1 MiB blocks (s3s-fs reads 4 KiB).
-fn file_stream(
-    file: std::fs::File,
-    start: u64,
-    len: u64,
-) -> impl futures::Stream<Item = std::io::Result<bytes::Bytes>> + Send + Sync + 'static {
-    sluice_dataplane::file::span_stream(file, start, len, 1 << 20)
 }
 
 fn error(code: &str, status: StatusCode, msg: impl Into<String>) -> S3Error {
@@ -391,16 +369,21 @@ macro_rules! delegate {
 impl<S: S3> S3 for RdmaGateway<S> {
     async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
         let ask = self.rdma_ask(&req.headers, &req.uri)?;
-        let (bucket, key) = (req.input.bucket.clone(), req.input.key.clone());
-        let mut resp = self.inner.get_object(req).await.map_err(explain_internal)?;
-        let local = self.local_file(&bucket, &key, &resp.output);
-        match ask {
-            Some(ask) => self.rdma_get(resp, local, ask).await,
-            None => {
-                if let Some((file, start, len)) = local {
-                    resp.output.body = Some(StreamingBlob::wrap(file_stream(file, start, len)));
+        let Some(ask) = ask else { return self.inner.get_object(req).await.map_err(explain_internal) };
+        match &self.local {
+            // The local store: WRITE straight from the file it opened.
+            Some(store) => {
+                let o = crate::store::open_for_get(store, &req.input).await?;
+                let out = crate::store::get_output(&o, req.input.checksum_mode.as_ref());
+                let mut resp = S3Response::new(out);
+                if o.ranged {
+                    resp.status = Some(StatusCode::PARTIAL_CONTENT);
                 }
-                Ok(resp)
+                self.rdma_get(resp, Some((o.file, o.span.start, o.span.end - o.span.start)), ask).await
+            }
+            None => {
+                let resp = self.inner.get_object(req).await.map_err(explain_internal)?;
+                self.rdma_get(resp, None, ask).await
             }
         }
     }
@@ -449,6 +432,7 @@ impl<S: S3> S3 for RdmaGateway<S> {
         list_objects: ListObjectsInput => ListObjectsOutput;
         list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
         list_parts: ListPartsInput => ListPartsOutput;
+        list_multipart_uploads: ListMultipartUploadsInput => ListMultipartUploadsOutput;
         upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
     }
 }
@@ -467,7 +451,7 @@ mod tests {
 
     #[test]
     fn other_backend_failures_carry_their_cause() {
-        // As s3s-fs builds them: InternalError with the I/O error as source only.
+        // As backends build them: InternalError with the I/O error as source only.
         let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "open .tmp.3.internal.part");
         let e = explain_internal(S3Error::with_source(S3ErrorCode::InternalError, Box::new(io)));
         assert_eq!(*e.code(), S3ErrorCode::InternalError);

@@ -29,6 +29,6 @@ pub fn proxy(endpoint: &str, region: &str, access_key: &str, secret_key: &str) -
 
 /// Built without the `upstream` feature: say so instead of pretending.
 #[cfg(not(feature = "upstream"))]
-pub fn proxy(_: &str, _: &str, _: &str, _: &str) -> Result<s3s_fs::FileSystem, GatewayError> {
+pub fn proxy(_: &str, _: &str, _: &str, _: &str) -> Result<crate::store::Store, GatewayError> {
     Err(GatewayError::Invalid("this gateway was built without the `upstream` feature; rebuild with it".into()))
 }

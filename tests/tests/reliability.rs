@@ -74,16 +74,14 @@ async fn agent_holds_nothing(stack: &Stack) {
     .await;
 }
 
-/// Incomplete-upload files the directory store still holds.
+/// Incomplete uploads (and half-written files) the directory store still
+/// holds (layout: gateway/src/store/mod.rs).
 fn upload_files(data_dir: &Path) -> Vec<String> {
-    std::fs::read_dir(data_dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(".upload") || n.contains(".upload-"))
-                .collect()
-        })
-        .unwrap_or_default()
+    ["uploads", "tmp"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(data_dir.join(".sluice").join(d)).into_iter().flatten().flatten())
+        .map(|e| e.path().display().to_string())
+        .collect()
 }
 
 async fn store_clean(data_dir: &Path) {
