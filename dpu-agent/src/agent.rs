@@ -343,6 +343,16 @@ impl Agent {
     }
 
     pub fn register_region(&self, session_id: &str, export: RegionExport, length: u64) -> Result<String, AgentError> {
+        let r = self.register_checked(session_id, export.clone(), length);
+        if r.is_err() {
+            // Refused before the export was taken: release what it holds
+            // (a deposited memfd) now rather than when its ticket expires.
+            self.memory.discard(&export);
+        }
+        r
+    }
+
+    fn register_checked(&self, session_id: &str, export: RegionExport, length: u64) -> Result<String, AgentError> {
         let s = self.session(session_id)?;
         if length == 0 {
             return Err(AgentError::BadRequest("region length must be > 0".into()));

@@ -381,6 +381,50 @@ impl Stack {
         std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
     }
 
+    /// What a process's descriptors point at, counted (for failure messages).
+    pub fn fd_targets(&self, name: &str) -> std::collections::BTreeMap<String, usize> {
+        let pid = self.pid(name).unwrap_or_else(|| panic!("no process {name}"));
+        let mut out = std::collections::BTreeMap::new();
+        for e in std::fs::read_dir(format!("/proc/{pid}/fd")).into_iter().flatten().flatten() {
+            let t = std::fs::read_link(e.path()).map(|t| t.to_string_lossy().into_owned()).unwrap_or_default();
+            // Sockets differ only by inode: count them by kind.
+            let kind = if t.starts_with("socket:") { "socket".to_owned() } else { t };
+            *out.entry(kind).or_default() += 1;
+        }
+        out
+    }
+
+    /// Open descriptors of a process other than its idle pooled HTTP
+    /// connections to the gateway (a client keeps up to its pool size open
+    /// for reuse; they are not leaks).
+    pub fn fd_count_unpooled(&self, name: &str) -> usize {
+        let pid = self.pid(name).unwrap_or_else(|| panic!("no process {name}"));
+        let Some(gw) = self.gateway_addr else { return self.fd_count(name) };
+        // Socket inodes with the gateway's port as their remote end.
+        let port = format!(":{:04X}", gw.port());
+        let mut to_gateway = std::collections::HashSet::new();
+        for table in ["tcp", "tcp6"] {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+            for line in text.lines().skip(1) {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() > 9 && f[2].ends_with(&port) {
+                    to_gateway.insert(format!("socket:[{}]", f[9]));
+                }
+            }
+        }
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_link(e.path())
+                            .map(|t| !to_gateway.contains(t.to_string_lossy().as_ref()))
+                            .unwrap_or(true)
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
     /// The process id of one of the stack's processes (e.g. "sluice-agent").
     pub fn pid(&self, name: &str) -> Option<u32> {
         self.children.iter().find(|p| p.name == name).map(|p| p.child.id())

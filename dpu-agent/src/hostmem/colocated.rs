@@ -26,7 +26,9 @@ use tracing::{debug, warn};
 use super::{HostMemory, HostRegion, MemError, RegionExport};
 
 /// Tickets not redeemed within this time are dropped (and their fds closed).
-const TICKET_TTL: Duration = Duration::from_secs(60);
+/// A shim redeems its ticket in the Register that follows the deposit at
+/// once; one that did not (its client vanished in between) is closed soon.
+const TICKET_TTL: Duration = Duration::from_secs(15);
 /// Most unredeemed tickets held at once, so a misbehaving peer cannot make
 /// the agent hoard descriptors.
 const MAX_PENDING: usize = 4096;
@@ -67,8 +69,8 @@ impl ColocatedMemory {
     /// cannot shrink; anything else is refused (and closed on return).
     fn deposit(&self, fd: OwnedFd, connection: u64) -> Result<String, MemError> {
         sluice_shm::check_sealed(std::os::fd::AsFd::as_fd(&fd))?;
+        self.expire_tickets();
         let mut map = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, p| p.at.elapsed() < TICKET_TTL);
         if map.len() >= MAX_PENDING {
             return Err(MemError::Exhausted("too many unredeemed memory tickets".into()));
         }
@@ -82,8 +84,31 @@ impl ColocatedMemory {
         Ok(ticket)
     }
 
+    /// Closes the descriptors of tickets nobody redeemed in time (a shim
+    /// whose client vanished between depositing and registering).
+    fn expire_tickets(&self) -> usize {
+        let mut map = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let before = map.len();
+        map.retain(|_, p| p.at.elapsed() < TICKET_TTL);
+        before - map.len()
+    }
+
     /// Accepts shims on the memory socket until the listener fails.
     pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        // Unredeemed tickets are closed within a quarter TTL of expiring,
+        // not only when the next deposit happens to come.
+        let weak = Arc::downgrade(&self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TICKET_TTL / 4);
+            loop {
+                tick.tick().await;
+                let Some(me) = weak.upgrade() else { return };
+                let n = me.expire_tickets();
+                if n > 0 {
+                    debug!(tickets = n, "closed unredeemed memory tickets");
+                }
+            }
+        });
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
@@ -136,6 +161,12 @@ impl ColocatedMemory {
 }
 
 impl HostMemory for ColocatedMemory {
+    fn discard(&self, export: &RegionExport) {
+        if let RegionExport::Colocated { ticket } = export {
+            self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(ticket);
+        }
+    }
+
     fn import(&self, export: RegionExport, len: u64) -> Result<Arc<dyn HostRegion>, MemError> {
         let ticket = match export {
             RegionExport::Colocated { ticket } => ticket,
@@ -180,6 +211,32 @@ mod tests {
         assert_eq!(&out, b"xyz");
         assert!(r.write_at(4095, b"ab").is_err());
         assert!(matches!(mem.import(RegionExport::Colocated { ticket }, 4096), Err(MemError::UnknownTicket)));
+    }
+
+    /// A ticket whose registration was refused, or that nobody redeemed,
+    /// does not keep its memfd open.
+    #[tokio::test]
+    async fn unredeemed_tickets_are_closed() {
+        let mem = ColocatedMemory::new();
+        let (a, b) = UnixStream::pair().unwrap();
+        tokio::spawn(mem.clone().handle_owned(b));
+        let mut reader = tokio::io::BufReader::new(a);
+        let region = MappedRegion::create("t", 4096).unwrap();
+        let mut tickets = Vec::new();
+        for _ in 0..2 {
+            sluice_shm::send_with_fds(reader.get_ref(), b"R", &[region.fd().as_fd()]).await.unwrap();
+            let mut line = String::new();
+            reader.read_line(&mut line).await.unwrap();
+            tickets.push(line.strip_prefix("OK ").unwrap().trim().to_owned());
+        }
+        mem.discard(&RegionExport::Colocated { ticket: tickets[0].clone() });
+        assert_eq!(mem.pending.lock().unwrap().len(), 1);
+        let ticket = RegionExport::Colocated { ticket: tickets[0].clone() };
+        assert!(matches!(mem.import(ticket, 4096), Err(MemError::UnknownTicket)));
+        // Expiry: age the other ticket past its TTL.
+        mem.pending.lock().unwrap().values_mut().for_each(|p| p.at -= TICKET_TTL);
+        assert_eq!(mem.expire_tickets(), 1);
+        assert!(mem.pending.lock().unwrap().is_empty());
     }
 
     /// The SIGBUS attack at the agent: descriptors that could shrink under

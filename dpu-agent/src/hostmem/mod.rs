@@ -126,7 +126,7 @@ fn sluice_dataplane_pci(s: &str) -> bool {
 }
 
 /// What the shim sends to make a region reachable.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum RegionExport {
     /// Co-located: a one-time ticket for an fd handed over the memory socket.
     Colocated { ticket: String },
@@ -137,6 +137,10 @@ pub enum RegionExport {
 /// A way of importing host regions.
 pub trait HostMemory: Send + Sync {
     fn import(&self, export: RegionExport, len: u64) -> Result<Arc<dyn HostRegion>, MemError>;
+
+    /// Lets go of an export that will not be imported (its registration
+    /// was refused), so whatever it holds is released now.
+    fn discard(&self, _export: &RegionExport) {}
 }
 
 #[cfg(test)]
