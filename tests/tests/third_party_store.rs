@@ -73,6 +73,20 @@ fn start_s3s_fs() -> (tempfile::TempDir, S3sFs, u16) {
     (root, guard, port)
 }
 
+/// s3s-fs ignores If-Match on GET: the agent's own check of every part's
+/// ETag is what keeps a racing writer from tearing a read.
+#[tokio::test]
+async fn no_torn_reads_against_a_store_that_ignores_if_match() {
+    let (_root, _guard, port) = start_s3s_fs();
+    let stack = Stack::with(Options {
+        endpoints: vec![format!("http://127.0.0.1:{port}")],
+        gateway: false,
+        ..Default::default()
+    });
+    let (whole, refused) = sluice_tests::race_reads(&stack, "data/race/s3s-fs", 16 << 20, 12).await;
+    assert_eq!(whole + refused, 12);
+}
+
 #[tokio::test]
 async fn agent_works_against_s3s_fs() {
     let (root, _guard, port) = start_s3s_fs();

@@ -114,6 +114,7 @@ impl ObjectStore {
         }
 
         let (full, etag) = (&full, &etag);
+        let version = Version { etag, size: object_size };
         let mut futs: Vec<PartFuture<'_>> = Vec::new();
         let mut pos = start;
         if let Some((FirstPart { resp, body_start, asked_end }, slot)) = first {
@@ -124,7 +125,7 @@ impl ObjectStore {
                     Ok(()) => Ok(Via::Http),
                     Err(e) if e.is_retryable() => {
                         tracing::warn!(error = %e, "first part broke; re-fetching it");
-                        self.fetch_range(full, start, cover, etag, region, offset, base, request_id)
+                        self.fetch_range(full, start, cover, version, region, offset, base, request_id)
                             .await
                             .map(|()| Via::Http)
                     }
@@ -141,16 +142,16 @@ impl ObjectStore {
             futs.push(Box::pin(async move {
                 let _slot = enter(gate, stop - from).await?;
                 if let Some(r) = use_rdma {
-                    match self.get_part_rdma(r, full, from, stop, etag, region, dst, base + i, request_id).await? {
+                    match self.get_part_rdma(r, full, from, stop, version, region, dst, base + i, request_id).await? {
                         None => return Ok(Via::Rdma),
                         Some(f) => {
                             tracing::warn!(kind = f.kind, reason = %f.message, from, to = stop, "RDMA GET part fell back to HTTP");
-                            self.fetch_range(full, from, stop, etag, region, dst, base + i, request_id).await?;
+                            self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await?;
                             return Ok(Via::Fallback(f));
                         }
                     }
                 }
-                self.fetch_range(full, from, stop, etag, region, dst, base + i, request_id).await.map(|()| Via::Http)
+                self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await.map(|()| Via::Http)
             }));
             pos = stop;
             i += 1;
@@ -228,28 +229,68 @@ impl ObjectStore {
     }
 
     /// Fetches `[from, to)` into `region` at `dst`, with retries. `If-Match`
-    /// guards against the object changing between parts.
+    /// asks the store to refuse another version; the reply is checked to be
+    /// of `version` all the same (a store may ignore `If-Match`).
     #[allow(clippy::too_many_arguments)]
     async fn fetch_range(
         &self,
         full: &str,
         from: u64,
         to: u64,
-        etag: &str,
+        version: Version<'_>,
         region: &Arc<dyn HostRegion>,
         dst: u64,
         base: usize,
         request_id: &str,
     ) -> Result<(), S3Error> {
         self.retrying(|attempt| async move {
-            let spec = self.part_spec(self.endpoint(base, attempt), full, from, to, etag);
+            let spec = self.part_spec(self.endpoint(base, attempt), full, from, to, version.etag);
             let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
             if resp.status() != http::StatusCode::PARTIAL_CONTENT {
                 return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status())));
             }
+            version.check(resp.headers(), from, to)?;
             stream_body(resp, region, dst, to - from).await
         })
         .await
+    }
+}
+
+/// The version of an object a read started on (from its first reply):
+/// every later part must come from the same one, or the read fails rather
+/// than return bytes of two versions as one.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Version<'a> {
+    pub etag: &'a str,
+    pub size: u64,
+}
+
+impl Version<'_> {
+    /// Checks a part's reply (HTTP or RDMA) for `[from, to)`: the same ETag
+    /// (when the store names one) and the same object size in
+    /// `Content-Range`, starting where asked.
+    pub(super) fn check(&self, headers: &http::HeaderMap, from: u64, to: u64) -> Result<(), S3Error> {
+        let changed = |what: String| {
+            S3Error::PreconditionFailed(format!(
+                "the object changed while it was read ({what} for bytes {from}-{}); nothing was returned",
+                to - 1
+            ))
+        };
+        let got = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if !self.etag.is_empty() && !got.is_empty() && got != self.etag {
+            return Err(changed(format!("ETag {} at the start, {got} now", self.etag)));
+        }
+        if let Some(cr) = headers.get("content-range").and_then(|v| v.to_str().ok()) {
+            let (a, _, total) =
+                parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
+            if total != self.size {
+                return Err(changed(format!("{} bytes at the start, {total} now", self.size)));
+            }
+            if a != from {
+                return Err(S3Error::Protocol(format!("asked for bytes from {from}, got from {a}")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -283,6 +324,28 @@ async fn stream_body(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parts_of_another_version_are_refused() {
+        let v = Version { etag: "\"a\"", size: 100 };
+        let h = |etag: &str, cr: &str| {
+            let mut m = http::HeaderMap::new();
+            if !etag.is_empty() {
+                m.insert("etag", etag.parse().unwrap());
+            }
+            if !cr.is_empty() {
+                m.insert("content-range", cr.parse().unwrap());
+            }
+            m
+        };
+        assert!(v.check(&h("\"a\"", "bytes 10-19/100"), 10, 20).is_ok());
+        assert!(v.check(&h("", "bytes 10-19/100"), 10, 20).is_ok(), "no ETag: the size still speaks");
+        let e = v.check(&h("\"b\"", "bytes 10-19/100"), 10, 20).unwrap_err();
+        assert!(matches!(&e, S3Error::PreconditionFailed(m) if m.contains("changed")), "{e}");
+        let e = v.check(&h("", "bytes 10-19/101"), 10, 20).unwrap_err();
+        assert!(matches!(e, S3Error::PreconditionFailed(_)), "{e}");
+        assert!(matches!(v.check(&h("\"a\"", "bytes 0-9/100"), 10, 20), Err(S3Error::Protocol(_))));
+    }
 
     #[test]
     fn content_range() {

@@ -129,7 +129,7 @@ impl ObjectStore {
         full: &str,
         from: u64,
         to: u64,
-        etag: &str,
+        version: super::get::Version<'_>,
         region: &Arc<dyn HostRegion>,
         dst: u64,
         base: usize,
@@ -152,7 +152,8 @@ impl ObjectStore {
             Ok(e) => e,
             Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
         };
-        let spec = rdma.spec(self.part_spec(self.endpoint(base, 0), full, from, to, etag), exposure.token.to_string());
+        let spec =
+            rdma.spec(self.part_spec(self.endpoint(base, 0), full, from, to, version.etag), exposure.token.to_string());
         let resp = match self.send(spec, request_id).await {
             Ok(r) => r,
             Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
@@ -165,6 +166,9 @@ impl ObjectStore {
             if resp.headers().get(REPLY_HEADER).is_none() {
                 return Ok(Some(Fallback::new("ignored", "the store ignored the token (no x-amz-rdma-reply)")));
             }
+            // Bytes of another version may already be in the window: fail
+            // the read (never fall back and mix).
+            version.check(resp.headers(), from, to)?;
             let moved = header_u64(&resp, BYTES_HEADER).or_else(|| header_u64(&resp, OLD_BYTES_HEADER));
             if moved != Some(len) {
                 return Ok(Some(Fallback::new(
