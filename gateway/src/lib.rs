@@ -166,11 +166,43 @@ pub struct RdmaConfig {
     /// Serve standard tokens through mlx5 DC (`[rdma.dc]`); absent, they are
     /// declined with 501 so clients fall back.
     pub dc: Option<DcConfig>,
+    /// Networks (CIDR) a token's owner address may be in. The gateway moves
+    /// bytes to and from the address a token names, so only the networks
+    /// where Sluice agents live belong here; default loopback only.
+    pub allowed_clients: Vec<String>,
+    /// Longest one one-sided transfer may take; then the request ends with
+    /// 500 RDMATransferFailed (an owner that accepted and went silent).
+    pub transfer_timeout_ms: u64,
 }
 
 impl Default for RdmaConfig {
     fn default() -> Self {
-        Self { tcp: true, max_op_bytes: sluice_dataplane::MAX_OP_BYTES, verbs: false, dc: None }
+        Self {
+            tcp: true,
+            max_op_bytes: sluice_dataplane::MAX_OP_BYTES,
+            verbs: false,
+            dc: None,
+            allowed_clients: vec!["127.0.0.0/8".into(), "::1/128".into()],
+            transfer_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl RdmaConfig {
+    /// `allowed_clients`, parsed.
+    pub fn allowed_networks(&self) -> Result<Vec<ipnet::IpNet>, GatewayError> {
+        self.allowed_clients
+            .iter()
+            .map(|c| {
+                c.parse::<ipnet::IpNet>().or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from)).map_err(
+                    |_| {
+                        GatewayError::Invalid(format!(
+                            "[rdma] allowed_clients: {c:?} is not an address or CIDR network"
+                        ))
+                    },
+                )
+            })
+            .collect()
     }
 }
 
@@ -217,7 +249,8 @@ fn with_rdma<S: s3s::S3>(
     cfg: &RdmaConfig,
     local: Option<std::sync::Arc<store::DirStore>>,
 ) -> Result<rdma::RdmaGateway<S>, GatewayError> {
-    let mut g = rdma::RdmaGateway::new(inner, cfg.tcp, cfg.max_op_bytes, local);
+    let mut g = rdma::RdmaGateway::new(inner, cfg.tcp, cfg.max_op_bytes, local)
+        .with_limits(cfg.allowed_networks()?, std::time::Duration::from_millis(cfg.transfer_timeout_ms));
     if cfg.verbs {
         g = g.with_verbs();
     }
@@ -256,6 +289,10 @@ impl GatewayConfig {
         }
         for b in &self.buckets {
             store::keys::check_bucket(b).map_err(|e| GatewayError::Invalid(e.to_string()))?;
+        }
+        self.rdma.allowed_networks()?;
+        if self.rdma.transfer_timeout_ms == 0 {
+            return Err(GatewayError::Invalid("[rdma] transfer_timeout_ms must be > 0".into()));
         }
         if self.header_timeout_ms == 0 {
             return Err(GatewayError::Invalid("header_timeout_ms must be > 0".into()));

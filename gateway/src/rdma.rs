@@ -37,6 +37,11 @@ pub struct RdmaStats {
     pub bytes: AtomicU64,
     pub declined: AtomicU64,
     pub failed: AtomicU64,
+    /// Tokens refused: an owner address outside `allowed_clients`, a
+    /// zero-size PUT window.
+    pub refused: AtomicU64,
+    /// Transfers ended by the transfer deadline.
+    pub timed_out: AtomicU64,
 }
 
 /// What went wrong while an RDMA PUT body streamed.
@@ -57,6 +62,10 @@ pub struct RdmaGateway<S> {
     /// GET reads the very file whose ETag it reports (`sendfile` for RDMA
     /// WRITEs).
     local: Option<Arc<DirStore>>,
+    /// Where token owners may be (see `RdmaConfig::allowed_clients`).
+    allowed: Vec<ipnet::IpNet>,
+    /// Deadline of one one-sided transfer.
+    deadline: std::time::Duration,
     pub stats: Arc<RdmaStats>,
 }
 
@@ -66,7 +75,35 @@ impl<S: S3> RdmaGateway<S> {
     /// unless [`RdmaGateway::with_dc`] gives a DC initiator.
     pub fn new(inner: S, tcp: bool, max_op: u64, local: Option<Arc<DirStore>>) -> Self {
         let tcp = tcp.then(|| TcpRemote::new(max_op));
-        Self { inner, tcp, verbs: None, dc: None, local, stats: Arc::default() }
+        let allowed = vec!["127.0.0.0/8".parse().expect("net"), "::1/128".parse().expect("net")];
+        let deadline = std::time::Duration::from_secs(60);
+        Self { inner, tcp, verbs: None, dc: None, local, allowed, deadline, stats: Arc::default() }
+    }
+
+    /// Owner networks tokens may name, and the deadline of one transfer.
+    pub fn with_limits(mut self, allowed: Vec<ipnet::IpNet>, deadline: std::time::Duration) -> Self {
+        self.allowed = allowed;
+        self.deadline = deadline;
+        self
+    }
+
+    /// Refuses a token whose owner address is outside the allowed networks
+    /// (no byte moves to or from it). LID-addressed tokens name no IP: the
+    /// fabric, not an IP network, reaches them, and the NIC enforces rkeys.
+    fn check_owner(&self, token: &Token) -> S3Result<()> {
+        let Some(gid) = token.gid else { return Ok(()) };
+        let v6 = std::net::Ipv6Addr::from(gid);
+        let ip = v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(std::net::IpAddr::V6(v6));
+        if self.allowed.iter().any(|n| n.contains(&ip)) {
+            return Ok(());
+        }
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        warn!(owner = %ip, "refused an RDMA token naming an owner outside [rdma] allowed_clients");
+        Err(error(
+            "AccessDenied",
+            StatusCode::FORBIDDEN,
+            format!("the token's owner address {ip} is not in this gateway's [rdma] allowed_clients"),
+        ))
     }
 
     /// Also serve the verbs RC transport (needs an RDMA device).
@@ -137,6 +174,7 @@ impl<S: S3> RdmaGateway<S> {
         if !signed.iter().any(|h| h == TOKEN_HEADER) {
             return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-amz-rdma-token must be a SigV4 signed header"));
         }
+        self.check_owner(&token)?;
         let transport = headers.get(TRANSPORT_HEADER).and_then(|v| v.to_str().ok());
         match transport.map(TransportKind::parse) {
             None if self.dc.is_some() => Ok(Some(RdmaAsk { token, kind: TransportKind::Dc })),
@@ -185,21 +223,34 @@ impl<S: S3> RdmaGateway<S> {
         // partial transfer, said in bytes-transferred and Content-Range.
         let n = len.min(ask.token.size);
         let body = out.body.take().map(|b| b.boxed()).unwrap_or_else(|| futures::stream::empty().boxed());
-        let moved = match (self.verbs_for(ask.kind), local) {
-            (Some(v), Some((file, start, _))) => {
-                drop(body);
-                v.write_file(&ask.token, &file, start, n).await
+        let token = &ask.token;
+        let moved = async {
+            match (self.verbs_for(ask.kind), local) {
+                (Some(v), Some((file, start, _))) => {
+                    drop(body);
+                    v.write_file(token, &file, start, n).await
+                }
+                (Some(v), None) => v.write_stream(token, n, body).await,
+                (None, Some((file, start, _))) => {
+                    drop(body);
+                    self.tcp().write_file(token, &file, start, n).await
+                }
+                (None, None) => self.tcp().write_stream(token, n, body).await,
             }
-            (Some(v), None) => v.write_stream(&ask.token, n, body).await,
-            (None, Some((file, start, _))) => {
-                drop(body);
-                self.tcp().write_file(&ask.token, &file, start, n).await
-            }
-            (None, None) => self.tcp().write_stream(&ask.token, n, body).await,
         };
-        let moved = match moved {
-            Ok(m) => m,
-            Err(e) => {
+        let moved = match tokio::time::timeout(self.deadline, moved).await {
+            Ok(Ok(m)) => m,
+            Err(_) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                self.stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                warn!(deadline_ms = self.deadline.as_millis() as u64, "RDMA WRITE did not finish in time");
+                return Err(error(
+                    "RDMATransferFailed",
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the one-sided transfer did not finish within {} ms", self.deadline.as_millis()),
+                ));
+            }
+            Ok(Err(e)) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 warn!(error = %e, "RDMA WRITE failed");
                 return Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
@@ -237,6 +288,9 @@ impl<S: S3> RdmaGateway<S> {
             expected: Option<String>,
             done: bool,
             flags: Arc<PutFlags>,
+            deadline: tokio::time::Instant,
+            limit: std::time::Duration,
+            stats: Arc<RdmaStats>,
         }
         let st = St {
             inner: match self.verbs_for(ask.kind) {
@@ -247,12 +301,24 @@ impl<S: S3> RdmaGateway<S> {
             expected: expected_crc,
             done: false,
             flags,
+            deadline: tokio::time::Instant::now() + self.deadline,
+            limit: self.deadline,
+            stats: self.stats.clone(),
         };
         let checked = futures::stream::unfold(st, |mut st| async move {
             if st.done {
                 return None;
             }
-            match st.inner.next().await {
+            let Ok(next) = tokio::time::timeout_at(st.deadline, st.inner.next()).await else {
+                // An owner that accepted and went silent: end the body, so
+                // the backend commits nothing and the request fails.
+                st.flags.transport_failed.store(true, Ordering::Relaxed);
+                st.stats.timed_out.fetch_add(1, Ordering::Relaxed);
+                st.done = true;
+                let e = TransportError::Protocol(format!("no data within {} ms", st.limit.as_millis()));
+                return Some((Err(e), st));
+            };
+            match next {
                 Some(Ok(b)) => {
                     st.digest.write(&b);
                     Some((Ok(b), st))
@@ -277,6 +343,20 @@ impl<S: S3> RdmaGateway<S> {
             }
         });
         StreamingBlob::wrap(checked)
+    }
+
+    /// A PUT reads the whole window: an empty one would store an empty
+    /// object without the owner ever being asked.
+    fn check_window(&self, ask: &RdmaAsk) -> S3Result<()> {
+        if ask.token.size == 0 {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(error(
+                "InvalidRDMAToken",
+                StatusCode::BAD_REQUEST,
+                "the token's window is empty; an RDMA PUT reads the object from a window of its size",
+            ));
+        }
+        Ok(())
     }
 
     fn check_empty_body(content_length: Option<i64>) -> S3Result<()> {
@@ -393,6 +473,7 @@ impl<S: S3> S3 for RdmaGateway<S> {
             return self.inner.put_object(req).await.map_err(explain_internal);
         };
         Self::check_empty_body(req.input.content_length)?;
+        self.check_window(&ask)?;
         let flags = Arc::new(PutFlags::default());
         // Checked here, as the bytes stream; the backend need not hash again.
         let crc = req.input.checksum_crc64nvme.take();
@@ -407,6 +488,7 @@ impl<S: S3> S3 for RdmaGateway<S> {
             return self.inner.upload_part(req).await.map_err(explain_internal);
         };
         Self::check_empty_body(req.input.content_length)?;
+        self.check_window(&ask)?;
         let flags = Arc::new(PutFlags::default());
         // Checked here, as the bytes stream; the backend need not hash again.
         let crc = req.input.checksum_crc64nvme.take();

@@ -246,3 +246,59 @@ async fn boto3_with_a_before_sign_hook_speaks_it_too() {
     assert_eq!(out["reply"], "200");
     assert_eq!(std::fs::read(stack.stored_file("data", "b3/copy")).unwrap(), obj);
 }
+
+/// The one-sided transport cannot be turned against the network: a token
+/// naming an owner outside `[rdma] allowed_clients` is refused before any
+/// connection (403); a token naming a listener that is not a Sluice owner
+/// gets a header and not one object byte, and an owner that accepts and
+/// goes silent ends at the transfer deadline (500 RDMATransferFailed); a
+/// PUT from an empty window is refused (400) and stores nothing.
+#[tokio::test]
+async fn tokens_cannot_aim_the_gateway_elsewhere() {
+    use tokio::io::AsyncReadExt;
+    let stack =
+        Stack::with(sluice_tests::Options { gateway_rdma: "transfer_timeout_ms = 700".into(), ..Default::default() });
+    let p = Probe::new(&stack);
+    let (o, mem) = owner().await;
+    let obj = pattern(300_000, 9);
+    let src = stack.dir.path().join("obj");
+    std::fs::write(&src, &obj).unwrap();
+    boto3(stack.gateway_addr.unwrap(), &["put", "data", "aim/obj", src.to_str().unwrap()]);
+    let exp = o.expose(grant(&mem, 0, 64 << 10, Access::RemoteWrite)).unwrap();
+
+    // An owner address outside the allowed networks (default: loopback).
+    let mut far = exp.token;
+    far.gid = Some(std::net::Ipv4Addr::new(10, 9, 9, 9).to_ipv6_mapped().octets());
+    let r = p.send("GET", "/data/aim/obj", &tcp(&far), &[], vec![]).await;
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("allowed_clients"));
+
+    // Another service on an allowed address: it sees the 36-byte header,
+    // never the object; the request fails at the deadline.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut aimed = exp.token;
+    aimed.lid = other.local_addr().unwrap().port();
+    let seen = tokio::spawn(async move {
+        let (mut s, _) = other.accept().await.unwrap();
+        let mut got = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut got)).await;
+        got.len()
+    });
+    let t0 = std::time::Instant::now();
+    let r = p.send("GET", "/data/aim/obj", &tcp(&aimed), &[], vec![]).await;
+    assert_eq!(r.status(), 500);
+    assert!(r.text().await.unwrap().contains("RDMATransferFailed"));
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "ended at the deadline, not later");
+    assert_eq!(seen.await.unwrap(), sluice_dataplane::tcp::wire::HEADER_LEN, "object bytes reached another service");
+    drop(exp);
+
+    // A PUT from an empty window.
+    let exp = o
+        .expose(grant(&mem, 0, 0, Access::RemoteRead))
+        .unwrap_or_else(|_| o.expose(grant(&mem, 0, 1, Access::RemoteRead)).unwrap());
+    let empty = exp.token.with_transfer(exp.token.addr, 0);
+    let r = p.send("PUT", "/data/aim/empty", &tcp(&empty), &[], vec![]).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("InvalidRDMAToken"));
+    assert!(!stack.stored_file("data", "aim/empty").exists(), "an empty object was stored");
+}

@@ -16,7 +16,8 @@ async fn get_and_put_over_verbs() {
     );
     let stack = Stack::with(Options {
         data_ns: "data_path = \"rdma\"\ntransport = \"verbs-rc\"".into(),
-        gateway_rdma: "verbs = true".into(),
+        // The agent is on the guest's NIC address, not loopback.
+        gateway_rdma: format!("verbs = true\nallowed_clients = [\"{}/32\"]", ip()),
         agent_dataplane: format!("verbs_listen = \"{}\"", ip()),
         ..Default::default()
     });
@@ -55,7 +56,8 @@ async fn dc_namespace_falls_back_to_verbs_rc_on_soft_roce() {
     );
     let stack = Stack::with(Options {
         data_ns: "data_path = \"rdma\"\ntransport = \"dc\"".into(),
-        gateway_rdma: "verbs = true".into(),
+        // The agent is on the guest's NIC address, not loopback.
+        gateway_rdma: format!("verbs = true\nallowed_clients = [\"{}/32\"]", ip()),
         agent_dataplane: format!("verbs_listen = \"{}\"\n[dataplane.dc]\ndevice = \"rxe0\"", ip()),
         ..Default::default()
     });

@@ -77,4 +77,34 @@ mod tests {
         assert_eq!(o.table().rejections.total(), 4);
         assert!(mem.len() == 4096);
     }
+
+    /// A token naming some other service (the SSRF attempt): it receives
+    /// the operation header and not one payload byte.
+    #[tokio::test]
+    async fn a_token_for_another_service_gets_no_payload() {
+        use tokio::io::AsyncReadExt;
+        let o = owner().await;
+        let mem = region(4096);
+        let exp = o.expose(grant(mem, 0, 4096, Access::RemoteWrite)).unwrap();
+        let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = other.local_addr().unwrap().port();
+        // Same token, owner address swapped for the other service's.
+        let mut token = exp.token;
+        token.lid = port;
+        let received = tokio::spawn(async move {
+            let (mut s, _) = other.accept().await.unwrap();
+            let mut got = Vec::new();
+            // The service answers nothing; it just reads until the remote gives up.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), s.read_to_end(&mut got)).await;
+            got
+        });
+        let remote = TcpRemote::new(1 << 30);
+        let body = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![0x41u8; 4096]))]);
+        let r =
+            tokio::time::timeout(std::time::Duration::from_millis(500), remote.write_stream(&token, 4096, body)).await;
+        assert!(!matches!(r, Ok(Ok(_))), "the write must not succeed");
+        drop(r);
+        let got = received.await.unwrap();
+        assert_eq!(got.len(), wire::HEADER_LEN, "only the header reached the other service");
+    }
 }

@@ -75,6 +75,16 @@ impl TcpRemote {
         Err(TransportError::Rejected(String::from_utf8_lossy(&msg).into_owned()))
     }
 
+    /// Waits for the owner's go-ahead to a WRITE header (see `wire`): no
+    /// payload byte leaves before an owner has accepted the descriptor.
+    async fn go_ahead(s: &mut TcpStream) -> Result<(), TransportError> {
+        match Self::reply(s).await {
+            Ok(0) => Ok(()),
+            Ok(n) => Err(TransportError::Protocol(format!("the owner answered a WRITE header with {n} bytes"))),
+            Err(e) => Err(e),
+        }
+    }
+
     /// WRITEs `len` bytes from `body` into the descriptor's window, starting
     /// at its beginning, in operations of at most `max_op` bytes. Returns the
     /// bytes written; fails if `body` ends early or the owner refuses.
@@ -94,6 +104,7 @@ impl TcpRemote {
         while done < len {
             let piece = (len - done).min(self.max_op);
             s.write_all(&Header { op: Op::Write, key, addr: token.addr + done, len: piece }.encode()).await?;
+            Self::go_ahead(&mut s).await?;
             let mut left = piece;
             while left > 0 {
                 if pending.is_empty() {
@@ -139,6 +150,7 @@ impl TcpRemote {
         while done < len {
             let piece = (len - done).min(self.max_op);
             s.write_all(&Header { op: Op::Write, key, addr: token.addr + done, len: piece }.encode()).await?;
+            Self::go_ahead(&mut s).await?;
             let mut left = piece;
             while left > 0 {
                 s.writable().await?;

@@ -3,15 +3,22 @@
 //! Operation header, 36 bytes, big-endian:
 //! `magic "SLDP" | version u8 | op u8 | reserved u16 | rkey u32 | dct u32 |
 //!  addr u64 | len u64 | reserved u32`
-//! WRITE is followed by `len` payload bytes. The owner answers every
-//! operation with a 16-byte reply `status u8 | reserved [7] | len u64`,
-//! followed by `len` bytes: the data for a successful READ, a UTF-8 message
-//! for an error. After an error the owner closes the connection.
+//! The owner answers every operation with a 16-byte reply
+//! `status u8 | reserved [7] | len u64`, followed by `len` bytes: the data
+//! for a successful READ, a UTF-8 message for an error. After an error the
+//! owner closes the connection.
+//!
+//! WRITE is a handshake (version 2): the owner first checks the header
+//! (descriptor key, bounds) and answers `Ok` with length 0 — the go-ahead —
+//! and only then does the remote send the `len` payload bytes, after which
+//! the owner answers again. So a remote never sends object bytes to
+//! anything but a Sluice owner that expects exactly this write: a token
+//! naming some other service's address gets a header and nothing more.
 
 use crate::capability::Key;
 
 pub const MAGIC: [u8; 4] = *b"SLDP";
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 36;
 pub const REPLY_LEN: usize = 16;
 
@@ -100,8 +107,11 @@ mod tests {
         let mut bad = h.encode();
         bad[5] = 9;
         assert!(Header::decode(&bad).is_err());
-        let mut bad = h.encode();
-        bad[4] = 2;
-        assert!(Header::decode(&bad).is_err());
+        // Version 1 (no WRITE handshake) and unknown versions are refused.
+        for v in [1u8, 3] {
+            let mut bad = h.encode();
+            bad[4] = v;
+            assert!(Header::decode(&bad).is_err(), "version {v}");
+        }
     }
 }
