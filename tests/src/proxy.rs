@@ -14,6 +14,8 @@ pub struct Proxy {
     stopped: Arc<AtomicBool>,
     stalled: Arc<AtomicBool>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
+    /// Offset (in bytes carried back to clients) of a byte to corrupt.
+    flip: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -27,7 +29,8 @@ impl Proxy {
         let stopped = Arc::new(AtomicBool::new(false));
         let stalled = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (d, s, cs, st) = (down.clone(), stopped.clone(), conns.clone(), stalled.clone());
+        let flip = Arc::new(AtomicU64::new(u64::MAX));
+        let (d, s, cs, st, fl) = (down.clone(), stopped.clone(), conns.clone(), stalled.clone(), flip.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 let client = match listener.accept() {
@@ -47,12 +50,18 @@ impl Proxy {
                 let (c2, u2) = (client.try_clone().expect("clone"), upstream.try_clone().expect("clone"));
                 let st2 = st.clone();
                 std::thread::spawn(move || pump(c2, u2, None, &st2));
-                let (d, s, cs, st) = (d.clone(), s.clone(), cs.clone(), st.clone());
-                std::thread::spawn(move || pump(upstream, client, Some((d, cut_after, s, cs)), &st));
+                let (d, s, cs, st, fl) = (d.clone(), s.clone(), cs.clone(), st.clone(), fl.clone());
+                std::thread::spawn(move || pump(upstream, client, Some((d, cut_after, s, cs, fl)), &st));
             }
             // Dropping the listener here refuses new connections.
         });
-        Self { addr, down, stopped, stalled, conns }
+        Self { addr, down, stopped, stalled, conns, flip }
+    }
+
+    /// Corrupts (inverts) one byte, `after` bytes from now, on its way back
+    /// to a client: a store or network that damages data silently.
+    pub fn flip_byte(&self, after: u64) {
+        self.flip.store(self.bytes_down() + after, Ordering::SeqCst);
     }
 
     /// While stalled, connections are accepted and bytes are read but none
@@ -78,7 +87,7 @@ impl Drop for Proxy {
     }
 }
 
-type Count = (Arc<AtomicU64>, Option<u64>, Arc<AtomicBool>, Arc<Mutex<Vec<TcpStream>>>);
+type Count = (Arc<AtomicU64>, Option<u64>, Arc<AtomicBool>, Arc<Mutex<Vec<TcpStream>>>, Arc<AtomicU64>);
 
 fn stop_all(stopped: &AtomicBool, conns: &Mutex<Vec<TcpStream>>) {
     stopped.store(true, Ordering::SeqCst);
@@ -98,8 +107,14 @@ fn pump(mut from: TcpStream, mut to: TcpStream, count: Option<Count>, stalled: &
             std::thread::sleep(Duration::from_millis(10));
         }
         let mut n = n;
-        if let Some((down, cut, stopped, conns)) = &count {
+        if let Some((down, cut, stopped, conns, flip)) = &count {
             let total = down.fetch_add(n as u64, Ordering::SeqCst) + n as u64;
+            let (from, at) = (total - n as u64, flip.load(Ordering::SeqCst));
+            if (from..total).contains(&at)
+                && flip.compare_exchange(at, u64::MAX, Ordering::SeqCst, Ordering::SeqCst).is_ok()
+            {
+                buf[(at - from) as usize] ^= 0xff;
+            }
             if let Some(limit) = cut {
                 if total >= *limit {
                     n -= (total - limit).min(n as u64) as usize;

@@ -11,7 +11,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::rdma::{Fallback, Via};
 use super::request::Spec;
-use super::{enter, error, Gate, ObjectStore, S3Error};
+use super::{enter, error, xml, Gate, ObjectStore, S3Error};
 use crate::config::DataPathMode;
 use crate::hostmem::HostRegion;
 
@@ -56,6 +56,9 @@ struct FirstPart {
     body_start: u64,
     /// End (exclusive) of what was asked for.
     asked_end: u64,
+    /// The store's full-object CRC64NVME, when this reply holds the whole
+    /// object and the store sent one.
+    crc: Option<u64>,
 }
 
 impl ObjectStore {
@@ -87,17 +90,25 @@ impl ObjectStore {
         // Learn the size and ETag: with data_path = "rdma" from a HEAD (every
         // byte then moves over RDMA), otherwise from a first ranged GET that
         // also carries the first part.
-        let (object_size, etag, first) = if rdma.is_some_and(|r| r.mode == DataPathMode::Rdma) {
+        // `known_crc`: the store's full-object checksum, if a reply so far
+        // carried it (a whole object is checked against it at the end).
+        let mut known_crc = None;
+        let rdma_mode = rdma.is_some_and(|r| r.mode == DataPathMode::Rdma);
+        let (object_size, etag, first) = if rdma_mode {
             let meta = self.head(key, request_id).await?;
             if start >= meta.size && !(start == 0 && meta.size == 0) {
                 return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
             }
+            known_crc = meta.crc64nvme;
             (meta.size, meta.etag, None)
         } else {
             // The first part's slot is held until its body has streamed.
             let slot = enter(gate, length.unwrap_or(part).min(part)).await?;
             match self.first_part(key, &full, start, length, base, request_id).await? {
-                Ok((size, etag, first)) => (size, etag, Some((first, slot))),
+                Ok((size, etag, first)) => {
+                    known_crc = first.crc;
+                    (size, etag, Some((first, slot)))
+                }
                 Err(empty_etag) => (0, empty_etag, None),
             }
         };
@@ -115,9 +126,13 @@ impl ObjectStore {
 
         let (full, etag) = (&full, &etag);
         let version = Version { etag, size: object_size };
+        // A whole-object read is checked end to end against the store's
+        // CRC64NVME: from the reply that had it, or a HEAD run alongside.
+        let whole = start == 0 && needed == object_size;
+        let first_covers_all = first.as_ref().is_some_and(|(f, _)| f.asked_end >= object_size);
         let mut futs: Vec<PartFuture<'_>> = Vec::new();
         let mut pos = start;
-        if let Some((FirstPart { resp, body_start, asked_end }, slot)) = first {
+        if let Some((FirstPart { resp, body_start, asked_end, .. }, slot)) = first {
             let cover = asked_end.min(end);
             futs.push(Box::pin(async move {
                 let _slot = slot;
@@ -156,8 +171,41 @@ impl ObjectStore {
             pos = stop;
             i += 1;
         }
-        let vias: Vec<Via> =
-            futures::stream::iter(futs).buffer_unordered(self.tuning.max_concurrency).try_collect().await?;
+        let parts = async {
+            futures::stream::iter(futs)
+                .buffer_unordered(self.tuning.max_concurrency)
+                .try_collect::<Vec<Via>>()
+                .await
+                // The range was checked against the first reply: a later
+                // part out of range means the object shrank meanwhile.
+                .map_err(|e| match e {
+                    S3Error::InvalidRange(m) => {
+                        S3Error::PreconditionFailed(format!("the object changed while it was read (now shorter: {m})"))
+                    }
+                    e => e,
+                })
+        };
+        let expected = async {
+            if !whole || known_crc.is_some() || first_covers_all || rdma_mode {
+                return Ok(known_crc);
+            }
+            let meta = self.head(key, request_id).await?;
+            if meta.etag != *etag || meta.size != object_size {
+                return Err(S3Error::PreconditionFailed(
+                    "the object changed while it was read (its HEAD names another version)".into(),
+                ));
+            }
+            Ok(meta.crc64nvme)
+        };
+        let (vias, expected) = futures::try_join!(parts, expected)?;
+        if let (true, Some(want)) = (whole, expected) {
+            let got = super::rdma::crc64nvme_u64(region.as_ref(), offset, needed)?;
+            if got != want {
+                return Err(S3Error::Integrity(format!(
+                    "the bytes read have CRC64NVME {got:016x}, the store's checksum of the object is {want:016x}"
+                )));
+            }
+        }
         Ok(GetOutcome::from_parts(needed, object_size, etag.clone(), vias))
     }
 
@@ -176,9 +224,14 @@ impl ObjectStore {
         let first_end = start.saturating_add(first_len - 1);
         let first = self
             .retrying(|attempt| async move {
-                let spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
+                let mut spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
                     .key(full)
                     .header("range", format!("bytes={start}-{first_end}"));
+                if start == 0 {
+                    // Stores send the full-object checksum when the reply
+                    // holds the whole object.
+                    spec = spec.header("x-amz-checksum-mode", "ENABLED".into());
+                }
                 error::check(self.send(spec, request_id).await?, Some(full)).await
             })
             .await;
@@ -214,7 +267,8 @@ impl ObjectStore {
             let len = content_length.ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
             (0, len)
         };
-        Ok(Ok((object_size, etag, FirstPart { resp, body_start, asked_end: first_end + 1 })))
+        let crc = if body_start == 0 && first_end + 1 >= object_size { xml::full_object_crc(headers) } else { None };
+        Ok(Ok((object_size, etag, FirstPart { resp, body_start, asked_end: first_end + 1, crc })))
     }
 
     /// A ranged GET of `[from, to)`; `If-Match` on the ETag guards against

@@ -231,7 +231,12 @@ impl ObjectStore {
         let base = self.next_base();
         self.retrying(|attempt| async move {
             let resp = self
-                .send(request::Spec::new(http::Method::HEAD, self.endpoint(base, attempt)).key(full), request_id)
+                .send(
+                    request::Spec::new(http::Method::HEAD, self.endpoint(base, attempt))
+                        .key(full)
+                        .header("x-amz-checksum-mode", "ENABLED".into()),
+                    request_id,
+                )
                 .await?;
             let resp = error::check(resp, Some(full)).await?;
             xml::meta_from_headers(key, resp.headers())

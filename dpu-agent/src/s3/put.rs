@@ -95,12 +95,16 @@ impl ObjectStore {
                 }
             }
         }
+        // The store checks the bytes against it and keeps it as the
+        // object's full-object checksum (returned on GET and HEAD).
+        let crc = super::rdma::crc64nvme(region.as_ref(), offset, len)?;
         let etag = self
             .retrying(|attempt| {
-                let full = &full;
+                let (full, crc) = (&full, crc.clone());
                 async move {
                     let mut spec = Spec::new(http::Method::PUT, self.endpoint(base, attempt))
                         .key(full)
+                        .header("x-amz-checksum-crc64nvme", crc)
                         .payload(region_body(region.clone(), offset, len));
                     if !content_type.is_empty() {
                         spec = spec.header("content-type", content_type.to_owned());
@@ -148,14 +152,16 @@ impl ObjectStore {
                     }
                 }
             }
+            let crc = super::rdma::crc64nvme(region.as_ref(), offset + from, n)?;
             let etag = self
                 .retrying(|attempt| {
-                    let number = number.clone();
+                    let (number, crc) = (number.clone(), crc.clone());
                     async move {
                         let spec = Spec::new(http::Method::PUT, self.endpoint(base + i as usize, attempt))
                             .key(full)
                             .query("partNumber", &number)
                             .query("uploadId", upload)
+                            .header("x-amz-checksum-crc64nvme", crc)
                             .payload(region_body(region.clone(), offset + from, n));
                         let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
                         Ok(etag_of(&resp))

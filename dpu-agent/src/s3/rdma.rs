@@ -59,7 +59,13 @@ fn header_u64(resp: &reqwest::Response, name: &str) -> Option<u64> {
 }
 
 /// CRC-64/NVME of a memory window, as `x-amz-checksum-crc64nvme` wants it.
-fn crc64nvme(mem: &dyn HostRegion, offset: u64, len: u64) -> Result<String, S3Error> {
+pub(super) fn crc64nvme(mem: &dyn HostRegion, offset: u64, len: u64) -> Result<String, S3Error> {
+    let sum = crc64nvme_u64(mem, offset, len)?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(sum.to_be_bytes()))
+}
+
+/// CRC-64/NVME of a memory window.
+pub(super) fn crc64nvme_u64(mem: &dyn HostRegion, offset: u64, len: u64) -> Result<u64, S3Error> {
     let mut digest = crc64fast_nvme::Digest::new();
     let mut buf = vec![0u8; (1 << 20).min(len.max(1) as usize)];
     let mut pos = 0;
@@ -69,7 +75,7 @@ fn crc64nvme(mem: &dyn HostRegion, offset: u64, len: u64) -> Result<String, S3Er
         digest.write(&buf[..n]);
         pos += n as u64;
     }
-    Ok(base64::engine::general_purpose::STANDARD.encode(digest.sum64().to_be_bytes()))
+    Ok(digest.sum64())
 }
 
 impl RdmaPath {

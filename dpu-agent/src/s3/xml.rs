@@ -12,6 +12,22 @@ pub struct ObjectMeta {
     pub etag: String,
     pub last_modified_unix_ms: i64,
     pub content_type: String,
+    /// The store's full-object CRC64NVME, when it offers one (HEAD with
+    /// `x-amz-checksum-mode: ENABLED`).
+    pub crc64nvme: Option<u64>,
+}
+
+/// The full-object CRC64NVME in a reply's headers, if the store sent one
+/// (a composite checksum of a multipart upload is not one).
+pub(super) fn full_object_crc(h: &reqwest::header::HeaderMap) -> Option<u64> {
+    use base64::Engine;
+    let kind = h.get("x-amz-checksum-type").and_then(|v| v.to_str().ok());
+    if kind.is_some_and(|k| !k.eq_ignore_ascii_case("FULL_OBJECT")) {
+        return None;
+    }
+    let v = h.get("x-amz-checksum-crc64nvme")?.to_str().ok()?;
+    let b = base64::engine::general_purpose::STANDARD.decode(v.trim()).ok()?;
+    Some(u64::from_be_bytes(b.try_into().ok()?))
 }
 
 /// One ListObjectsV2 page.
@@ -72,6 +88,7 @@ pub(super) fn parse_list(body: &str) -> Result<ListPage, S3Error> {
                 etag: c.etag,
                 last_modified_unix_ms: parse_rfc3339_ms(&c.last_modified),
                 content_type: String::new(),
+                crc64nvme: None,
             })
             .collect(),
         common_prefixes: r.common_prefixes.into_iter().map(|p| p.prefix).collect(),
@@ -95,6 +112,7 @@ pub(super) fn meta_from_headers(key: &str, h: &reqwest::header::HeaderMap) -> Re
             .map(|d| d.as_millis() as i64)
             .unwrap_or(0),
         content_type: s("content-type"),
+        crc64nvme: full_object_crc(h),
     })
 }
 
