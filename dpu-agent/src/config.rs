@@ -275,6 +275,15 @@ pub struct NamespaceConfig {
     /// cancelled and fails with DEADLINE_EXCEEDED.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Check whole-object GETs against the store's full-object CRC64NVME
+    /// (when it keeps one): damaged bytes fail with INTEGRITY. HTTP parts
+    /// are summed as they stream; RDMA parts are read back once.
+    #[serde(default = "yes")]
+    pub verify_checksums: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_request_timeout_ms() -> u64 {

@@ -40,7 +40,17 @@ impl GetOutcome {
     }
 }
 
-type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<Via, S3Error>> + Send + 'a>>;
+type PartFuture<'a> = Pin<Box<dyn Future<Output = Result<PartDone, S3Error>> + Send + 'a>>;
+
+/// One part of a GET, landed: where, how, and the CRC64NVME of its bytes
+/// when they passed through the agent (HTTP: computed as they streamed, so
+/// checking the whole object costs no second pass over memory).
+struct PartDone {
+    via: Via,
+    dst: u64,
+    len: u64,
+    crc: Option<u64>,
+}
 
 /// Parses `Content-Range: bytes a-b/total`.
 fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
@@ -128,7 +138,7 @@ impl ObjectStore {
         let version = Version { etag, size: object_size };
         // A whole-object read is checked end to end against the store's
         // CRC64NVME: from the reply that had it, or a HEAD run alongside.
-        let whole = start == 0 && needed == object_size;
+        let whole = start == 0 && needed == object_size && self.verify_checksums;
         let first_covers_all = first.as_ref().is_some_and(|(f, _)| f.asked_end >= object_size);
         let mut futs: Vec<PartFuture<'_>> = Vec::new();
         let mut pos = start;
@@ -136,16 +146,16 @@ impl ObjectStore {
             let cover = asked_end.min(end);
             futs.push(Box::pin(async move {
                 let _slot = slot;
-                match stream_body(resp, region, offset, cover - body_start).await {
-                    Ok(()) => Ok(Via::Http),
+                let len = cover - body_start;
+                let crc = match stream_body(resp, region, offset, len).await {
+                    Ok(crc) => crc,
                     Err(e) if e.is_retryable() => {
                         tracing::warn!(error = %e, "first part broke; re-fetching it");
-                        self.fetch_range(full, start, cover, version, region, offset, base, request_id)
-                            .await
-                            .map(|()| Via::Http)
+                        self.fetch_range(full, start, cover, version, region, offset, base, request_id).await?
                     }
-                    Err(e) => Err(e),
-                }
+                    Err(e) => return Err(e),
+                };
+                Ok(PartDone { via: Via::Http, dst: offset, len, crc: Some(crc) })
             }));
             pos = cover;
         }
@@ -156,17 +166,19 @@ impl ObjectStore {
             let (from, dst) = (pos, offset + (pos - start));
             futs.push(Box::pin(async move {
                 let _slot = enter(gate, stop - from).await?;
+                let len = stop - from;
                 if let Some(r) = use_rdma {
                     match self.get_part_rdma(r, full, from, stop, version, region, dst, base + i, request_id).await? {
-                        None => return Ok(Via::Rdma),
+                        None => return Ok(PartDone { via: Via::Rdma, dst, len, crc: None }),
                         Some(f) => {
                             tracing::warn!(kind = f.kind, reason = %f.message, from, to = stop, "RDMA GET part fell back to HTTP");
-                            self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await?;
-                            return Ok(Via::Fallback(f));
+                            let crc = self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await?;
+                            return Ok(PartDone { via: Via::Fallback(f), dst, len, crc: Some(crc) });
                         }
                     }
                 }
-                self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await.map(|()| Via::Http)
+                let crc = self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await?;
+                Ok(PartDone { via: Via::Http, dst, len, crc: Some(crc) })
             }));
             pos = stop;
             i += 1;
@@ -174,7 +186,7 @@ impl ObjectStore {
         let parts = async {
             futures::stream::iter(futs)
                 .buffer_unordered(self.tuning.max_concurrency)
-                .try_collect::<Vec<Via>>()
+                .try_collect::<Vec<PartDone>>()
                 .await
                 // The range was checked against the first reply: a later
                 // part out of range means the object shrank meanwhile.
@@ -197,15 +209,30 @@ impl ObjectStore {
             }
             Ok(meta.crc64nvme)
         };
-        let (vias, expected) = futures::try_join!(parts, expected)?;
+        let (mut done, expected) = futures::try_join!(parts, expected)?;
         if let (true, Some(want)) = (whole, expected) {
-            let got = super::rdma::crc64nvme_u64(region.as_ref(), offset, needed)?;
+            // The parts' CRCs, in order, combined into the object's; parts
+            // that landed by RDMA are read back for theirs.
+            done.sort_by_key(|p| p.dst);
+            let mut got: Option<u64> = None;
+            for p in &done {
+                let c = match p.crc {
+                    Some(c) => c,
+                    None => super::rdma::crc64nvme_of(region, p.dst, p.len).await?,
+                };
+                got = Some(match got {
+                    None => c,
+                    Some(acc) => crc_fast::checksum_combine(crc_fast::CrcAlgorithm::Crc64Nvme, acc, c, p.len),
+                });
+            }
+            let got = got.unwrap_or(0);
             if got != want {
                 return Err(S3Error::Integrity(format!(
                     "the bytes read have CRC64NVME {got:016x}, the store's checksum of the object is {want:016x}"
                 )));
             }
         }
+        let vias = done.into_iter().map(|p| p.via).collect();
         Ok(GetOutcome::from_parts(needed, object_size, etag.clone(), vias))
     }
 
@@ -296,7 +323,7 @@ impl ObjectStore {
         dst: u64,
         base: usize,
         request_id: &str,
-    ) -> Result<(), S3Error> {
+    ) -> Result<u64, S3Error> {
         self.retrying(|attempt| async move {
             let spec = self.part_spec(self.endpoint(base, attempt), full, from, to, version.etag);
             let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
@@ -348,14 +375,16 @@ impl Version<'_> {
     }
 }
 
-/// Streams exactly `expected` bytes of `resp`'s body into `region` at `dst`.
-/// Extra bytes beyond `expected` (a store that ignored Range) are not read.
+/// Streams exactly `expected` bytes of `resp`'s body into `region` at `dst`;
+/// returns their CRC64NVME. Extra bytes beyond `expected` (a store that
+/// ignored Range) are not read.
 async fn stream_body(
     mut resp: reqwest::Response,
     region: &Arc<dyn HostRegion>,
     dst: u64,
     expected: u64,
-) -> Result<(), S3Error> {
+) -> Result<u64, S3Error> {
+    let mut digest = crc64fast_nvme::Digest::new();
     let mut got = 0u64;
     while got < expected {
         let chunk = match resp.chunk().await {
@@ -370,9 +399,10 @@ async fn stream_body(
         };
         let take = (chunk.len() as u64).min(expected - got) as usize;
         region.write_at(dst + got, &chunk[..take]).map_err(|e| S3Error::Destination(e.to_string()))?;
+        digest.write(&chunk[..take]);
         got += take as u64;
     }
-    Ok(())
+    Ok(digest.sum64())
 }
 
 #[cfg(test)]

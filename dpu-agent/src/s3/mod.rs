@@ -65,6 +65,8 @@ pub struct ObjectStore {
     encryption: Option<crypto::Encryption>,
     /// The namespace's request deadline (and the most a caller may ask for).
     request_timeout: Duration,
+    /// See `NamespaceConfig::verify_checksums`.
+    verify_checksums: bool,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -116,6 +118,7 @@ impl ObjectStore {
             access: ns.access.clone(),
             encryption: None,
             request_timeout: Duration::from_millis(ns.request_timeout_ms),
+            verify_checksums: ns.verify_checksums,
         }
     }
 

@@ -97,7 +97,7 @@ impl ObjectStore {
         }
         // The store checks the bytes against it and keeps it as the
         // object's full-object checksum (returned on GET and HEAD).
-        let crc = super::rdma::crc64nvme(region.as_ref(), offset, len)?;
+        let crc = super::rdma::crc64nvme_header(region, offset, len).await?;
         let etag = self
             .retrying(|attempt| {
                 let (full, crc) = (&full, crc.clone());
@@ -152,7 +152,7 @@ impl ObjectStore {
                     }
                 }
             }
-            let crc = super::rdma::crc64nvme(region.as_ref(), offset + from, n)?;
+            let crc = super::rdma::crc64nvme_header(region, offset + from, n).await?;
             let etag = self
                 .retrying(|attempt| {
                     let (number, crc) = (number.clone(), crc.clone());

@@ -58,9 +58,18 @@ fn header_u64(resp: &reqwest::Response, name: &str) -> Option<u64> {
     resp.headers().get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-/// CRC-64/NVME of a memory window, as `x-amz-checksum-crc64nvme` wants it.
-pub(super) fn crc64nvme(mem: &dyn HostRegion, offset: u64, len: u64) -> Result<String, S3Error> {
-    let sum = crc64nvme_u64(mem, offset, len)?;
+/// CRC-64/NVME of a region window, computed off the async threads (a pass
+/// over up to gigabytes must not hold up other tenants' small requests).
+pub(super) async fn crc64nvme_of(region: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Result<u64, S3Error> {
+    let region = region.clone();
+    tokio::task::spawn_blocking(move || crc64nvme_u64(region.as_ref(), offset, len))
+        .await
+        .map_err(|e| S3Error::Destination(format!("checksum task failed: {e}")))?
+}
+
+/// [`crc64nvme_of`] as `x-amz-checksum-crc64nvme` wants it.
+pub(super) async fn crc64nvme_header(region: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Result<String, S3Error> {
+    let sum = crc64nvme_of(region, offset, len).await?;
     Ok(base64::engine::general_purpose::STANDARD.encode(sum.to_be_bytes()))
 }
 
@@ -214,7 +223,7 @@ impl ObjectStore {
         if rdma.placement == Placement::Staged {
             copy(region, offset, &mem, off, len)?;
         }
-        let crc = crc64nvme(mem.as_ref(), off, len)?;
+        let crc = crc64nvme_header(&mem, off, len).await?;
         let grant = Grant {
             memory: mem.clone(),
             offset: off,
