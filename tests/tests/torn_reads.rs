@@ -55,3 +55,56 @@ async fn a_byte_flipped_on_the_wire_is_an_integrity_error() {
         c.release(r).await.unwrap();
     }
 }
+
+/// `sluice get` of an object larger than its window reads it in several
+/// requests: a writer racing it must not leave a file of two versions.
+/// Every download ends with one version byte for byte, or fails and leaves
+/// no file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_never_leaves_a_file_of_two_versions() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let stack = Stack::start();
+    let size = 6 << 20;
+    let versions = [sluice_tests::pattern(size, 7), sluice_tests::pattern(size, 8)];
+    let shas = [sluice_tests::sha256(&versions[0]), sluice_tests::sha256(&versions[1])];
+    let writer = stack.client().await;
+    let wr = writer.register(size as u64).await.unwrap();
+    wr.write_at(0, &versions[0]).unwrap();
+    writer.put("data/cli-race", &wr, 0, size as u64).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let w = {
+        let (stop, versions) = (stop.clone(), versions.clone());
+        tokio::spawn(async move {
+            let mut i = 1;
+            while !stop.load(Ordering::Relaxed) {
+                wr.write_at(0, &versions[i % 2]).unwrap();
+                writer.put("data/cli-race", &wr, 0, size as u64).await.unwrap();
+                i += 1;
+            }
+        })
+    };
+    let (mut whole, mut refused) = (0, 0);
+    for n in 0..8 {
+        let dest = stack.dir.path().join(format!("download-{n}"));
+        let out = std::process::Command::new(sluice_tests::bin("sluice"))
+            .args(["--socket", stack.socket.to_str().unwrap(), "get", "data/cli-race"])
+            .arg(&dest)
+            .args(["--window", "1048576"])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            let got = sluice_tests::sha256(&std::fs::read(&dest).unwrap());
+            assert!(shas.contains(&got), "download {n} holds bytes of neither version");
+            whole += 1;
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("changed"), "download {n}: {err}");
+            assert!(!dest.exists(), "a failed download left {}", dest.display());
+            refused += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    w.await.unwrap();
+    sluice_tests::report(&format!("torn-reads: cli: downloads=8 whole={whole} refused={refused}"));
+}

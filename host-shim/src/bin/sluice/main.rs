@@ -45,6 +45,10 @@ enum Cmd {
         /// Byte range: START-END (inclusive) or START-.
         #[arg(long)]
         range: Option<String>,
+        /// Shared memory the download uses, in bytes: larger objects come
+        /// in windows of this size, each checked to be the same version.
+        #[arg(long, default_value_t = 256 << 20, value_parser = clap::value_parser!(u64).range(4096..))]
+        window: u64,
     },
     /// Upload a file as an object (multipart above the agent's threshold).
     Put {
@@ -131,7 +135,9 @@ async fn main() -> anyhow::Result<()> {
         client.set_timeout(Some(t));
     }
     match cli.cmd {
-        Cmd::Get { path, dest, range } => ops::get(&client, &path, dest, range.as_deref(), cli.json).await,
+        Cmd::Get { path, dest, range, window } => {
+            ops::get(&client, &path, dest, range.as_deref(), window, cli.json).await
+        }
         Cmd::Put { src, path, content_type } => ops::put(&client, &src, &path, &content_type, cli.json).await,
         Cmd::Ls { path, delimiter } => ops::ls(&client, &path, &delimiter, cli.json).await,
         Cmd::Rm { path } => ops::rm(&client, &path, cli.json).await,

@@ -11,8 +11,6 @@ use sluice_client::{Client, Transfer};
 
 /// Transfers larger than this show a progress bar (on a terminal).
 const PROGRESS_MIN: u64 = 4 << 20;
-/// Largest region a download uses; bigger objects come in windows this size.
-const GET_WINDOW: u64 = 256 << 20;
 
 fn progress(total: u64, json: bool, what: &str) -> ProgressBar {
     if json || total < PROGRESS_MIN {
@@ -60,6 +58,7 @@ pub async fn get(
     path: &str,
     dest: Option<PathBuf>,
     range: Option<&str>,
+    window: u64,
     json: bool,
 ) -> anyhow::Result<()> {
     let info = client.head(path).await?;
@@ -77,27 +76,55 @@ pub async fn get(
     } else {
         Box::new(std::fs::File::create(&dest).with_context(|| format!("creating {}", dest.display()))?)
     };
-    let region = client.register(total.clamp(1, GET_WINDOW)).await?;
+    let region = client.register(total.clamp(1, window)).await?;
     let pb = progress(total, json, "get");
     let t0 = Instant::now();
     let mut done = 0u64;
     let mut last: Option<Transfer> = None;
-    while done < total || last.is_none() {
-        let n = (total - done).min(region.len());
-        let t = if total == 0 {
-            client.get(path, &region, 0, None).await?
-        } else {
-            client.get(path, &region, 0, Some((start + done, Some(n)))).await?
-        };
-        if t.bytes != n {
-            bail!("expected {n} bytes, the agent reported {} [request {}]", t.bytes, t.request_id);
+    let copied: anyhow::Result<()> = async {
+        while done < total || last.is_none() {
+            let n = (total - done).min(region.len());
+            let t = if total == 0 {
+                client.get(path, &region, 0, None).await?
+            } else {
+                client.get(path, &region, 0, Some((start + done, Some(n)))).await?
+            };
+            if t.bytes != n {
+                bail!("expected {n} bytes, the agent reported {} [request {}]", t.bytes, t.request_id);
+            }
+            // Each window is one version (the agent checks its parts); all
+            // the windows must be the version HEAD named, or the file would
+            // mix two.
+            if (!info.etag.is_empty() && t.etag != info.etag) || t.object_size != info.size {
+                bail!(
+                    "{path} changed during the download (ETag {} and {} bytes at the start, ETag {} and {} bytes \
+                     at byte {}); try again [request {}]",
+                    info.etag,
+                    info.size,
+                    t.etag,
+                    t.object_size,
+                    start + done,
+                    t.request_id
+                );
+            }
+            out.write_all(&region.as_slice()[..n as usize]).context("writing the destination")?;
+            done += n;
+            pb.set_position(done);
+            last = Some(t);
         }
-        out.write_all(&region.as_slice()[..n as usize]).context("writing the destination")?;
-        done += n;
-        pb.set_position(done);
-        last = Some(t);
+        out.flush()?;
+        Ok(())
     }
-    out.flush()?;
+    .await;
+    if let Err(e) = copied {
+        // A partial or mixed file is worse than none.
+        drop(out);
+        if dest == Path::new("-") {
+            return Err(e.context(format!("downloading {path} (what reached stdout is incomplete)")));
+        }
+        let _ = std::fs::remove_file(&dest);
+        return Err(e.context(format!("downloading {path}; the partial {} was removed", dest.display())));
+    }
     pb.finish_and_clear();
     let secs = t0.elapsed().as_secs_f64();
     client.release(region).await?;
