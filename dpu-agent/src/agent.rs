@@ -212,6 +212,11 @@ impl Agent {
         self.sessions.get(id)
     }
 
+    /// UNAUTHENTICATED unless session `id` is open.
+    pub fn session_exists(&self, id: &str) -> Result<(), AgentError> {
+        self.sessions.get(id).map(|_| ())
+    }
+
     /// How long a session lives without a call or a Renew naming it.
     pub fn session_lease(&self) -> Duration {
         self.sessions.lease()
@@ -505,6 +510,7 @@ impl Agent {
         range: Option<(u64, Option<u64>)>,
         region_id: &str,
         offset: u64,
+        max_bytes: u64,
         timeout_ms: u32,
     ) -> Result<TransferReport, AgentError> {
         let s = self.session(session_id)?;
@@ -516,9 +522,11 @@ impl Agent {
             let t0 = Instant::now();
             // Admitted for its upper bound (requests/s, in-flight bytes); each
             // part is then paced and scheduled fairly inside the S3 client.
-            let bound = self.get_bound(&s.tenant, region.len().saturating_sub(offset), len);
+            // 0: up to the region's end.
+            let room = if max_bytes == 0 { u64::MAX } else { max_bytes };
+            let bound = self.get_bound(&s.tenant, region.len().saturating_sub(offset).min(room), len);
             let permit = self.admit(&s, bound).await?;
-            let out = store.get_into(key, start, len, &region, offset, request_id, Some(&permit)).await?;
+            let out = store.get_into(key, start, len, &region, offset, room, request_id, Some(&permit)).await?;
             self.record_fallbacks(&s, namespace, "get", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());

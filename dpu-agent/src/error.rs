@@ -69,6 +69,15 @@ impl AgentError {
     pub fn kind(&self) -> &'static str {
         self.code().as_str_name()
     }
+
+    /// The typed detail clients see (in a status, or a batch item's result).
+    pub fn detail(&self) -> ErrorDetail {
+        let needed_bytes = match self {
+            Self::RegionTooSmall { needed, .. } | Self::S3(S3Error::DoesNotFit { needed, .. }) => *needed,
+            _ => 0,
+        };
+        ErrorDetail { needed_bytes, ..ErrorDetail::new(self.code(), self.to_string()) }
+    }
 }
 
 impl From<AgentError> for tonic::Status {
@@ -95,9 +104,9 @@ impl From<AgentError> for tonic::Status {
             ErrorCode::AgentUnavailable => tonic::Code::Unavailable,
             _ => tonic::Code::Internal,
         };
-        let msg = e.to_string();
-        let detail = ErrorDetail::new(code, msg.clone()).encode_to_vec();
-        tonic::Status::with_details(grpc, msg, detail.into())
+        let detail = e.detail();
+        let msg = detail.message.clone();
+        tonic::Status::with_details(grpc, msg, detail.encode_to_vec().into())
     }
 }
 

@@ -9,6 +9,7 @@ use sluice_proto::common::{DataPath, ObjectInfo, TransferReport};
 use tonic::{Request, Response, Status};
 
 use crate::agent::{self, Agent};
+use crate::batch::BatchItem;
 use crate::error::AgentError;
 use crate::hostmem::RegionExport;
 use crate::identity::{SessionRequest, ShimOrigin};
@@ -51,8 +52,46 @@ fn info(m: ObjectMeta) -> ObjectInfo {
     }
 }
 
+fn get_reply(request_id: &str, out: agent::TransferReport) -> pb::GetReply {
+    pb::GetReply { report: Some(report(request_id, &out)), object_size: out.object_size, etag: out.etag }
+}
+
+/// The stream of a GetMany call: one item result per message.
+type GetManyStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::GetManyItem, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl AgentRpc for GrpcService {
+    type GetManyStream = GetManyStream;
+
+    async fn get_many(&self, req: Request<pb::GetManyRequest>) -> Result<Response<GetManyStream>, Status> {
+        use futures::StreamExt;
+        let origin = origin_of(&req);
+        let r = req.into_inner();
+        self.agent.check_origin(&r.session_id, &origin)?;
+        let items = r
+            .items
+            .into_iter()
+            .map(|i| BatchItem {
+                namespace: i.namespace,
+                key: i.key,
+                range: i.range.map(|g| (g.start, g.length)),
+                region_id: i.region_id,
+                offset: i.offset,
+                max_bytes: i.max_bytes,
+            })
+            .collect();
+        let request_id = r.request_id;
+        let results = self.agent.get_many(r.session_id, request_id.clone(), items, r.timeout_ms)?;
+        let stream = results.map(move |(index, res)| {
+            let result = match res {
+                Ok(out) => pb::get_many_item::Result::Ok(get_reply(&format!("{request_id}.{index}"), out)),
+                Err(e) => pb::get_many_item::Result::Error(e.detail()),
+            };
+            Ok(pb::GetManyItem { index, result: Some(result) })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
     async fn open_session(
         &self,
         req: Request<pb::OpenSessionRequest>,
@@ -127,13 +166,19 @@ impl AgentRpc for GrpcService {
         let range = r.range.map(|g| (g.start, g.length));
         let out = self
             .agent
-            .get(&r.session_id, &r.request_id, &r.namespace, &r.key, range, &r.region_id, r.offset, r.timeout_ms)
+            .get(
+                &r.session_id,
+                &r.request_id,
+                &r.namespace,
+                &r.key,
+                range,
+                &r.region_id,
+                r.offset,
+                r.max_bytes,
+                r.timeout_ms,
+            )
             .await?;
-        Ok(Response::new(pb::GetReply {
-            report: Some(report(&r.request_id, &out)),
-            object_size: out.object_size,
-            etag: out.etag,
-        }))
+        Ok(Response::new(get_reply(&r.request_id, out)))
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {

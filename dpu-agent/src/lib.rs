@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod batch;
 pub mod config;
 pub mod dataplane;
 pub mod error;

@@ -89,8 +89,10 @@ pub struct AgentLink {
 pub struct ShimLimits {
     /// Largest single region a client may register.
     pub max_region_bytes: u64,
-    /// Requests a single connection may have in flight.
+    /// Requests a single connection may have in flight (a GetBatch is one).
     pub max_in_flight_per_connection: usize,
+    /// Items in one GetBatch (its frame must also fit in 1 MiB).
+    pub max_batch_items: usize,
     /// Regions one connection may hold (the shim keeps each region's memfd
     /// so it can register it again after an agent restart).
     pub max_regions_per_connection: usize,
@@ -112,6 +114,7 @@ impl Default for ShimLimits {
         Self {
             max_region_bytes: 16 << 30,
             max_in_flight_per_connection: 256,
+            max_batch_items: 1024,
             max_regions_per_connection: 256,
             max_connections_per_uid: 64,
             max_connections: 1024,
@@ -181,6 +184,7 @@ impl ShimConfig {
         }
         let l = &self.limits;
         if l.max_in_flight_per_connection == 0
+            || l.max_batch_items == 0
             || l.max_regions_per_connection == 0
             || l.max_connections_per_uid == 0
             || l.max_connections == 0

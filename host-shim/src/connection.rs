@@ -32,6 +32,12 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// reading.
 const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// `Response.item` of an answer about a whole GetBatch (refused as such).
+pub const WHOLE_BATCH: u32 = u32::MAX;
+
+/// Most bytes of queued frames the writer joins into one write.
+const COALESCE_BYTES: usize = 64 << 10;
+
 /// A response on its way out, with the descriptor it carries (if any).
 struct Outgoing {
     frame: Vec<u8>,
@@ -115,9 +121,36 @@ pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
     let (tx, mut rx) = mpsc::channel::<Outgoing>(256);
     let writer_stream = stream.clone();
     let writer = tokio::spawn(async move {
-        while let Some(out) = rx.recv().await {
-            let fds: Vec<_> = out.fd.as_ref().map(|f| f.as_fd()).into_iter().collect();
-            if let Err(e) = sluice_shm::send_with_fds(&writer_stream, &out.frame, &fds).await {
+        // Frames without descriptors that are queued together go out in one
+        // write (a batch's answers finishing at once cost one syscall here
+        // and one wake-up in the client, not one each).
+        let mut held: Option<Outgoing> = None;
+        loop {
+            let first = match held.take() {
+                Some(out) => out,
+                None => match rx.recv().await {
+                    Some(out) => out,
+                    None => break,
+                },
+            };
+            let (frame, fd) = if first.fd.is_some() {
+                (first.frame, first.fd)
+            } else {
+                let mut frame = first.frame;
+                while frame.len() < COALESCE_BYTES {
+                    match rx.try_recv() {
+                        Ok(next) if next.fd.is_none() => frame.extend_from_slice(&next.frame),
+                        Ok(next) => {
+                            held = Some(next);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                (frame, None)
+            };
+            let fds: Vec<_> = fd.as_ref().map(|f| f.as_fd()).into_iter().collect();
+            if let Err(e) = sluice_shm::send_with_fds(&writer_stream, &frame, &fds).await {
                 debug!(error = %e, "client write failed");
                 break;
             }
@@ -133,8 +166,22 @@ pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
 }
 
 fn error_frame(id: u64, request_id: String, e: &ShimError) -> Outgoing {
-    let resp = pb::Response { id, request_id, result: Some(Res::Error(e.detail())) };
+    let resp = pb::Response { id, request_id, result: Some(Res::Error(e.detail())), item: 0 };
     Outgoing { frame: encode_frame(&resp), fd: None }
+}
+
+/// Answers of one GetBatch, each a frame of its own with the batch's id.
+struct BatchFrames {
+    id: u64,
+    request_id: String,
+    tx: mpsc::Sender<Outgoing>,
+}
+
+impl crate::batch::Answer for BatchFrames {
+    async fn answer(&mut self, item: u32, result: Res) {
+        let resp = pb::Response { id: self.id, request_id: self.request_id.clone(), item, result: Some(result) };
+        let _ = self.tx.send(Outgoing { frame: encode_frame(&resp), fd: None }).await;
+    }
 }
 
 async fn read_loop(
@@ -218,7 +265,7 @@ async fn read_loop(
         if let Op::Hello(h) = op {
             let out = match hello(shared, &mut session, h, uid, gid).await {
                 Ok(ok) => Outgoing {
-                    frame: encode_frame(&pb::Response { id, request_id, result: Some(Res::Hello(ok)) }),
+                    frame: encode_frame(&pb::Response { id, request_id, result: Some(Res::Hello(ok)), item: 0 }),
                     fd: None,
                 },
                 Err(e) => error_frame(id, request_id, &e),
@@ -235,6 +282,21 @@ async fn read_loop(
             let _ = tx.send(error_frame(id, request_id, &e)).await;
             continue;
         };
+        if let Op::GetBatch(b) = &op {
+            let n = b.items.len();
+            if n == 0 || n > limits.max_batch_items {
+                // Refused as a whole, in one frame (never one per item: a
+                // frame of empty items must not become a flood of answers).
+                let e = ShimError::BadRequest(format!(
+                    "a GetBatch needs 1 to {} items (max_batch_items), not {n}",
+                    limits.max_batch_items
+                ));
+                let resp = pb::Response { id, request_id, item: WHOLE_BATCH, result: Some(Res::Error(e.detail())) };
+                let out = Outgoing { frame: encode_frame(&resp), fd: None };
+                let _ = tx.send(out).await;
+                continue;
+            }
+        }
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
         let (shared, tx) = (shared.clone(), tx.clone());
         let limit = match timeout_ms {
@@ -244,10 +306,27 @@ async fn read_loop(
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
         tokio::spawn(
             async move {
+                if let Op::GetBatch(b) = op {
+                    let mut open = crate::batch::Open::new(b.items.len());
+                    let mut out = BatchFrames { id, request_id: request_id.clone(), tx };
+                    let work = crate::batch::get_batch(&shared, &s, b, &request_id, timeout_ms, &mut open, &mut out);
+                    let failed = match tokio::time::timeout(limit, work).await {
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => Some(e),
+                        Err(_) => Some(ShimError::DeadlineExceeded(limit)),
+                    };
+                    if let Some(e) = failed {
+                        debug!(error = %e, "batch failed");
+                        open.fail_rest(&mut out, &e).await;
+                    }
+                    drop(permit);
+                    return;
+                }
                 let work = crate::handlers::handle(&shared, &s, op, fd, &request_id, timeout_ms);
                 let out = match tokio::time::timeout(limit, work).await {
                     Ok(Ok((result, fd))) => {
-                        Outgoing { frame: encode_frame(&pb::Response { id, request_id, result: Some(result) }), fd }
+                        let resp = pb::Response { id, request_id, result: Some(result), item: 0 };
+                        Outgoing { frame: encode_frame(&resp), fd }
                     }
                     Ok(Err(e)) => {
                         debug!(error = %e, "request failed");

@@ -28,6 +28,8 @@ pub async fn handle(
     let res = match op {
         Op::Hello(_) => return Err(ShimError::Protocol("Hello was already sent on this connection".into())),
         Op::Register(r) => return register(shared, s, r, fd).await,
+        // Served by `batch::get_batch` (its answers are many frames).
+        Op::GetBatch(_) => return Err(ShimError::Protocol("a GetBatch cannot be served here".into())),
         Op::Release(r) => {
             s.release(shared, &r.region_id).await?;
             Res::Released(pb::Released {})
@@ -44,6 +46,7 @@ pub async fn handle(
                         range: g.range,
                         region_id: snap.region_id,
                         offset: g.offset,
+                        max_bytes: g.max_bytes,
                         timeout_ms,
                     };
                     let mut agent = agent();

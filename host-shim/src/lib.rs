@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent_link;
+pub mod batch;
 pub mod config;
 pub mod connection;
 pub mod error;

@@ -69,6 +69,12 @@ pub struct Snapshot {
     generation: u64,
 }
 
+impl Snapshot {
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
 fn random_id() -> String {
     let mut b = [0u8; 16];
     let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
@@ -77,7 +83,7 @@ fn random_id() -> String {
 
 /// Whether an agent error means "that session is gone" (a restart, or an
 /// expired lease): re-opening it is the cure.
-fn session_gone(status: &tonic::Status) -> bool {
+pub(crate) fn session_gone(status: &tonic::Status) -> bool {
     agent_code(status) == Some(ErrorCode::Unauthenticated)
 }
 
@@ -129,6 +135,29 @@ impl Session {
             },
         };
         Ok(Snapshot { session_id: inner.agent_session.clone(), region_id, generation: inner.generation })
+    }
+
+    /// The current agent session and the agent's ids of `regions` (each
+    /// checked on its own), taken together under one lock so they belong to
+    /// the same agent session.
+    pub fn snapshot_many<'a>(
+        &self,
+        regions: impl Iterator<Item = &'a str>,
+    ) -> (Snapshot, Vec<Result<String, ShimError>>) {
+        let inner = self.inner();
+        let ids = regions
+            .map(|id| match inner.regions.get(id).map(|r| &r.agent_id) {
+                None => Err(ShimError::UnknownRegion(id.to_owned())),
+                Some(Ok(agent_id)) => Ok(agent_id.clone()),
+                Some(Err(why)) => Err(ShimError::RegionLost(id.to_owned(), why.clone())),
+            })
+            .collect();
+        let snap = Snapshot {
+            session_id: inner.agent_session.clone(),
+            region_id: String::new(),
+            generation: inner.generation,
+        };
+        (snap, ids)
     }
 
     /// Runs one agent call; if the agent no longer knows the session, opens

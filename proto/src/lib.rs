@@ -62,7 +62,7 @@ pub fn encode_frame<M: prost::Message>(msg: &M) -> Vec<u8> {
 impl common::ErrorDetail {
     /// Builds a detail from a code and message.
     pub fn new(code: common::ErrorCode, message: impl Into<String>) -> Self {
-        Self { code: code as i32, message: message.into() }
+        Self { code: code as i32, message: message.into(), needed_bytes: 0 }
     }
 }
 

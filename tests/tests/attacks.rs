@@ -111,7 +111,7 @@ async fn tenant_a_cannot_name_b_namespace_prefix_or_region() {
     let st = grpc.put(put).await.unwrap_err();
     assert_eq!(sluice_agent_code(&st), Code::UnknownRegion, "{st:?}");
     let get = apb::GetRequest {
-        session_id: session,
+        session_id: session.clone(),
         request_id: "attack".into(),
         namespace: "data".into(),
         key: "x".into(),
@@ -119,8 +119,28 @@ async fn tenant_a_cannot_name_b_namespace_prefix_or_region() {
         region_id: b_region.clone(),
         offset: 0,
         timeout_ms: 0,
+        ..Default::default()
     };
     assert_eq!(sluice_agent_code(&grpc.get(get).await.unwrap_err()), Code::UnknownRegion);
+    // In a batch too: the foreign region fails its item, typed.
+    let batch = apb::GetManyRequest {
+        session_id: session.clone(),
+        request_id: "attack-batch".into(),
+        timeout_ms: 0,
+        items: vec![apb::GetItem {
+            namespace: "data".into(),
+            key: "x".into(),
+            region_id: b_region.clone(),
+            ..Default::default()
+        }],
+    };
+    let mut items = grpc.get_many(batch).await.expect("the batch is taken").into_inner();
+    let item = items.message().await.expect("stream").expect("one item");
+    match item.result {
+        Some(apb::get_many_item::Result::Error(d)) => assert_eq!(d.code, Code::UnknownRegion as i32, "{d:?}"),
+        other => panic!("another tenant's region in a batch: {other:?}"),
+    }
+    assert!(items.message().await.expect("stream").is_none(), "one answer per item");
     // B's session id is not A's to use either: a made-up one is refused.
     let fake = apb::ReleaseRegionRequest { session_id: "0".repeat(32), region_id: b_region.clone() };
     assert_eq!(sluice_agent_code(&grpc.release_region(fake).await.unwrap_err()), Code::Unauthenticated);
@@ -406,6 +426,7 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
         region_id: "r".into(),
         offset: 0,
         timeout_ms: 0,
+        ..Default::default()
     };
     assert_eq!(sluice_agent_code(&unix.get(get).await.unwrap_err()), Code::Unauthenticated);
     let close = apb::CloseSessionRequest { session_id: session.clone() };

@@ -142,7 +142,32 @@ fn request(rng: &mut Rng, id: u64, regions: &[String]) -> (pb::Request, bool) {
             })
         }
         3 => Op::Release(pb::Release { region_id: region }),
-        4 | 5 => Op::Get(pb::Get { path: path(rng), range, region_id: region, offset: u64_field(rng, 1 << 20) }),
+        4 if rng.chance(40) => {
+            // Batches: empty, oversized (refused whole), or a few items
+            // mixing good and bad paths, regions and slots.
+            let n = match rng.below(10) {
+                0 => 0,
+                1 => 1025 + rng.below(200) as usize,
+                _ => 1 + rng.below(12) as usize,
+            };
+            let items = (0..n)
+                .map(|_| pb::Get {
+                    path: path(rng),
+                    range: None,
+                    region_id: region.clone(),
+                    offset: u64_field(rng, 1 << 20),
+                    max_bytes: u64_field(rng, 1 << 20),
+                })
+                .collect();
+            Op::GetBatch(pb::GetBatch { items })
+        }
+        4 | 5 => Op::Get(pb::Get {
+            path: path(rng),
+            range,
+            region_id: region,
+            offset: u64_field(rng, 1 << 20),
+            max_bytes: if rng.chance(70) { 0 } else { u64_field(rng, 1 << 20) },
+        }),
         6 => Op::Put(pb::Put {
             path: path(rng),
             region_id: region,

@@ -234,6 +234,7 @@ impl ObjectStore {
         length: Option<u64>,
         region: &Arc<dyn HostRegion>,
         offset: u64,
+        room: u64,
         request_id: &str,
         gate: Gate<'_>,
     ) -> Result<GetOutcome, S3Error> {
@@ -275,8 +276,12 @@ impl ObjectStore {
         }
         let end = length.map_or(size, |l| start.saturating_add(l).min(size));
         let needed = end - start;
-        if region.check(offset, needed).is_err() || offset > region.len() {
-            return Err(S3Error::DoesNotFit { needed, offset, region_len: region.len() });
+        if region.check(offset, needed).is_err() || offset > region.len() || needed > room {
+            return Err(S3Error::DoesNotFit {
+                needed,
+                offset,
+                region_len: region.len().min(offset.saturating_add(room)),
+            });
         }
         let opener = Arc::new(opener);
         let chunks = if needed == 0 {

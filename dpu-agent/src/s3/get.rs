@@ -74,7 +74,7 @@ struct FirstPart {
 impl ObjectStore {
     /// Reads `key` (or `length` bytes from `start`; `None` = to the end) into
     /// `region` at `offset`. Nothing is written unless the whole requested
-    /// span fits in the region.
+    /// span fits in the region, and in `room` bytes (a caller's slot).
     #[allow(clippy::too_many_arguments)]
     pub async fn get_into(
         &self,
@@ -83,6 +83,7 @@ impl ObjectStore {
         length: Option<u64>,
         region: &Arc<dyn HostRegion>,
         offset: u64,
+        room: u64,
         request_id: &str,
         gate: Gate<'_>,
     ) -> Result<GetOutcome, S3Error> {
@@ -90,7 +91,7 @@ impl ObjectStore {
             return Err(S3Error::InvalidRange("a range must cover at least one byte".into()));
         }
         if let Some(enc) = &self.encryption {
-            return self.get_encrypted(enc, key, start, length, region, offset, request_id, gate).await;
+            return self.get_encrypted(enc, key, start, length, region, offset, room, request_id, gate).await;
         }
         let full = self.full_key(key);
         let part = self.tuning.get_part_size;
@@ -127,8 +128,12 @@ impl ObjectStore {
             None => object_size,
         };
         let needed = end.saturating_sub(start);
-        if region.check(offset, needed).is_err() || offset > region.len() {
-            return Err(S3Error::DoesNotFit { needed, offset, region_len: region.len() });
+        if region.check(offset, needed).is_err() || offset > region.len() || needed > room {
+            return Err(S3Error::DoesNotFit {
+                needed,
+                offset,
+                region_len: region.len().min(offset.saturating_add(room)),
+            });
         }
         if needed == 0 {
             return Ok(GetOutcome::from_parts(0, object_size, etag, vec![Via::Http]));

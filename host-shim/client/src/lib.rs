@@ -148,7 +148,32 @@ struct Reply {
     fd: Option<OwnedFd>,
 }
 
-type Pending = std::sync::Mutex<HashMap<u64, oneshot::Sender<Reply>>>;
+/// Who waits for the answers to a request id.
+enum Waiter {
+    /// One answer.
+    One(oneshot::Sender<Reply>),
+    /// A GetBatch: one answer per item, until the caller has them all.
+    Many(tokio::sync::mpsc::UnboundedSender<pb::Response>),
+}
+
+type Pending = std::sync::Mutex<HashMap<u64, Waiter>>;
+
+/// `Response.item` of an answer about a whole batch (refused as such).
+const WHOLE_BATCH: u32 = u32::MAX;
+
+/// One GET of a [`Client::get_many`] batch.
+#[derive(Debug, Clone)]
+pub struct BatchGet {
+    /// "namespace/key".
+    pub path: String,
+    pub region_id: String,
+    pub offset: u64,
+    /// `(start, Some(len))`, or `(start, None)` to the end; `None`: all.
+    pub range: Option<(u64, Option<u64>)>,
+    /// Most bytes the data may take from `offset` (a slot of a shared
+    /// region); 0 = up to the region's end.
+    pub max_bytes: u64,
+}
 
 /// The request deadline of a new client (the agent's default namespace
 /// deadline is the same).
@@ -237,25 +262,8 @@ impl Client {
         fd: Option<std::os::fd::BorrowedFd<'_>>,
         request_id: &str,
     ) -> Result<Reply, ClientError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
-        let timeout_ms = self.timeout_ms.load(Ordering::Relaxed);
-        let frame = encode_frame(&pb::Request {
-            id,
-            request_id: request_id.to_owned(),
-            op: Some(op),
-            timeout_ms: timeout_ms.min(u64::from(u32::MAX)) as u32,
-        });
-        let sent = {
-            let _w = self.write.lock().await;
-            let fds: Vec<_> = fd.into_iter().collect();
-            sluice_shm::send_with_fds(&self.stream, &frame, &fds).await
-        };
-        if let Err(e) = sent {
-            self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-            return Err(e.into());
-        }
+        let (id, timeout_ms) = self.send(op, fd, request_id, Waiter::One(tx)).await?;
         let reply = if timeout_ms == 0 {
             rx.await.map_err(|_| ClientError::Disconnected)?
         } else {
@@ -276,6 +284,97 @@ impl Client {
             });
         }
         Ok(reply)
+    }
+
+    /// Sends one request whose answers go to `waiter`; returns its id and
+    /// the deadline it carried (ms, 0: none).
+    async fn send(
+        &self,
+        op: Op,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+        request_id: &str,
+        waiter: Waiter,
+    ) -> Result<(u64, u64), ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, waiter);
+        let timeout_ms = self.timeout_ms.load(Ordering::Relaxed);
+        let frame = encode_frame(&pb::Request {
+            id,
+            request_id: request_id.to_owned(),
+            op: Some(op),
+            timeout_ms: timeout_ms.min(u64::from(u32::MAX)) as u32,
+        });
+        let sent = {
+            let _w = self.write.lock().await;
+            let fds: Vec<_> = fd.into_iter().collect();
+            sluice_shm::send_with_fds(&self.stream, &frame, &fds).await
+        };
+        if let Err(e) = sent {
+            self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            return Err(e.into());
+        }
+        Ok((id, timeout_ms))
+    }
+
+    /// Reads many objects with one request (one frame each way per item
+    /// finishing, one agent call for the batch). Returns one result per
+    /// item, in order; an item's failure never fails the others. `Err` only
+    /// when the batch as a whole could not be served (refused, connection
+    /// lost, no answer in time).
+    pub async fn get_many(&self, items: &[BatchGet]) -> Result<Vec<Result<Transfer, ClientError>>, ClientError> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let op = Op::GetBatch(pb::GetBatch {
+            items: items
+                .iter()
+                .map(|i| pb::Get {
+                    path: i.path.clone(),
+                    range: i.range.map(|(start, length)| ByteRange { start, length }),
+                    region_id: i.region_id.clone(),
+                    offset: i.offset,
+                    max_bytes: i.max_bytes,
+                })
+                .collect(),
+        });
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let (id, timeout_ms) = self.send(op, None, "", Waiter::Many(tx)).await?;
+        let mut out: Vec<Option<Result<Transfer, ClientError>>> = (0..items.len()).map(|_| None).collect();
+        let mut left = items.len();
+        let collect = async {
+            while left > 0 {
+                let resp = rx.recv().await.ok_or(ClientError::Disconnected)?;
+                let result = match resp.result {
+                    Some(Res::Get(g)) => Ok(transfer(g.report, g.etag, g.object_size)),
+                    Some(Res::Error(e)) => {
+                        let err = ClientError::Shim {
+                            code: ErrorCode::try_from(e.code).unwrap_or(ErrorCode::Internal),
+                            message: e.message,
+                            request_id: resp.request_id,
+                        };
+                        if resp.item == WHOLE_BATCH {
+                            return Err(err);
+                        }
+                        Err(err)
+                    }
+                    other => Err(unexpected(other)),
+                };
+                if let Some(slot @ None) = out.get_mut(resp.item as usize) {
+                    *slot = Some(result);
+                    left -= 1;
+                }
+            }
+            Ok(())
+        };
+        let done = if timeout_ms == 0 {
+            collect.await
+        } else {
+            let wait = std::time::Duration::from_millis(timeout_ms) + ANSWER_GRACE;
+            tokio::time::timeout(wait, collect).await.unwrap_or(Err(ClientError::Timeout(wait)))
+        };
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        done?;
+        Ok(out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Disconnected))).collect())
     }
 
     /// Registers a new shared-memory region of `len` bytes, created by the shim.
@@ -372,6 +471,7 @@ impl Client {
             range: range.map(|(start, length)| ByteRange { start, length }),
             region_id: region_id.to_owned(),
             offset,
+            max_bytes: 0,
         });
         match self.call(op, None, "").await?.resp.result {
             Some(Res::Get(g)) => Ok(transfer(g.report, g.etag, g.object_size)),
@@ -490,9 +590,20 @@ async fn read_loop(stream: Arc<UnixStream>, pending: Arc<Pending>) {
             tracing::warn!(?resp, "shim reported a connection-level error");
             continue;
         }
-        let tx = pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&resp.id);
-        if let Some(tx) = tx {
-            let _ = tx.send(Reply { resp, fd });
+        let mut map = pending.lock().unwrap_or_else(|p| p.into_inner());
+        match map.remove(&resp.id) {
+            Some(Waiter::One(tx)) => {
+                drop(map);
+                let _ = tx.send(Reply { resp, fd });
+            }
+            Some(Waiter::Many(tx)) => {
+                // The caller removes it once it has every item.
+                let id = resp.id;
+                if tx.send(resp).is_ok() {
+                    map.insert(id, Waiter::Many(tx));
+                }
+            }
+            None => {}
         }
     }
     pending.lock().unwrap_or_else(|p| p.into_inner()).clear();

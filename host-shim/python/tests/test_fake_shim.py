@@ -83,6 +83,12 @@ class FakeShim(threading.Thread):
                     report = {"bytes": n, "data_path": 1}
                     self.send({"id": g["id"], "get": {"report": report, "etag": g["get"]["path"]}})
                 self.gets.clear()
+        elif op == "get_batch":  # answer the items in reverse order, one frame each
+            items = req["get_batch"]["items"]
+            for k in reversed(range(len(items))):
+                path = items[k]["path"]
+                report = {"bytes": int(path.rsplit("-", 1)[1]), "data_path": 1}
+                self.send({"id": id_, "item": k, "get": {"report": report, "etag": path}})
         elif op == "release":
             self.send({"id": id_, "released": {}})
         else:

@@ -67,17 +67,19 @@ def test_mixed_good_and_bad_items(client, prefix, objs):
     assert bytes(tiny.read()) == b"\0" * 16  # the refused item wrote nothing
 
 
-def test_requests_are_pipelined(client, objs):
-    """All requests of a batch are on the wire before the first answer is awaited."""
+def test_a_batch_is_one_request(client, objs):
+    """A get_many is one GetBatch request (items into regions and bytes
+    items alike), with no HEAD before it: bytes items go into scratch slots
+    of a guessed size."""
     events = []
     submit, wait = client._submit, client._wait
 
     def spy_submit(call, wait=True):
-        events.append(("send", call.op))
+        events.append(("send", call.op, len(call.fields.get("items", ()))))
         return submit(call, wait)
 
     def spy_wait(fut):
-        events.append(("wait", None))
+        events.append(("wait", None, 0))
         return wait(fut)
 
     client._submit, client._wait = spy_submit, spy_wait
@@ -88,19 +90,55 @@ def test_requests_are_pipelined(client, objs):
             events.clear()
             res = client.get_many(specs)
             assert all(r.ok for r in res)
-            assert events[: len(keys)] == [("send", "get")] * len(keys)
-            assert events[len(keys)][0] == "wait"
-            # Bytes items: one pipelined batch of HEADs, then one of GETs.
+            assert events == [("send", "get_batch", len(keys)), ("wait", None, 0)]
+            for i, k in enumerate(keys):
+                assert region.read(i * 8192, res[i].nbytes) == objs[k]
             events.clear()
-            res = client.get_many(keys)
-            assert [r.data for r in res] == list(objs.values())
-            sends = [op for kind, op in events if kind == "send"]
-            assert sends[: len(keys)] == ["head"] * len(keys)
-            assert sends[-len(keys) :] == ["get"] * len(keys)
-            first_wait = next(i for i, (kind, _) in enumerate(events) if kind == "wait")
-            assert first_wait == len(keys)
+            res = client.get_many(keys + specs[:2])
+            assert [r.data for r in res[: len(keys)]] == list(objs.values())
+            assert [r.nbytes for r in res[len(keys) :]] == [len(objs[k]) for k in keys[:2]]
+            # (The first use of scratch memory registers it; nothing else.)
+            assert events[-2:] == [("send", "get_batch", len(keys) + 2), ("wait", None, 0)], events
+            assert events[:-2] in ([], [("send", "register", 0), ("wait", None, 0)]), events
     finally:
         del client._submit, client._wait
+
+
+def test_items_bigger_than_their_slot_are_read_again_at_their_size(stack, prefix):
+    """An object bigger than the guessed slot fails its item with
+    REGION_TOO_SMALL and the size it needs, and is read again at that size
+    in a second batch: still no HEAD."""
+    with sluice.Client(stack.socket) as c:
+        small = {f"{prefix}/s{i}": payload(1000, ("s", i)) for i in range(3)}
+        big = {f"{prefix}/g{i}": payload((1536 << 10) + i, ("g", i)) for i in range(2)}
+        for k, v in {**small, **big}.items():
+            c.put(k, v)
+        ops = []
+        submit = c._submit
+
+        def spy_submit(call, wait=True):
+            ops.append((call.op, len(call.fields.get("items", ()))))
+            return submit(call, wait)
+
+        c._submit = spy_submit
+        try:
+            keys = list(small) + list(big)
+            res = c.get_many(keys)
+            assert [r.data for r in res] == list(small.values()) + list(big.values())
+            ops = [o for o in ops if o[0] != "register"]
+            assert ops == [("get_batch", 5), ("get_batch", 2)], ops
+            # The next batch's slots are sized from what was seen: one request.
+            ops.clear()
+            res = c.get_many(list(big))
+            assert [r.data for r in res] == list(big.values())
+            assert [o for o in ops if o[0] != "register"] == [("get_batch", 2)], ops
+            # get_bytes learns the size from the shim too (no HEAD).
+            ops.clear()
+            c._size_guess = 4096
+            assert c.get_bytes(keys[-1]) == big[keys[-1]]
+            assert [op for op, _ in ops if op != "register"] == ["get", "get"], ops
+        finally:
+            del c._submit
 
 
 def test_many_more_items_than_the_shims_in_flight_limit(client, prefix):

@@ -45,6 +45,14 @@ DEFAULT_TIMEOUT = 300.0
 #: Smallest scratch region the client registers for ``get_bytes``/``put(bytes)``.
 SCRATCH_MIN = 1 << 20
 
+#: Most items in one GetBatch request (the shim's default ``max_batch_items``).
+MAX_BATCH_ITEMS = 1024
+#: ``Response.item`` of an answer about a whole batch (refused as such).
+WHOLE_BATCH = 0xFFFFFFFF
+#: Bytes a scratch slot gets for an object of unknown size before the client
+#: has seen any (then: the largest recent size, rounded up to a power of 2).
+FIRST_SIZE_GUESS = 256 << 10
+
 
 def resolve_socket(socket: "Optional[Union[str, os.PathLike[str]]]") -> str:
     """The shim socket to use: ``socket``, else ``$SLUICE_SOCKET``, else
@@ -272,6 +280,11 @@ class CoreClient:
         self._regions: "weakref.WeakValueDictionary[str, Region]" = weakref.WeakValueDictionary()
         self._pool = _ScratchPool(scratch_bytes)
         self._batch_bytes = max(1, get_many_batch_bytes)
+        self._batches: Dict[int, _Gather] = {}  # id -> answers of a GetBatch so far
+        # Slot size for bytes-items of unknown size: the largest size seen
+        # lately (loaders read samples of similar size), so most fit in one
+        # request and the rest are read again at the size the shim reports.
+        self._size_guess = FIRST_SIZE_GUESS
         self._decoder = _wire.FrameDecoder()
         self._orphans: List[str] = []  # regions registered for callers that gave up
         self._last_conn_error = ""
@@ -300,12 +313,16 @@ class CoreClient:
         t = self._timeout_now()
         timeout_ms = 0 if t is None else min(max(int(t * 1000), 1), (1 << 32) - 1)
         try:
-            return _wire.encode_frame(
+            frame = _wire.encode_frame(
                 "Request",
                 {"id": id_, "request_id": call.request_id, "timeout_ms": timeout_ms, call.op: call.fields},
             )
         except _wire.WireError as e:
             raise BadRequest(str(e)) from None
+        if call.op == "get_batch":
+            # Its answers (one per item) are gathered before the call completes.
+            self._batches[id_] = _Gather(len(call.fields["items"]))
+        return frame
 
     def _check_usable(self) -> None:
         if os.getpid() != self._pid:
@@ -336,8 +353,20 @@ class CoreClient:
     def _why(self) -> str:
         return f" ({self._last_conn_error})" if self._last_conn_error else ""
 
-    def _parse(self, payload: bytes) -> Tuple[int, Outcome]:
-        """Decodes one response frame; claims its descriptor if it has one."""
+    def _parse(self, payload: bytes) -> Optional[Tuple[int, Outcome]]:
+        """Decodes one response frame; claims its descriptor if it has one.
+        ``None`` when the frame was one item of a batch still incomplete."""
+        id_, out, item = self._parse_one(payload)
+        g = self._batches.get(id_)
+        if g is None:
+            return id_, out
+        g.put(item, out)
+        if g.left > 0:
+            return None
+        del self._batches[id_]
+        return id_, Reply(id_, "", "batch", {"items": g.outs})
+
+    def _parse_one(self, payload: bytes) -> Tuple[int, Outcome, int]:
         try:
             resp = _wire.decode_message("Response", payload)
         except _wire.WireError as e:
@@ -345,7 +374,7 @@ class CoreClient:
         kind: Optional[str] = resp["result"]
         rid: str = resp["request_id"]
         if kind is None:
-            return resp["id"], ProtocolError("response without a result", request_id=rid)
+            return resp["id"], ProtocolError("response without a result", request_id=rid), resp["item"]
         body: Dict[str, Any] = resp[kind]
         fd = None
         if kind == "registered" and body["fd_attached"]:
@@ -353,8 +382,8 @@ class CoreClient:
         for stray in self._decoder.stray_fds():
             close_fd(stray)
         if kind == "error":
-            return resp["id"], from_detail(body["code"], body["message"], rid)
-        return resp["id"], Reply(resp["id"], rid, kind, body, fd)
+            return resp["id"], from_detail(body["code"], body["message"], rid, body["needed_bytes"]), resp["item"]
+        return resp["id"], Reply(resp["id"], rid, kind, body, fd), resp["item"]
 
     def _orphan(self, outcome: Outcome) -> None:
         """An answer nobody waits for (timed out / cancelled): if it created
@@ -543,9 +572,11 @@ class CoreClient:
     ) -> "Op[Tuple[bytes, Transfer]]":
         path = _path(path)
         rng = _range(range)
-        want = size_hint or 0
-        if rng is not None and rng["length"] is not None:
-            want = rng["length"]
+        exact = rng is not None and rng["length"] is not None
+        want = rng["length"] if exact else (size_hint or self._size_guess)
+        # One request: into a scratch slot of the known or guessed size. If
+        # the object is bigger, the shim says how big and it is read again
+        # (a HEAD only if it could not say).
         for attempt in itertools.count():
             region = yield from self._checkout(max(want, 1))
             reuse = True
@@ -553,12 +584,17 @@ class CoreClient:
                 fields = {"path": path, "range": rng, "region_id": region.id, "offset": 0}
                 (out,) = yield [Call("get", fields, request_id=request_id)]
                 if isinstance(out, RegionTooSmall) and attempt < 3:
-                    # The object is bigger than the scratch region: size it and retry.
-                    info = check((yield [Call("head", {"path": path})])[0], "head")
-                    want = _span(info.body["size"], rng)
+                    want = out.needed_bytes
+                    if not want:
+                        info = check((yield [Call("head", {"path": path})])[0], "head")
+                        want = _span(info.body["size"], rng)
+                    if not exact:
+                        self._size_guess = _pow2(want)
                     continue
                 r = check(out, "get")
                 t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+                if not exact:
+                    self._size_guess = _pow2(t.bytes)
                 return region.read(0, t.bytes), t
             except GeneratorExit:
                 reuse = False  # abandoned mid-request: the shim may still use the region
@@ -571,74 +607,89 @@ class CoreClient:
         specs = [as_spec(i) for i in items]
         results = [ItemResult(_path(s.path), i) for i, s in enumerate(specs)]
         # Validate everything before sending anything.
-        direct: List[Tuple[int, Call]] = []
-        sized: List[Tuple[int, Optional[int]]] = []  # (index, known span or None)
+        direct: List[Tuple[int, Dict[str, Any]]] = []
+        todo: List[Tuple[int, int, bool]] = []  # bytes-items: (index, slot size, size known)
         for i, s in enumerate(specs):
             if s.into is not None:
-                direct.append((i, self._get_call(s.path, s.into, s.offset, s.range)))
+                direct.append((i, self._get_call(s.path, s.into, s.offset, s.range).fields))
             else:
                 rng = _range(s.range)
-                sized.append((i, rng["length"] if rng and rng["length"] is not None else None))
+                known = rng is not None and rng["length"] is not None
+                todo.append((i, rng["length"] if known else 0, known))
 
-        # Batch 1: every GET into a caller's region, and a HEAD for each
-        # bytes-item whose size we do not know yet.
-        heads = [(i, Call("head", {"path": results[i].path})) for i, span in sized if span is None]
-        outs = yield [c for _, c in direct] + [c for _, c in heads]
-        for (i, _), out in zip(direct, outs[: len(direct)]):
-            _fill(results[i], out, None)
-        spans: Dict[int, int] = {i: span for i, span in sized if span is not None}
-        for (i, _), out in zip(heads, outs[len(direct) :]):
-            if isinstance(out, BaseException):
-                results[i].error = out
-            else:
+        # Every item in one GetBatch per chunk (items of caller regions all
+        # in the first), bytes-items into one scratch region per chunk at
+        # offsets; items bigger than their slot are read again in a later
+        # round at the size the shim reported.
+        for round_ in range(3):
+            todo = [(i, n if known else (n or self._size_guess), known) for i, n, known in todo]
+            again: List[Tuple[int, int, bool]] = []
+            seen = 0
+            while direct or todo:
+                chunk: List[Tuple[int, int, int]] = []  # (index, offset in scratch, slot bytes)
+                known_of: Dict[int, bool] = {}
+                total = 0
+                while (
+                    todo
+                    and len(direct) + len(chunk) < MAX_BATCH_ITEMS
+                    and (not chunk or total + _slot(todo[0][1]) <= self._batch_bytes)
+                ):
+                    i, n, known = todo[0]
+                    chunk.append((i, total, _slot(n)))
+                    known_of[i] = known
+                    total += _slot(n)
+                    todo.pop(0)
+                mine, direct = direct[:MAX_BATCH_ITEMS], direct[MAX_BATCH_ITEMS:]
+                region = (yield from self._checkout(total)) if chunk else None
+                reuse = True
                 try:
-                    spans[i] = _span(check(out, "head").body["size"], _range(specs[i].range))
-                except SluiceError as e:
-                    results[i].error = e
-
-        # Batch 2..n: bytes-items into one scratch region per batch, at offsets.
-        todo = [i for i, _ in sized if i in spans]
-        retry: List[int] = []
-        while todo:
-            batch: List[Tuple[int, int]] = []
-            total = 0
-            while todo and (not batch or total + _slot(spans[todo[0]]) <= self._batch_bytes):
-                i = todo.pop(0)
-                batch.append((i, total))
-                total += _slot(spans[i])
-            region = yield from self._checkout(total)
-            reuse = True
-            try:
-                calls = [
-                    Call(
-                        "get",
+                    fields = [f for _, f in mine]
+                    fields += [
                         {
                             "path": results[i].path,
                             "range": _range(specs[i].range),
                             "region_id": region.id,
                             "offset": off,
-                        },
-                    )
-                    for i, off in batch
-                ]
-                outs = yield calls
-                for (i, off), out in zip(batch, outs):
-                    if isinstance(out, RegionTooSmall):
-                        retry.append(i)  # grew since the HEAD
-                    else:
-                        _fill(results[i], out, (region, off))
-            except GeneratorExit:
-                reuse = False  # abandoned mid-request: the shim may still use the region
-                raise
-            finally:
-                self._give_back(region, reuse)
-        for i in retry:
-            try:
-                data, t = yield from self._get_bytes_op(results[i].path, specs[i].range)
-                results[i].ok, results[i].data, results[i].nbytes, results[i].transfer = True, data, t.bytes, t
-            except SluiceError as e:
-                results[i].error = e
+                            "max_bytes": slot,
+                        }
+                        for i, off, slot in chunk
+                        if region is not None
+                    ]
+                    (out,) = yield [Call("get_batch", {"items": fields})]
+                    outs = _batch_outcomes(out, len(fields))
+                    for (i, _), o in zip(mine, outs):
+                        _fill(results[i], o, None)
+                    for (i, off, _), o in zip(chunk, outs[len(mine) :]):
+                        known = known_of[i]
+                        if isinstance(o, RegionTooSmall) and round_ < 2:
+                            try:
+                                need = o.needed_bytes or (yield from self._size_of(results[i].path, specs[i].range))
+                            except SluiceError as e:
+                                results[i].error = e
+                                continue
+                            again.append((i, need, True))
+                            if not known:
+                                seen = max(seen, need)
+                            continue
+                        _fill(results[i], o, (region, off))
+                        if not known:
+                            seen = max(seen, results[i].nbytes)
+                except GeneratorExit:
+                    reuse = False  # abandoned mid-request: the shim may still use the region
+                    raise
+                finally:
+                    if region is not None:
+                        self._give_back(region, reuse)
+            if seen:
+                self._size_guess = _pow2(seen)
+            if not again:
+                break
+            todo = again
         return results
+
+    def _size_of(self, path: str, rng: Optional[ByteRange]) -> "Op[int]":
+        info = check((yield [Call("head", {"path": path})])[0], "head")
+        return _span(info.body["size"], _range(rng))
 
     def _head_op(self, path: Any, request_id: str = "") -> "Op[ObjectInfo]":
         r = yield from one(Call("head", {"path": _path(path)}, request_id=request_id), "head")
@@ -689,6 +740,38 @@ def _fill(res: ItemResult, out: Outcome, scratch: Optional[Tuple[Region, int]]) 
     if scratch is not None:
         region, off = scratch
         res.data = region.read(off, t.bytes)
+
+
+class _Gather:
+    """The answers of one GetBatch, one per item, as they arrive."""
+
+    def __init__(self, n: int) -> None:
+        self.outs: List[Optional[Outcome]] = [None] * n
+        self.left = n
+
+    def put(self, item: int, out: Outcome) -> None:
+        if item == WHOLE_BATCH:
+            for i, o in enumerate(self.outs):
+                if o is None:
+                    self.outs[i] = out
+            self.left = 0
+        elif 0 <= item < len(self.outs) and self.outs[item] is None:
+            self.outs[item] = out
+            self.left -= 1
+
+
+def _batch_outcomes(out: Outcome, n: int) -> List[Outcome]:
+    """Per-item outcomes of a get_batch call (its error for every item if the
+    call failed as a whole)."""
+    if isinstance(out, Reply) and out.kind == "batch":
+        return [o if o is not None else ProtocolError("no answer for this item") for o in out.body["items"]]
+    if isinstance(out, BaseException):
+        return [out] * n
+    return [ProtocolError(f"expected batch answers, got {out.kind}", request_id=out.request_id)] * n
+
+
+def _pow2(n: int) -> int:
+    return 1 << (max(n, 1) - 1).bit_length()
 
 
 def drive_step(gen: "Op[T]", outcomes: Optional[List[Outcome]]) -> Tuple[bool, Any]:

@@ -43,7 +43,7 @@ class WireError(ValueError):
 # --------------------------------------------------------------------------
 SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
     # sluice.common.v1
-    "ErrorDetail": {1: ("code", "enum", ""), 2: ("message", "string", "")},
+    "ErrorDetail": {1: ("code", "enum", ""), 2: ("message", "string", ""), 3: ("needed_bytes", "u64", "")},
     "ByteRange": {1: ("start", "u64", ""), 2: ("length", "u64", "optional")},
     "ObjectInfo": {
         1: ("key", "string", ""),
@@ -74,10 +74,12 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         16: ("list", "List", "oneof:op"),
         17: ("delete", "Delete", "oneof:op"),
         18: ("stats", "Stats", "oneof:op"),
+        19: ("get_batch", "GetBatch", "oneof:op"),
     },
     "Response": {
         1: ("id", "u64", ""),
         2: ("request_id", "string", ""),
+        3: ("item", "u32", ""),
         10: ("error", "ErrorDetail", "oneof:result"),
         11: ("hello", "HelloOk", "oneof:result"),
         12: ("registered", "Registered", "oneof:result"),
@@ -114,7 +116,9 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         2: ("range", "ByteRange", "optional"),
         3: ("region_id", "string", ""),
         4: ("offset", "u64", ""),
+        5: ("max_bytes", "u64", ""),
     },
+    "GetBatch": {1: ("items", "Get", "repeated")},
     "GetResult": {
         1: ("report", "TransferReport", ""),
         2: ("object_size", "u64", ""),

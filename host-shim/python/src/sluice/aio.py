@@ -146,7 +146,9 @@ class AsyncClient(CoreClient):
             self._decoder.feed(data, fds)
             try:
                 for payload in self._decoder.frames():
-                    self._dispatch(*self._parse(payload))
+                    parsed = self._parse(payload)
+                    if parsed is not None:
+                        self._dispatch(*parsed)
             except (SluiceError, ValueError) as e:
                 self._lost(str(e))
                 return

@@ -212,7 +212,9 @@ class Client(CoreClient):
                     break
                 self._decoder.feed(data, fds)
                 for payload in self._decoder.frames():
-                    self._dispatch(*self._parse(payload))
+                    parsed = self._parse(payload)
+                    if parsed is not None:
+                        self._dispatch(*parsed)
         except (OSError, ValueError, SluiceError) as e:
             err = "" if self.closed else str(e)
         finally:
@@ -449,10 +451,12 @@ class Client(CoreClient):
         in order: ``ok``, ``data``/``nbytes``, ``data_path`` (transport),
         ``fallback_reason``, ``error``.
 
-        All requests go out before any answer is awaited (items without a
-        region first get their sizes with pipelined HEADs, then are read into
-        shared scratch regions with pipelined GETs). ``timeout`` applies to
-        each request.
+        The items go out as one GetBatch request (one frame; the shim makes
+        one agent call for them all), and each item is answered as soon as it
+        is done. Items without a region are read straight into shared scratch
+        memory at offsets, in slots of their range's length or of the largest
+        size read lately; one that turns out bigger is read again at the size
+        the shim reports (no HEAD first). ``timeout`` applies to each batch.
         """
         with call_timeout(timeout):
             return self._run(self._get_many_op(list(items)))

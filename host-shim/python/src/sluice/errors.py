@@ -152,9 +152,11 @@ class UnknownRegion(SluiceError):
 
 class RegionTooSmall(SluiceError):
     """REGION_TOO_SMALL: the object (or range) does not fit in the region at
-    that offset; nothing was written."""
+    that offset; nothing was written. ``needed_bytes`` is what it needs (the
+    object's size, or the range's span; 0 if the shim did not say)."""
 
     CODE = ErrorCode.REGION_TOO_SMALL
+    needed_bytes = 0
 
 
 class OutOfBounds(SluiceError):
@@ -304,9 +306,12 @@ def error_class(code: int) -> Type[SluiceError]:
     return _BY_CODE.get(code, SluiceError)
 
 
-def from_detail(code: int, message: str, request_id: str = "") -> SluiceError:
+def from_detail(code: int, message: str, request_id: str = "", needed_bytes: int = 0) -> SluiceError:
     """Builds the typed exception for an ``ErrorDetail`` received from the shim."""
-    return error_class(code)(message or f"shim error code {code}", code, request_id)
+    err = error_class(code)(message or f"shim error code {code}", code, request_id)
+    if needed_bytes and isinstance(err, RegionTooSmall):
+        err.needed_bytes = needed_bytes
+    return err
 
 
 __all__ = [
