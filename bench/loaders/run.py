@@ -50,8 +50,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 GIB = float(1 << 30)
 
-SIZES = [("4KiB", 4 << 10), ("1MiB", 1 << 20), ("64MiB", 64 << 20)]
-SLUICE = ["sluice-py (http)", "sluice-py (rdma/tcp)", "sluice-rs (http)", "sluice-rs (rdma/tcp)"]
+SIZES = [("4KiB", 4 << 10), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("64MiB", 64 << 20)]
+SLUICE = [
+    "sluice-py (http)",
+    "sluice-py (rdma/tcp)",
+    "sluice-py batch->region",
+    "sluice-py batch->bytes",
+    "sluice-py get_bytes",
+    "sluice-rs (http)",
+    "sluice-rs (rdma/tcp)",
+]
+#: Readers that fill registered memory (the target: >= 1.0x the best peer's
+#: objects/s) and those that return bytes (>= 0.8x).
+REGION_FILLING = ["sluice-py (http)", "sluice-py (rdma/tcp)", "sluice-py batch->region", "sluice-rs (http)",
+                  "sluice-rs (rdma/tcp)"]  # fmt: skip
+BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes"]
 PEERS = ["boto3", "s3torchconnectorclient", "s5cmd", "obstore"]
 
 
@@ -62,6 +75,7 @@ def log(msg: str) -> None:
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="bench/run loaders")
     ap.add_argument("--small", type=int, default=2000, help="number of 4 KiB objects (default 2000)")
+    ap.add_argument("--kib64", type=int, default=1000, help="number of 64 KiB objects (default 1000)")
     ap.add_argument("--medium", type=int, default=256, help="number of 1 MiB objects (default 256)")
     ap.add_argument("--large", type=int, default=16, help="number of 64 MiB objects (default 16)")
     ap.add_argument("--repeats", type=int, default=3, help="timed passes per cell; the median is shown (default 3)")
@@ -227,6 +241,9 @@ def summarize(name: str, runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         def per_gib(r: Dict[str, Any], cpu: Optional[float]) -> Optional[float]:
             return None if cpu is None else cpu / (r["bytes"] / GIB)
 
+        def per_obj(r: Dict[str, Any], cpu: Optional[float]) -> Optional[float]:
+            return None if cpu is None else cpu / r["objects"] * 1e6
+
         def host(r: Dict[str, Any]) -> Optional[float]:
             c = r["cpu_s"]
             if sluice:
@@ -250,6 +267,8 @@ def summarize(name: str, runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "shim_cpu_s_per_gib": med([per_gib(r, r["cpu_s"]["shim"]) for r in rs]) if sluice else None,
                 "dpu_cpu_s_per_gib": med([per_gib(r, r["cpu_s"]["agent"]) for r in rs]) if sluice else None,
                 "store_cpu_s_per_gib": med([per_gib(r, r["cpu_s"]["gateway"]) for r in rs]),
+                "agent_cpu_us_per_object": med([per_obj(r, r["cpu_s"]["agent"]) for r in rs]) if sluice else None,
+                "shim_cpu_us_per_object": med([per_obj(r, r["cpu_s"]["shim"]) for r in rs]) if sluice else None,
                 "runs": [
                     {k: r[k] for k in ("repeat", "objects", "bytes", "seconds", "p50_ms", "p99_ms", "cpu_s")}
                     for r in rs
@@ -305,7 +324,7 @@ def main() -> None:
     unknown = [r for r in readers if r not in SLUICE + PEERS]
     if unknown or not concurrency or min(concurrency) < 1 or args.repeats < 1:
         raise SystemExit(f"bad arguments (unknown readers {unknown}; known: {SLUICE + PEERS})")
-    counts = {"4KiB": args.small, "1MiB": args.medium, "64MiB": args.large}
+    counts = {"4KiB": args.small, "64KiB": args.kib64, "1MiB": args.medium, "64MiB": args.large}
     sizes = [(label, size, counts[label]) for label, size in SIZES if counts[label] > 0]
     bucket, prefix = "data", "bench/"
 
@@ -405,8 +424,10 @@ def report(
         "host CPU = GPU-node processes (Sluice: client + shim; peers: the reader process); "
         "DPU CPU = sluice-agent; CPU in seconds per GiB read",
         "",
+        "agent/shim us = CPU microseconds per object in sluice-agent / sluice-shim",
+        "",
         f"{'reader':<24} {'size':>5} {'conc':>4} {'GiB/s':>8} {'obj/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'host CPU':>9} {'DPU CPU':>8}",
+        f"{'host CPU':>9} {'DPU CPU':>8} {'agent us':>8} {'shim us':>8}",
     ]
     for label, _, _ in sizes:
         for conc in concurrency:
@@ -418,11 +439,12 @@ def report(
                     status = "unavailable" if not res.get("available", True) else "FAILED"
                     lines.append(f"{name:<24} {label:>5} {conc:>4}   {status}: {why[:80]}")
                     continue
-                lat = label == "4KiB"
                 lines.append(
                     f"{name:<24} {label:>5} {conc:>4} {r['gib_per_s']:>8.3f} {r['objects_per_s']:>8.0f} "
-                    f"{fmt(r['p50_ms'] if lat else None, '>8.3f'):>8} {fmt(r['p99_ms'] if lat else None, '>8.3f'):>8} "
-                    f"{fmt(r['host_cpu_s_per_gib'], '>9.3f'):>9} {fmt(r['dpu_cpu_s_per_gib'], '>8.3f'):>8}"
+                    f"{fmt(r['p50_ms'], '>8.3f'):>8} {fmt(r['p99_ms'], '>8.3f'):>8} "
+                    f"{fmt(r['host_cpu_s_per_gib'], '>9.3f'):>9} {fmt(r['dpu_cpu_s_per_gib'], '>8.3f'):>8} "
+                    f"{fmt(r.get('agent_cpu_us_per_object'), '>8.0f'):>8} "
+                    f"{fmt(r.get('shim_cpu_us_per_object'), '>8.0f'):>8}"
                 )
             lines.append("")
 
@@ -510,6 +532,61 @@ def report(
                 "goal_ge_1": None if b is None else b["value"] >= 1.0,
                 "goal_ge_1_every_sluice_reader": None if w is None else w["value"] >= 1.0,
             }
+    # Per size and concurrency: each Sluice reader's objects/s over the best
+    # peer's (the issue's targets: region-filling >= 1.0x, bytes >= 0.8x),
+    # and one-at-a-time latency over the best peer's (p50, p99 <= 1.5x).
+    ratio_vs_best: Dict[str, Dict[str, Any]] = {}
+    latency_vs_best: Dict[str, Any] = {}
+    for cell in ratio_cells:
+        ratio_vs_best.setdefault(cell["size"], {})[str(cell["concurrency"])] = {
+            "best_peer": cell["best_peer"],
+            **{n: v["throughput_ratio"] for n, v in cell["sluice"].items()},
+        }
+    if 1 in concurrency:
+        for label, _, _ in sizes:
+            peers = [index[(p, label, 1)] for p in peer_readers if (p, label, 1) in index]
+            if not peers:
+                continue
+            b50 = min(peers, key=lambda r: r["p50_ms"])
+            b99 = min(peers, key=lambda r: r["p99_ms"])
+            latency_vs_best[label] = {
+                "best_peer_p50": {"reader": b50["reader"], "ms": b50["p50_ms"]},
+                "best_peer_p99": {"reader": b99["reader"], "ms": b99["p99_ms"]},
+                **{
+                    n: {
+                        "p50_ratio": index[(n, label, 1)]["p50_ms"] / b50["p50_ms"],
+                        "p99_ratio": index[(n, label, 1)]["p99_ms"] / b99["p99_ms"],
+                    }
+                    for n in sluice_readers
+                    if (n, label, 1) in index and b50["p50_ms"] and b99["p99_ms"]
+                },
+            }
+    lines.append("")
+    lines.append("Targets: region-filling readers >= 1.0x the best peer's objects/s, bytes-returning >= 0.8x;")
+    lines.append("one-at-a-time (concurrency 1) p50 and p99 <= 1.5x the best peer's")
+    for label, _, _ in sizes:
+        for conc in concurrency:
+            cell = ratio_vs_best.get(label, {}).get(str(conc), {})
+            parts = []
+            for n in sluice_readers:
+                v = cell.get(n)
+                if v is None:
+                    continue
+                goal = 1.0 if n in REGION_FILLING else 0.8
+                parts.append(f"{n} {v:.2f}x{'' if v >= goal else ' (below ' + format(goal, '.1f') + ')'}")
+            if parts:
+                lines.append(f"  {label:>5} c={conc:<2} vs {cell.get('best_peer')}: " + ", ".join(parts))
+        lat = latency_vs_best.get(label)
+        if lat:
+            parts = [
+                f"{n} p50 {v['p50_ratio']:.2f}x p99 {v['p99_ratio']:.2f}x"
+                for n, v in lat.items()
+                if n in sluice_readers
+            ]
+            lines.append(
+                f"  {label:>5} latency vs {lat['best_peer_p50']['reader']} (p50 {lat['best_peer_p50']['ms']:.3f} ms) / "
+                f"{lat['best_peer_p99']['reader']} (p99 {lat['best_peer_p99']['ms']:.3f} ms): " + ", ".join(parts)
+            )
     missing = [n for n in peer_readers if (n, "64MiB", concurrency[0]) not in index]
     for v in ratio_64.values():
         v["peers_compared"] = [n for n in peer_readers if n not in missing]
@@ -579,6 +656,8 @@ def report(
             }
             for n in readers
         },
+        "ratio_vs_best_peer": ratio_vs_best,
+        "latency_vs_best_peer": latency_vs_best,
         "table": rows,
         "ratios": ratio_cells,
         "ratio_64MiB_vs_best_peer": ratio_64,

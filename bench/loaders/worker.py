@@ -99,8 +99,16 @@ class Reader:
     def teardown_cell(self) -> None:
         pass
 
+    #: Batch readers read ``batch`` keys per call (``read_many``) instead of
+    #: one key per ``read``; see ``timed_pass``.
+    batched = False
+
     def read(self, key: str, slot: int) -> int:
         """Reads object ``key`` into memory; returns its length."""
+        raise NotImplementedError
+
+    def read_many(self, keys: Sequence[str], slot: int) -> List[int]:
+        """Reads every key (one batch); returns their lengths."""
         raise NotImplementedError
 
     def fetch(self, key: str) -> bytes:
@@ -156,6 +164,65 @@ class SluicePy(Reader):
 
     def close(self) -> None:
         self.c.close()
+
+
+class SluicePyBytes(SluicePy):
+    """``get_bytes`` one object at a time per thread: the bytes-returning
+    call a loader makes without regions (no HEAD: a scratch slot of the
+    size seen lately, the shim's REGION_TOO_SMALL says the real size)."""
+
+    def __init__(self, cfg: Dict[str, Any], namespace: str, want: str) -> None:
+        super().__init__(cfg, namespace, want)
+        self.method = f"sluice.Client.get_bytes(path) -> bytes; one shared client; namespace {namespace!r}"
+
+    def setup_cell(self, size: int, conc: int) -> None:
+        pass
+
+    def read(self, key: str, slot: int) -> int:
+        return len(self.c.get_bytes(f"{self.ns}/{key}"))
+
+
+class SluicePyBatch(SluicePy):
+    """``get_many``: one GetBatch request per batch of keys (one agent call),
+    into slots of a registered region per thread (``into``), or returning
+    bytes (scratch slots, no HEAD)."""
+
+    batched = True
+
+    def __init__(self, cfg: Dict[str, Any], namespace: str, want: str, into_region: bool) -> None:
+        super().__init__(cfg, namespace, want)
+        self.into_region = into_region
+        self.size = 0
+        self.method = (
+            f"sluice.Client.get_many(batch): one GetBatch per batch, "
+            + ("into slots of one registered region per thread" if into_region else "returning bytes")
+            + f"; namespace {namespace!r} (data path {want})"
+        )
+
+    def setup_cell(self, size: int, conc: int) -> None:
+        self.size = size
+        if self.into_region:
+            threads, per_batch = batch_shape(conc)
+            self.regions = [self.c.register(size * per_batch) for _ in range(threads)]
+
+    def read_many(self, keys: Sequence[str], slot: int) -> List[int]:
+        import sluice
+
+        if self.into_region:
+            items: List[Any] = [
+                sluice.GetSpec(f"{self.ns}/{k}", into=self.regions[slot], offset=i * self.size)
+                for i, k in enumerate(keys)
+            ]
+        else:
+            items = [f"{self.ns}/{k}" for k in keys]
+        out = []
+        for r in self.c.get_many(items):
+            r.unwrap()
+            t = r.transfer
+            if t.data_path != self.want or t.fallback_reason:
+                raise RuntimeError(f"{r.path}: moved via {t.data_path} ({t.fallback_reason}), expected {self.want}")
+            out.append(len(r.data) if r.data is not None else r.nbytes)
+        return out
 
 
 class Boto3(Reader):
@@ -282,6 +349,9 @@ class S5cmd(Reader):
 PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
     "sluice-py (http)": lambda cfg: SluicePy(cfg, cfg["namespace"], "http"),
     "sluice-py (rdma/tcp)": lambda cfg: SluicePy(cfg, cfg["namespace"] + "-rdma", "rdma"),
+    "sluice-py batch->region": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", True),
+    "sluice-py batch->bytes": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", False),
+    "sluice-py get_bytes": lambda cfg: SluicePyBytes(cfg, cfg["namespace"], "http"),
     "boto3": Boto3,
     "s3torchconnectorclient": S3Torch,
     "s5cmd": S5cmd,
@@ -290,6 +360,12 @@ PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
 
 
 # --------------------------------------------------------------- harness --
+def batch_shape(conc: int) -> "tuple[int, int]":
+    """Threads and keys per batch for a batch reader at concurrency ``conc``:
+    two threads of conc/2 (one batch answered while the other is sent)."""
+    return (1, 1) if conc == 1 else (2, max(1, conc // 2))
+
+
 def timed_pass(
     reader: Reader, keys: Sequence[str], size: int, conc: int, pids: Optional[Dict[str, int]] = None
 ) -> Dict[str, Any]:
@@ -299,13 +375,32 @@ def timed_pass(
     counter = itertools.count()
     lats: List[List[float]] = [[] for _ in range(conc)]
     errors: List[BaseException] = []
-    go = threading.Barrier(conc + 1)
+
+    # Batch readers: `conc` objects in flight as batches of conc/2 from two
+    # threads (one batch is being answered while the other is sent), or
+    # one object at a time for conc 1. An object's latency is its batch's.
+    threads_n, per_call = batch_shape(conc) if reader.batched else (conc, 1)
+    counter_b = itertools.count()
+    go = threading.Barrier(threads_n + 1)
 
     def work(slot: int) -> None:
         mine = lats[slot]
         go.wait()
         try:
             while True:
+                if reader.batched:
+                    b = next(counter_b)
+                    mine_keys = keys[b * per_call : (b + 1) * per_call]
+                    if not mine_keys or errors:
+                        return
+                    t = time.perf_counter()
+                    ns = reader.read_many(mine_keys, slot)
+                    dt = time.perf_counter() - t
+                    mine.extend([dt] * len(mine_keys))
+                    bad = [(k, n) for k, n in zip(mine_keys, ns) if n != size]
+                    if bad or len(ns) != len(mine_keys):
+                        raise RuntimeError(f"batch read {bad[:3]} ({len(ns)} results), expected {size} bytes each")
+                    continue
                 i = next(counter)
                 if i >= len(keys) or errors:
                     return
@@ -317,7 +412,7 @@ def timed_pass(
         except BaseException as e:  # reported after the pass
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in range(conc)]
+    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in range(threads_n)]
     for t in threads:
         t.start()
     before = snapshot(pids) if pids is not None else {}
@@ -389,7 +484,8 @@ def run_rust_reader(name: str, cfg: Dict[str, Any]) -> None:
     counts = {label: count for label, _, count in cfg["sizes"]}
     cmd = [
         exe, "--socket", cfg["socket"], "bench", "--namespace", ns, "--prefix", cfg["prefix"],
-        "--small", str(counts.get("4KiB", 0)), "--medium", str(counts.get("1MiB", 0)),
+        "--small", str(counts.get("4KiB", 0)), "--kib64", str(counts.get("64KiB", 0)),
+        "--medium", str(counts.get("1MiB", 0)),
         "--large", str(counts.get("64MiB", 0)),
         "--concurrency", ",".join(str(c) for c in cfg["concurrency"]),
         "--repeats", str(cfg["repeats"]), "--no-populate", "--step",

@@ -41,7 +41,9 @@ async fn main() -> anyhow::Result<()> {
 fn init_tracing(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: log files and journald get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if json {
         b.json().init();
     } else {

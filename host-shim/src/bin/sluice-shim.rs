@@ -22,18 +22,28 @@ struct Args {
     log_json: bool,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: log files and journald get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     if args.log_json {
         b.json().init();
     } else {
         b.init();
     }
     let cfg = ShimConfig::from_file(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.worker_threads)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(serve(cfg))
+}
+
+async fn serve(cfg: ShimConfig) -> anyhow::Result<()> {
     sluice_shim::server::run(cfg, async {
         use tokio::signal::unix::{signal, SignalKind};
         match signal(SignalKind::terminate()) {

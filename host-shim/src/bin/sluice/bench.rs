@@ -26,12 +26,15 @@ pub struct BenchArgs {
     /// same bucket over the RDMA path).
     #[arg(long, default_value = "data")]
     pub namespace: String,
-    /// Key prefix: objects are <prefix><size>/obj-NNNNN, size 4KiB, 1MiB or 64MiB.
+    /// Key prefix: objects are <prefix><size>/obj-NNNNN, size 4KiB, 64KiB, 1MiB or 64MiB.
     #[arg(long, default_value = "bench/")]
     pub prefix: String,
     /// Number of 4 KiB objects (0 skips the size).
     #[arg(long, default_value_t = 2000)]
     pub small: usize,
+    /// Number of 64 KiB objects.
+    #[arg(long, default_value_t = 1000)]
+    pub kib64: usize,
     /// Number of 1 MiB objects.
     #[arg(long, default_value_t = 256)]
     pub medium: usize,
@@ -59,7 +62,7 @@ pub struct BenchArgs {
 }
 
 /// The size classes: label and bytes.
-pub const SIZES: [(&str, u64); 3] = [("4KiB", 4 << 10), ("1MiB", 1 << 20), ("64MiB", 64 << 20)];
+pub const SIZES: [(&str, u64); 4] = [("4KiB", 4 << 10), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("64MiB", 64 << 20)];
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -270,7 +273,7 @@ pub async fn run(client: &Client, socket: &Path, args: &BenchArgs, json_out: boo
     if args.concurrency.is_empty() || args.concurrency.contains(&0) || args.repeats == 0 {
         bail!("--concurrency values and --repeats must be at least 1");
     }
-    let counts = [args.small, args.medium, args.large];
+    let counts = [args.small, args.kib64, args.medium, args.large];
     let sets: Vec<(&str, u64, Vec<String>)> = SIZES
         .iter()
         .zip(counts)
