@@ -66,6 +66,8 @@ REGION_FILLING = ["sluice-py (http)", "sluice-py (rdma/tcp)", "sluice-py batch->
                   "sluice-rs (rdma/tcp)"]  # fmt: skip
 BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes"]
 PEERS = ["boto3", "s3torchconnectorclient", "s5cmd", "obstore"]
+SLUICE_WRITERS = ["sluice-py put(region)", "sluice-py put(bytes)"]
+PEER_WRITERS = ["boto3", "obstore", "s5cmd"]
 
 
 def log(msg: str) -> None:
@@ -89,6 +91,15 @@ def parse_args() -> argparse.Namespace:
         default=500,
         help="s5cmd starts one process per object: read only this many of the 4 KiB objects with it "
         "(default 500; 0 = all). Its 4 KiB cells are marked reduced.",
+    )
+    ap.add_argument(
+        "--write-small", type=int, default=1000, help="4 KiB objects each writer puts, 16 in flight (default 1000; 0 skips)"
+    )
+    ap.add_argument(
+        "--write-large-mib", type=int, default=1024, help="size of the one large object each writer puts (MiB; default 1024)"
+    )
+    ap.add_argument(
+        "--writers", default=",".join(SLUICE_WRITERS + PEER_WRITERS), help="comma-separated writers ('' for none)"
     )
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "target", "release"), help="where the sluice binaries are")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "loaders.json"), help="JSON result file")
@@ -336,6 +347,10 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     results: Dict[str, Dict[str, Any]] = {}
+    write_results: Dict[str, Dict[str, Any]] = {}
+    unknown_w = [w for w in args.writers.split(",") if w.strip() and w.strip() not in SLUICE_WRITERS + PEER_WRITERS]
+    if unknown_w:
+        raise SystemExit(f"unknown writers {unknown_w}; known: {SLUICE_WRITERS + PEER_WRITERS}")
     try:
         log(f"stack up in {stack.dir}: gateway {stack.info['gateway']}, shim {stack.info['socket']}")
         md5 = populate(stack, sizes, bucket, prefix)
@@ -386,6 +401,19 @@ def main() -> None:
                 log(f"{name}: unavailable ({results[name]['reason']})")
             if "error" in results[name]:
                 log(f"{name}: FAILED: {results[name]['error']}")
+        writers = [w.strip() for w in args.writers.split(",") if w.strip()]
+        writes = []
+        if args.write_small > 0:
+            writes.append(("4KiB", 4 << 10, args.write_small, 16))
+        if args.write_large_mib > 0:
+            writes.append((f"{args.write_large_mib}MiB", args.write_large_mib << 20, 1, 1))
+        for name in writers if writes else []:
+            log(f"writer {name}:")
+            t0 = time.perf_counter()
+            write_results[name] = run_reader(name, dict(base, op="write", writes=writes), env)
+            write_results[name]["wall_s"] = time.perf_counter() - t0
+            if "error" in write_results[name]:
+                log(f"writer {name}: FAILED: {write_results[name]['error']}")
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -394,7 +422,7 @@ def main() -> None:
         raise SystemExit("interrupted")
 
     wall = time.perf_counter() - t_start
-    report(args, sizes, concurrency, readers, results, wall)
+    report(args, sizes, concurrency, readers, results, wall, write_results)
 
 
 def report(
@@ -404,6 +432,7 @@ def report(
     readers: List[str],
     results: Dict[str, Dict[str, Any]],
     wall: float,
+    write_results: Dict[str, Dict[str, Any]],
 ) -> None:
     rows: List[Dict[str, Any]] = []
     for name in readers:
@@ -612,6 +641,7 @@ def report(
                 f"    (counting the agent's CPU as host CPU too: "
                 f"{min(tot.values()):.2f}x..{max(tot.values()):.2f}x boto3's)"
             )
+    writes_doc = write_report(write_results, lines)
     for note in reduced:
         lines.append(f"note: {note}")
     lines.append(f"wall time {wall:.0f}s")
@@ -658,6 +688,7 @@ def report(
         },
         "ratio_vs_best_peer": ratio_vs_best,
         "latency_vs_best_peer": latency_vs_best,
+        "writes": writes_doc,
         "table": rows,
         "ratios": ratio_cells,
         "ratio_64MiB_vs_best_peer": ratio_64,
@@ -671,8 +702,59 @@ def report(
         json.dump(doc, f, indent=1)
         f.write("\n")
     print(f"wrote {os.path.relpath(args.out, os.getcwd())}")
-    if any("error" in results.get(n, {}) for n in readers):
+    if any("error" in r for r in list(results.values()) + list(write_results.values())):
         sys.exit(1)
+
+
+def write_report(write_results: Dict[str, Dict[str, Any]], lines: List[str]) -> Dict[str, Any]:
+    """The writes table (appended to ``lines``) and its JSON: per writer and
+    size, throughput and host CPU per GiB; Sluice vs the best peer and boto3."""
+    if not write_results:
+        return {}
+    rows = [row for name, res in write_results.items() for row in summarize(name, res["runs"])]
+    index = {(r["reader"], r["size"]): r for r in rows}
+    lines.append("")
+    lines.append("Writes (objects put through each writer; host CPU in s/GiB, agent = DPU CPU)")
+    lines.append(f"{'writer':<24} {'size':>7} {'conc':>4} {'GiB/s':>8} {'obj/s':>8} {'p50 ms':>8} {'host CPU':>9} {'DPU CPU':>8}")
+    for r in rows:
+        lines.append(
+            f"{r['reader']:<24} {r['size']:>7} {r['concurrency']:>4} {r['gib_per_s']:>8.3f} {r['objects_per_s']:>8.0f} "
+            f"{fmt(r['p50_ms'], '>8.3f'):>8} {fmt(r['host_cpu_s_per_gib'], '>9.3f'):>9} "
+            f"{fmt(r['dpu_cpu_s_per_gib'], '>8.3f'):>8}"
+        )
+    for name, res in write_results.items():
+        if "error" in res or not res.get("available", True):
+            lines.append(f"{name:<24} FAILED/unavailable: {(res.get('error') or res.get('reason') or '')[:90]}")
+    ratios: Dict[str, Any] = {}
+    lines.append("Writes target: Sluice >= the best peer's throughput with <= 0.1x boto3's host CPU per GiB")
+    for size in sorted({r["size"] for r in rows}, key=lambda x: next(r["object_bytes"] for r in rows if r["size"] == x)):
+        peers = [index[(p, size)] for p in PEER_WRITERS if (p, size) in index]
+        best = max(peers, key=lambda r: r["gib_per_s"], default=None)
+        boto = index.get(("boto3", size))
+        cell: Dict[str, Any] = {"best_peer": best["reader"] if best else None}
+        for n in SLUICE_WRITERS:
+            s_ = index.get((n, size))
+            if not s_ or not best:
+                continue
+            cpu = (
+                s_["host_cpu_s_per_gib"] / boto["host_cpu_s_per_gib"]
+                if boto and boto["host_cpu_s_per_gib"] and s_["host_cpu_s_per_gib"] is not None
+                else None
+            )
+            cell[n] = {"throughput_ratio": s_["gib_per_s"] / best["gib_per_s"], "host_cpu_ratio_vs_boto3": cpu}
+            lines.append(
+                f"  {size:>7} {n:<22} {cell[n]['throughput_ratio']:.2f}x {best['reader']}, "
+                f"host CPU {fmt(cpu, '.3f')}x boto3's"
+            )
+        ratios[size] = cell
+    return {
+        "table": rows,
+        "ratio_vs_best_peer": ratios,
+        "writers": {
+            n: {k: r.get(k) for k in ("available", "reason", "error", "version", "method", "wall_s")}
+            for n, r in write_results.items()
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -346,6 +346,142 @@ class S5cmd(Reader):
         return self._cat(key)
 
 
+# --------------------------------------------------------------- writers --
+class Writer:
+    """Writes ``data`` as object ``key``; called from ``concurrency`` threads."""
+
+    method = ""
+
+    def version(self) -> str:
+        return ""
+
+    def setup_cell(self, data: bytes, conc: int) -> None:
+        pass
+
+    def teardown_cell(self) -> None:
+        pass
+
+    def write(self, key: str, slot: int) -> None:
+        raise NotImplementedError
+
+
+class SluicePyWriter(Writer):
+    """``put``: from a registered region the loader filled (``region``), or
+    from bytes (copied into the client's scratch memory first)."""
+
+    def __init__(self, cfg: Dict[str, Any], from_region: bool) -> None:
+        import sluice
+
+        self.c = sluice.Client(cfg["socket"])
+        self.ns = cfg["namespace"]
+        self.from_region = from_region
+        self.regions: List[Any] = []
+        self.data = b""
+        self.method = "sluice.Client.put(path, " + ("region) from one filled region per thread" if from_region
+                                                     else "bytes): copied into scratch memory, then put")  # fmt: skip
+
+    def version(self) -> str:
+        import sluice
+
+        return f"sluice {sluice.__version__} (this repo)"
+
+    def setup_cell(self, data: bytes, conc: int) -> None:
+        self.data = data
+        if self.from_region:
+            self.regions = [self.c.register(len(data)) for _ in range(conc)]
+            for r in self.regions:
+                r.write(data)
+
+    def teardown_cell(self) -> None:
+        for r in self.regions:
+            r.release()
+        self.regions = []
+
+    def write(self, key: str, slot: int) -> None:
+        src = self.regions[slot] if self.from_region else self.data
+        t = self.c.put(f"{self.ns}/{key}", src)
+        if t.bytes != len(self.data):
+            raise RuntimeError(f"{key}: put {t.bytes} bytes, expected {len(self.data)}")
+
+
+class Boto3Writer(Writer):
+    method = "boto3 client.put_object(Body=bytes) (objects over 8 MiB: upload_fileobj, multipart); one client"
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        self.r = Boto3(cfg)
+        self.data = b""
+
+    def version(self) -> str:
+        return self.r.version()
+
+    def setup_cell(self, data: bytes, conc: int) -> None:
+        self.data = data
+
+    def write(self, key: str, slot: int) -> None:
+        import io
+
+        if len(self.data) > 8 << 20:
+            self.r.s3.upload_fileobj(io.BytesIO(self.data), self.r.bucket, key)
+        else:
+            self.r.s3.put_object(Bucket=self.r.bucket, Key=key, Body=self.data)
+
+
+class ObstoreWriter(Writer):
+    method = "obstore.put(store, key, bytes) (multipart above its default chunk size); one S3Store"
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        self.r = Obstore(cfg)
+        self.data = b""
+
+    def version(self) -> str:
+        return self.r.version()
+
+    def setup_cell(self, data: bytes, conc: int) -> None:
+        self.data = data
+
+    def write(self, key: str, slot: int) -> None:
+        self.r.obstore.put(self.r.store, key, self.data)
+
+
+class S5cmdWriter(Writer):
+    method = "one `s5cmd cp <file> s3://bucket/key` process per object, from a file in /tmp written once"
+
+    def __init__(self, cfg: Dict[str, Any]) -> None:
+        import tempfile
+
+        self.r = S5cmd(cfg)
+        self.file = tempfile.NamedTemporaryFile(prefix="slbench-put-", dir="/tmp")
+
+    def version(self) -> str:
+        return self.r.version()
+
+    def setup_cell(self, data: bytes, conc: int) -> None:
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(data)
+        self.file.flush()
+
+    def write(self, key: str, slot: int) -> None:
+        p = subprocess.run(
+            [self.r.exe, "--endpoint-url", self.r.gw, "cp", self.file.name, f"s3://{self.r.bucket}/{key}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self.r.env,
+            check=False,
+        )
+        if p.returncode != 0:
+            raise RuntimeError(f"s5cmd cp {key}: exit {p.returncode}: {p.stderr.decode(errors='replace')[-300:]}")
+
+
+PY_WRITERS: Dict[str, Callable[[Dict[str, Any]], Writer]] = {
+    "sluice-py put(region)": lambda cfg: SluicePyWriter(cfg, True),
+    "sluice-py put(bytes)": lambda cfg: SluicePyWriter(cfg, False),
+    "boto3": Boto3Writer,
+    "obstore": ObstoreWriter,
+    "s5cmd": S5cmdWriter,
+}
+
+
 PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
     "sluice-py (http)": lambda cfg: SluicePy(cfg, cfg["namespace"], "http"),
     "sluice-py (rdma/tcp)": lambda cfg: SluicePy(cfg, cfg["namespace"] + "-rdma", "rdma"),
@@ -475,6 +611,78 @@ def run_python_reader(name: str, cfg: Dict[str, Any]) -> None:
     reader.close()
 
 
+def run_python_writer(name: str, cfg: Dict[str, Any]) -> None:
+    """Writes ``count`` objects of each write size with ``concurrency``
+    threads (one timed pass after an untimed warm-up object)."""
+    try:
+        writer = PY_WRITERS[name](cfg)
+    except Exception as e:
+        emit(event="unavailable", reason=f"{type(e).__name__}: {e}")
+        return
+    emit(event="info", version=writer.version(), method=writer.method)
+    pids = cfg["pids"]
+    for label, size, count, conc in cfg["writes"]:
+        data = os.urandom(size)
+        writer.setup_cell(data, conc)
+        try:
+            tag = name.replace(" ", "_").replace("(", "").replace(")", "")
+            writer.write(f"{cfg['prefix']}writes/{tag}/{label}/warm", 0)
+            keys = [f"{cfg['prefix']}writes/{tag}/{label}/obj-{i:05d}" for i in range(count)]
+            counter = itertools.count()
+            lats: List[float] = []
+            errors: List[BaseException] = []
+            go = threading.Barrier(conc + 1)
+
+            def work(slot: int) -> None:
+                go.wait()
+                try:
+                    while not errors:
+                        i = next(counter)
+                        if i >= len(keys):
+                            return
+                        t = time.perf_counter()
+                        writer.write(keys[i], slot)
+                        lats.append(time.perf_counter() - t)
+                except BaseException as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in range(conc)]
+            for t in threads:
+                t.start()
+            before = snapshot(pids)
+            t0 = time.perf_counter()
+            go.wait()
+            for t in threads:
+                t.join()
+            secs = time.perf_counter() - t0
+            cpu = cpu_delta(before, snapshot(pids))
+            if errors:
+                raise errors[0]
+            lat = sorted(lats)
+            emit(
+                event="run",
+                size=label,
+                object_bytes=size,
+                concurrency=conc,
+                repeat=0,
+                objects=count,
+                bytes=size * count,
+                seconds=secs,
+                p50_ms=percentile(lat, 50) * 1e3,
+                p99_ms=percentile(lat, 99) * 1e3,
+                cpu_s={
+                    "reader": (cpu["self"] or 0.0) + (cpu["children"] or 0.0),
+                    "reader_self": cpu["self"],
+                    "reader_children": cpu["children"],
+                    "shim": cpu.get("shim"),
+                    "agent": cpu.get("agent"),
+                    "gateway": cpu.get("gateway"),
+                },
+            )
+        finally:
+            writer.teardown_cell()
+
+
 def run_rust_reader(name: str, cfg: Dict[str, Any]) -> None:
     """``sluice bench --step``: the Rust client in its own process; this
     process samples its CPU (and the stack's) around each of its runs."""
@@ -547,7 +755,9 @@ def main() -> None:
     cfg = json.load(sys.stdin)
     name = cfg["reader"]
     try:
-        if name.startswith("sluice-rs"):
+        if cfg.get("op") == "write":
+            run_python_writer(name, cfg)
+        elif name.startswith("sluice-rs"):
             run_rust_reader(name, cfg)
         else:
             run_python_reader(name, cfg)
