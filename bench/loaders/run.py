@@ -57,6 +57,8 @@ SLUICE = [
     "sluice-py batch->region",
     "sluice-py batch->bytes",
     "sluice-py get_bytes",
+    "sluice-py batch->view",
+    "sluice-py get_bytes view",
     "sluice-rs (http)",
     "sluice-rs (rdma/tcp)",
 ]
@@ -64,7 +66,7 @@ SLUICE = [
 #: objects/s) and those that return bytes (>= 0.8x).
 REGION_FILLING = ["sluice-py (http)", "sluice-py (rdma/tcp)", "sluice-py batch->region", "sluice-rs (http)",
                   "sluice-rs (rdma/tcp)"]  # fmt: skip
-BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes"]
+BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes", "sluice-py batch->view", "sluice-py get_bytes view"]
 PEERS = ["boto3", "s3torchconnectorclient", "s5cmd", "obstore"]
 SLUICE_WRITERS = ["sluice-py put(region)", "sluice-py put(bytes)"]
 PEER_WRITERS = ["boto3", "obstore", "s5cmd"]

@@ -171,15 +171,20 @@ class SluicePyBytes(SluicePy):
     call a loader makes without regions (no HEAD: a scratch slot of the
     size seen lately, the shim's REGION_TOO_SMALL says the real size)."""
 
-    def __init__(self, cfg: Dict[str, Any], namespace: str, want: str) -> None:
+    def __init__(self, cfg: Dict[str, Any], namespace: str, want: str, copy: bool = True) -> None:
         super().__init__(cfg, namespace, want)
-        self.method = f"sluice.Client.get_bytes(path) -> bytes; one shared client; namespace {namespace!r}"
+        self.copy = copy
+        self.method = (
+            f"sluice.Client.get_bytes(path{'' if copy else ', copy=False'}) -> "
+            + ("bytes" if copy else "read-only memoryview of scratch memory (no copy, like obstore.Bytes)")
+            + f"; one shared client; namespace {namespace!r}"
+        )
 
     def setup_cell(self, size: int, conc: int) -> None:
         pass
 
     def read(self, key: str, slot: int) -> int:
-        return len(self.c.get_bytes(f"{self.ns}/{key}"))
+        return len(self.c.get_bytes(f"{self.ns}/{key}", copy=self.copy))
 
 
 class SluicePyBatch(SluicePy):
@@ -189,13 +194,18 @@ class SluicePyBatch(SluicePy):
 
     batched = True
 
-    def __init__(self, cfg: Dict[str, Any], namespace: str, want: str, into_region: bool) -> None:
+    def __init__(self, cfg: Dict[str, Any], namespace: str, want: str, into_region: bool, copy: bool = True) -> None:
         super().__init__(cfg, namespace, want)
         self.into_region = into_region
+        self.copy = copy
         self.size = 0
         self.method = (
             f"sluice.Client.get_many(batch): one GetBatch per batch, "
-            + ("into slots of one registered region per thread" if into_region else "returning bytes")
+            + (
+                "into slots of one registered region per thread"
+                if into_region
+                else "returning bytes" if copy else "returning memoryviews of scratch memory (copy=False)"
+            )
             + f"; namespace {namespace!r} (data path {want})"
         )
 
@@ -216,7 +226,7 @@ class SluicePyBatch(SluicePy):
         else:
             items = [f"{self.ns}/{k}" for k in keys]
         out = []
-        for r in self.c.get_many(items):
+        for r in self.c.get_many(items, copy=self.copy):
             r.unwrap()
             t = r.transfer
             if t.data_path != self.want or t.fallback_reason:
@@ -488,6 +498,8 @@ PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
     "sluice-py batch->region": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", True),
     "sluice-py batch->bytes": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", False),
     "sluice-py get_bytes": lambda cfg: SluicePyBytes(cfg, cfg["namespace"], "http"),
+    "sluice-py batch->view": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", False, copy=False),
+    "sluice-py get_bytes view": lambda cfg: SluicePyBytes(cfg, cfg["namespace"], "http", copy=False),
     "boto3": Boto3,
     "s3torchconnectorclient": S3Torch,
     "s5cmd": S5cmd,

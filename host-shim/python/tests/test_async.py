@@ -115,3 +115,16 @@ def test_concurrent_tasks_share_one_connection(stack, prefix):
             assert arr.size == 8192
 
     run(main())
+
+
+def test_copy_false_returns_views(stack, prefix):
+    async def main():
+        async with sluice.AsyncClient(stack.socket) as c:
+            data = payload(70_000, "z")
+            await c.put(f"{prefix}/z", data)
+            v = await c.get_bytes(f"{prefix}/z", copy=False)
+            assert isinstance(v, memoryview) and v.readonly and v == data
+            res = await c.get_many([f"{prefix}/z", f"{prefix}/z"], copy=False)
+            assert [r.data for r in res] == [data, data] and all(isinstance(r.data, memoryview) for r in res)
+
+    run(main())

@@ -183,3 +183,58 @@ def test_iter_get_grows_for_big_objects(client, prefix):
     client.put(f"{prefix}/big", big)
     out = list(client.iter_get([f"{prefix}/big"] * 3, prefetch=2))
     assert all(r.ok and r.data == big for r in out)
+
+
+def _registers(c, fn):
+    """Runs ``fn()``; returns how many regions the client registered meanwhile."""
+    n = []
+    submit = c._submit
+
+    def spy(call, wait=True):
+        n.extend([1] if call.op == "register" else [])
+        return submit(call, wait)
+
+    c._submit = spy
+    try:
+        fn()
+    finally:
+        del c._submit
+    return len(n)
+
+
+def test_copy_false_lends_scratch_memory_until_the_views_are_gone(stack, prefix):
+    with sluice.Client(stack.socket) as c:
+        a, b = payload(300 << 10, "a"), payload(5000, "b")
+        c.put(f"{prefix}/a", a)
+        c.put(f"{prefix}/b", b)
+        view = c.get_bytes(f"{prefix}/a", copy=False)
+        assert isinstance(view, memoryview) and view.readonly and view.nbytes == len(a)
+        assert view == a
+        # The lent memory is not reused while the view lives: later reads
+        # go elsewhere and leave it alone.
+        for _ in range(3):
+            assert c.get_bytes(f"{prefix}/b") == b
+            assert [r.data for r in c.get_many([f"{prefix}/b"] * 4)] == [b] * 4
+        part = view[10:20]
+        del view
+        assert part == a[10:20], "a slice keeps the lent memory too"
+        # Once every view is gone, the memory goes back to the pool and is
+        # reused: no new registration for the next reads.
+        del part
+        c.get_bytes(f"{prefix}/b")  # returns what was lent
+        assert _registers(c, lambda: [c.get_bytes(f"{prefix}/a") for _ in range(3)]) == 0
+
+        res = c.get_many([f"{prefix}/a", f"{prefix}/missing", f"{prefix}/b"], copy=False)
+        assert [type(r.data) for r in res] == [memoryview, type(None), memoryview]
+        assert res[0].data == a and res[2].data == b and isinstance(res[1].error, sluice.NoSuchKey)
+        with pytest.raises(TypeError):
+            res[0].data[0] = 1  # read-only
+        kept = res[2].data
+        del res
+        assert [r.data for r in c.get_many([f"{prefix}/a"] * 3)] == [a] * 3
+        assert kept == b
+    # A view outlives its client (closed: regions released at the shim); its
+    # memory stays mapped here until the view goes.
+    assert kept == b and bytes(kept[:5]) == b[:5]
+    del kept
+

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import fcntl
+import functools
 import itertools
 import mmap
 import os
 import threading
 import weakref
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _wire
 from .errors import (
@@ -281,6 +284,10 @@ class CoreClient:
         self._pool = _ScratchPool(scratch_bytes)
         self._batch_bytes = max(1, get_many_batch_bytes)
         self._batches: Dict[int, _Gather] = {}  # id -> answers of a GetBatch so far
+        # Scratch regions lent to zero-copy results (copy=False) whose last
+        # view is gone: back to the pool at the next checkout. Appended from
+        # a finalizer (any thread, any moment), hence a deque and no lock.
+        self._lent: "Deque[Region]" = deque()
         # Slot size for bytes-items of unknown size: the largest size seen
         # lately (loaders read samples of similar size), so most fit in one
         # request and the rest are read again at the size the shim reports.
@@ -422,10 +429,24 @@ class CoreClient:
         self._release_later_id(region.id)
 
     def _checkout(self, n: int) -> "Op[Region]":
+        while self._lent:
+            lent = self._lent.popleft()
+            if not lent.released:
+                self._give_back(lent)
         r = self._pool.take(n)
         if r is not None:
             return r
         return (yield from self._register_op(_scratch_size(n)))
+
+    def _lend(self, region: Region, spans: Sequence[Tuple[int, int]]) -> List[memoryview]:
+        """Read-only views of ``spans`` (offset, length) of scratch ``region``,
+        without a copy. The region is lent to them: it goes back to the pool
+        only once the last view (and every slice of one) is gone."""
+        owner = _byte_array(region.nbytes).from_buffer(region._map())
+        whole = memoryview(owner).cast("B")
+        views = [whole[off : off + n].toreadonly() for off, n in spans]
+        weakref.finalize(owner, self._lent.append, region)
+        return views
 
     def _give_back(self, region: Region, reuse: bool = True) -> None:
         """Returns a scratch region: to the pool, or (if the pool is full, or
@@ -568,8 +589,13 @@ class CoreClient:
             self._give_back(region, reuse)
 
     def _get_bytes_op(
-        self, path: Any, range: Optional[ByteRange] = None, size_hint: Optional[int] = None, request_id: str = ""
-    ) -> "Op[Tuple[bytes, Transfer]]":
+        self,
+        path: Any,
+        range: Optional[ByteRange] = None,
+        size_hint: Optional[int] = None,
+        request_id: str = "",
+        copy: bool = True,
+    ) -> "Op[Tuple[Any, Transfer]]":
         path = _path(path)
         rng = _range(range)
         exact = rng is not None and rng["length"] is not None
@@ -579,7 +605,7 @@ class CoreClient:
         # (a HEAD only if it could not say).
         for attempt in itertools.count():
             region = yield from self._checkout(max(want, 1))
-            reuse = True
+            reuse, lent = True, False
             try:
                 fields = {"path": path, "range": rng, "region_id": region.id, "offset": 0}
                 (out,) = yield [Call("get", fields, request_id=request_id)]
@@ -595,15 +621,19 @@ class CoreClient:
                 t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
                 if not exact:
                     self._size_guess = _pow2(t.bytes)
-                return region.read(0, t.bytes), t
+                if copy:
+                    return region.read(0, t.bytes), t
+                lent = True
+                return self._lend(region, [(0, t.bytes)])[0], t
             except GeneratorExit:
                 reuse = False  # abandoned mid-request: the shim may still use the region
                 raise
             finally:
-                self._give_back(region, reuse)
+                if not lent:
+                    self._give_back(region, reuse)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _get_many_op(self, items: Sequence[GetItem]) -> "Op[List[ItemResult]]":
+    def _get_many_op(self, items: Sequence[GetItem], copy: bool = True) -> "Op[List[ItemResult]]":
         specs = [as_spec(i) for i in items]
         results = [ItemResult(_path(s.path), i) for i, s in enumerate(specs)]
         # Validate everything before sending anything.
@@ -641,7 +671,8 @@ class CoreClient:
                     todo.pop(0)
                 mine, direct = direct[:MAX_BATCH_ITEMS], direct[MAX_BATCH_ITEMS:]
                 region = (yield from self._checkout(total)) if chunk else None
-                reuse = True
+                reuse, lent = True, False
+                filled: List[Tuple[int, int]] = []  # (index, offset) of items read into `region`
                 try:
                     fields = [f for _, f in mine]
                     fields += [
@@ -671,14 +702,21 @@ class CoreClient:
                             if not known:
                                 seen = max(seen, need)
                             continue
-                        _fill(results[i], o, (region, off))
+                        _fill(results[i], o, (region, off) if copy else None)
+                        if results[i].ok:
+                            filled.append((i, off))
                         if not known:
                             seen = max(seen, results[i].nbytes)
+                    if not copy and filled and region is not None:
+                        views = self._lend(region, [(off, results[i].nbytes) for i, off in filled])
+                        lent = True
+                        for (i, _), v in zip(filled, views):
+                            results[i].data = v
                 except GeneratorExit:
                     reuse = False  # abandoned mid-request: the shim may still use the region
                     raise
                 finally:
-                    if region is not None:
+                    if region is not None and not lent:
                         self._give_back(region, reuse)
             if seen:
                 self._size_guess = _pow2(seen)
@@ -768,6 +806,12 @@ def _batch_outcomes(out: Outcome, n: int) -> List[Outcome]:
     if isinstance(out, BaseException):
         return [out] * n
     return [ProtocolError(f"expected batch answers, got {out.kind}", request_id=out.request_id)] * n
+
+
+@functools.lru_cache(maxsize=64)
+def _byte_array(n: int) -> Any:
+    """The ctypes array type of ``n`` bytes (a type per size; cached)."""
+    return ctypes.c_char * n
 
 
 def _pow2(n: int) -> int:

@@ -343,10 +343,12 @@ class AsyncClient(CoreClient):
         *,
         size_hint: Optional[int] = None,
         timeout: Optional[float] = None,
-    ) -> bytes:
-        """See :meth:`sluice.Client.get_bytes`."""
+        copy: bool = True,
+    ) -> Any:
+        """See :meth:`sluice.Client.get_bytes` (``copy=False``: a memoryview of
+        the scratch memory, no copy)."""
         with call_timeout(timeout):
-            return (await self._run(self._get_bytes_op(path, range, size_hint)))[0]
+            return (await self._run(self._get_bytes_op(path, range, size_hint, copy=copy)))[0]
 
     async def put(
         self,
@@ -394,10 +396,12 @@ class AsyncClient(CoreClient):
         """See :meth:`sluice.Client.stats`."""
         return await self._run(self._stats_op())
 
-    async def get_many(self, items: Iterable[GetItem], *, timeout: Optional[float] = None) -> List[ItemResult]:
-        """See :meth:`sluice.Client.get_many` (pipelined; per-item results)."""
+    async def get_many(
+        self, items: Iterable[GetItem], *, timeout: Optional[float] = None, copy: bool = True
+    ) -> List[ItemResult]:
+        """See :meth:`sluice.Client.get_many` (one GetBatch; per-item results)."""
         with call_timeout(timeout):
-            return await self._run(self._get_many_op(list(items)))
+            return await self._run(self._get_many_op(list(items), copy=copy))
 
     async def _item(self, index: int, path: str, hint: Optional[int]) -> ItemResult:
         res = ItemResult(path, index)

@@ -380,12 +380,20 @@ class Client(CoreClient):
         *,
         size_hint: Optional[int] = None,
         timeout: Optional[float] = None,
-    ) -> bytes:
+        copy: bool = True,
+    ) -> Any:
         """Reads an object (or a range of it) and returns its bytes, via an
         internal scratch region. ``size_hint`` avoids a retry for objects
-        larger than the scratch region."""
+        larger than the scratch region.
+
+        ``copy=False`` returns a read-only :class:`memoryview` of the scratch
+        memory itself instead of a ``bytes`` copy (no copy: for large objects
+        the copy costs as much as the read). The memory is lent to the view:
+        it is reused only once the view and every slice of it are gone, so
+        drop it (or ``release()`` it) when done. ``numpy.frombuffer`` and
+        ``torch.frombuffer`` take it as is."""
         with call_timeout(timeout):
-            return self._run(self._get_bytes_op(path, range, size_hint))[0]
+            return self._run(self._get_bytes_op(path, range, size_hint, copy=copy))[0]
 
     def put(
         self,
@@ -441,7 +449,9 @@ class Client(CoreClient):
         """This connection's session counters."""
         return self._run(self._stats_op())
 
-    def get_many(self, items: Iterable[GetItem], *, timeout: Optional[float] = None) -> List[ItemResult]:
+    def get_many(
+        self, items: Iterable[GetItem], *, timeout: Optional[float] = None, copy: bool = True
+    ) -> List[ItemResult]:
         """Reads many objects with pipelined requests; never raises for a
         single item's failure.
 
@@ -457,9 +467,12 @@ class Client(CoreClient):
         memory at offsets, in slots of their range's length or of the largest
         size read lately; one that turns out bigger is read again at the size
         the shim reports (no HEAD first). ``timeout`` applies to each batch.
+        ``copy=False``: items without a region get a read-only
+        :class:`memoryview` of the scratch memory as ``data`` instead of a
+        ``bytes`` copy (see :meth:`get_bytes`).
         """
         with call_timeout(timeout):
-            return self._run(self._get_many_op(list(items)))
+            return self._run(self._get_many_op(list(items), copy=copy))
 
     def iter_get(
         self, items: Iterable[Union[str, Tuple[str, Optional[int]]]], *, prefetch: int = 8

@@ -92,7 +92,8 @@ class ItemResult:
         path: the item's path.
         ok: ``True`` if the item succeeded.
         data: the bytes read, for items read without an ``into`` region
-            (``None`` for items read into a caller's region, and on error).
+            (``None`` for items read into a caller's region, and on error;
+            a read-only ``memoryview`` of scratch memory with ``copy=False``).
         nbytes: bytes read (0 on error).
         transfer: the transfer report (``None`` on error).
         error: the typed exception for this item (``None`` on success).
@@ -102,7 +103,7 @@ class ItemResult:
     path: str
     index: int
     ok: bool = False
-    data: Optional[bytes] = None
+    data: Optional[Union[bytes, memoryview]] = None
     nbytes: int = 0
     transfer: Optional[Transfer] = None
     error: Optional[SluiceError] = None
