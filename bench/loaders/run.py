@@ -61,11 +61,12 @@ SLUICE = [
     "sluice-py get_bytes view",
     "sluice-rs (http)",
     "sluice-rs (rdma/tcp)",
+    "sluice-rs batch (http)",
 ]
 #: Readers that fill registered memory (the target: >= 1.0x the best peer's
 #: objects/s) and those that return bytes (>= 0.8x).
 REGION_FILLING = ["sluice-py (http)", "sluice-py (rdma/tcp)", "sluice-py batch->region", "sluice-rs (http)",
-                  "sluice-rs (rdma/tcp)"]  # fmt: skip
+                  "sluice-rs (rdma/tcp)", "sluice-rs batch (http)"]  # fmt: skip
 BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes", "sluice-py batch->view", "sluice-py get_bytes view"]
 PEERS = ["boto3", "s3torchconnectorclient", "s5cmd", "obstore"]
 SLUICE_WRITERS = ["sluice-py put(region)", "sluice-py put(bytes)"]

@@ -709,7 +709,7 @@ def run_rust_reader(name: str, cfg: Dict[str, Any]) -> None:
         "--large", str(counts.get("64MiB", 0)),
         "--concurrency", ",".join(str(c) for c in cfg["concurrency"]),
         "--repeats", str(cfg["repeats"]), "--no-populate", "--step",
-    ]  # fmt: skip
+    ] + (["--batch"] if "batch" in name else [])  # fmt: skip
     try:
         version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError) as e:
@@ -718,8 +718,13 @@ def run_rust_reader(name: str, cfg: Dict[str, Any]) -> None:
     emit(
         event="info",
         version=f"{version} (sluice-client, this repo)",
-        method=f"`sluice bench` (Rust, tokio): Client::get into one registered region per in-flight request; "
-        f"namespace {ns!r} (data path {want})",
+        method=(
+            "`sluice bench --batch` (Rust, tokio): Client::get_many, N in flight as two batches of N/2 into "
+            "slots of a registered region per batch; "
+            if "batch" in name
+            else "`sluice bench` (Rust, tokio): Client::get into one registered region per in-flight request; "
+        )
+        + f"namespace {ns!r} (data path {want})",
     )
     pids = cfg["pids"]
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

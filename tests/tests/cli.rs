@@ -117,3 +117,34 @@ fn up_put_get_ls_stat_rm_demo_down() {
             || std::os::unix::net::UnixStream::connect(dir.join("run/shim.sock")).is_err()
     );
 }
+
+/// `sluice bench` (one request per object, and `--batch`: `get_many`)
+/// reads every object it uploaded, byte counts checked, and reports it.
+#[test]
+fn bench_reads_every_object_with_and_without_batches() {
+    let tmp = tempfile::Builder::new().prefix("clib").tempdir_in("/tmp").unwrap();
+    let dir = tmp.path().join("stack");
+    let up = Command::new(bin("sluice"))
+        .args(["up", "--dir", dir.to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    let _down = Down(&dir);
+    assert!(up.status.success(), "sluice up failed: {}", String::from_utf8_lossy(&up.stderr));
+    for batch in [false, true] {
+        let mut args = vec!["--json", "bench", "--small", "24", "--kib64", "8", "--medium", "0", "--large", "0"];
+        args.extend(["--concurrency", "1,6", "--repeats", "1"]);
+        if batch {
+            args.push("--batch");
+        }
+        let out: serde_json::Value = serde_json::from_str(&sluice(&dir, &args)).unwrap();
+        let cells = out["cells"].as_array().expect("cells");
+        assert_eq!(cells.len(), 4, "2 sizes x 2 concurrencies: {out}");
+        for c in cells {
+            let n = c["objects"].as_u64().unwrap();
+            assert_eq!(n, if c["size"] == "4KiB" { 24 } else { 8 });
+            assert_eq!(c["data_paths"]["http"].as_u64(), Some(n), "every object read once over HTTP: {c}");
+            assert_eq!(c["fallbacks"], 0);
+            assert!(c["median"]["objects_per_s"].as_f64().unwrap() > 0.0);
+        }
+    }
+}

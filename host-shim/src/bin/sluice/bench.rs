@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
-use sluice_client::{Client, Region};
+use sluice_client::{BatchGet, Client, Region};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -55,6 +55,11 @@ pub struct BenchArgs {
     /// stack's socket is used.
     #[arg(long)]
     pub stack_dir: Option<PathBuf>,
+    /// Read with `Client::get_many`: N in flight as two batches of N/2
+    /// (one batch answered while the other is sent), into slots of a region
+    /// per batch; an object's latency is its batch's.
+    #[arg(long)]
+    pub batch: bool,
     /// For drivers: before each run print {"event":"ready",...} and wait for
     /// a line on stdin; after it print {"event":"run",...}.
     #[arg(long, hide = true)]
@@ -205,7 +210,67 @@ async fn read_all(
         .buffer_unordered(conc.max(1))
         .try_collect()
         .await?;
-    let secs = t0.elapsed().as_secs_f64();
+    Ok(tally(results, size, t0.elapsed().as_secs_f64()))
+}
+
+/// Batches in flight and objects per batch for `--batch` at concurrency `conc`.
+fn batch_shape(conc: usize) -> (usize, usize) {
+    if conc <= 1 {
+        (1, 1)
+    } else {
+        (2, conc / 2)
+    }
+}
+
+/// Reads every path once with `get_many`: batches of `per` objects into
+/// slots of a free region (one per batch in flight).
+async fn read_batched(
+    client: &Client,
+    paths: &[String],
+    regions: &[Region],
+    size: u64,
+    per: usize,
+) -> anyhow::Result<Run> {
+    let free = std::sync::Mutex::new((0..regions.len()).collect::<Vec<usize>>());
+    let free = &free;
+    let t0 = Instant::now();
+    let batches: Vec<Vec<(f64, &'static str, String)>> = futures::stream::iter(paths.chunks(per.max(1)))
+        .map(|chunk| async move {
+            let idx = free.lock().unwrap_or_else(|p| p.into_inner()).pop().context("no free region")?;
+            let region = regions.get(idx).context("region index out of range")?;
+            let items: Vec<BatchGet> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, path)| BatchGet {
+                    path: path.clone(),
+                    region_id: region.id().to_owned(),
+                    offset: i as u64 * size,
+                    range: None,
+                    max_bytes: size,
+                })
+                .collect();
+            let t = Instant::now();
+            let res = client.get_many(&items).await;
+            let us = t.elapsed().as_secs_f64() * 1e6;
+            free.lock().unwrap_or_else(|p| p.into_inner()).push(idx);
+            let mut out = Vec::with_capacity(chunk.len());
+            for (path, got) in chunk.iter().zip(res.context("a batch failed")?) {
+                let got = got.with_context(|| format!("reading {path}"))?;
+                if got.bytes != size {
+                    bail!("{path}: read {} bytes, expected {size} [request {}]", got.bytes, got.request_id);
+                }
+                out.push((us, got.data_path, got.fallback_reason));
+            }
+            Ok(out)
+        })
+        .buffer_unordered(regions.len().max(1))
+        .try_collect()
+        .await?;
+    Ok(tally(batches.into_iter().flatten().collect(), size, t0.elapsed().as_secs_f64()))
+}
+
+/// One run's figures from its per-object (latency µs, data path, fallback reason).
+fn tally(results: Vec<(f64, &'static str, String)>, size: u64, secs: f64) -> Run {
     let mut lat_us: Vec<f64> = results.iter().map(|r| r.0).collect();
     lat_us.sort_by(|a, b| a.total_cmp(b));
     let mut data_paths = BTreeMap::new();
@@ -218,7 +283,7 @@ async fn read_all(
             fallback_reason.clone_from(why);
         }
     }
-    Ok(Run {
+    Run {
         objects: results.len(),
         bytes: size * results.len() as u64,
         secs,
@@ -227,7 +292,7 @@ async fn read_all(
         data_paths,
         fallbacks,
         fallback_reason,
-    })
+    }
 }
 
 /// Uploads the objects that are missing or have the wrong size.
@@ -299,20 +364,30 @@ pub async fn run(client: &Client, socket: &Path, args: &BenchArgs, json_out: boo
     let mut rows = Vec::new();
     for (label, size, paths) in &sets {
         for &conc in &args.concurrency {
+            let (streams, per) = if args.batch { batch_shape(conc) } else { (conc.min(paths.len()), 1) };
             let mut regions = Vec::new();
-            for _ in 0..conc.min(paths.len()) {
-                regions.push(client.register(*size).await?);
+            for _ in 0..streams {
+                regions.push(client.register(*size * per as u64).await?);
             }
+            let read = |paths| {
+                let regions = &regions;
+                async move {
+                    if args.batch {
+                        read_batched(client, paths, regions, *size, per).await
+                    } else {
+                        read_all(client, paths, regions, *size, conc).await
+                    }
+                }
+            };
             // Warm-up (untimed): open the agent's connections for this concurrency.
-            let warm = &paths[..paths.len().min(2 * conc)];
-            read_all(client, warm, &regions, *size, conc).await?;
+            read(&paths[..paths.len().min(2 * conc)]).await?;
             let mut runs = Vec::new();
             for repeat in 0..args.repeats {
                 if args.step {
                     wait_for_go(json!({"event": "ready", "size": label, "concurrency": conc, "repeat": repeat}))?;
                 }
                 let before = sample(&shim, &agent);
-                let mut r = read_all(client, paths, &regions, *size, conc).await?;
+                let mut r = read(paths).await?;
                 let after = sample(&shim, &agent);
                 r.cpu = Cpu {
                     client: after.client - before.client,
