@@ -414,11 +414,13 @@ class SluicePyWriter(Writer):
             raise RuntimeError(f"{key}: put {t.bytes} bytes, expected {len(self.data)}")
 
 
-class Boto3Writer(Writer):
-    method = "boto3 client.put_object(Body=bytes) (objects over 8 MiB: upload_fileobj, multipart); one client"
+class PeerWriter(Writer):
+    """A peer's writer: its reader's client (``reader``), writing ``data``."""
+
+    reader: Callable[[Dict[str, Any]], Any] = Reader
 
     def __init__(self, cfg: Dict[str, Any]) -> None:
-        self.r = Boto3(cfg)
+        self.r = type(self).reader(cfg)
         self.data = b""
 
     def version(self) -> str:
@@ -426,6 +428,11 @@ class Boto3Writer(Writer):
 
     def setup_cell(self, data: bytes, conc: int) -> None:
         self.data = data
+
+
+class Boto3Writer(PeerWriter):
+    method = "boto3 client.put_object(Body=bytes) (objects over 8 MiB: upload_fileobj, multipart); one client"
+    reader = Boto3
 
     def write(self, key: str, slot: int) -> None:
         import io
@@ -436,34 +443,23 @@ class Boto3Writer(Writer):
             self.r.s3.put_object(Bucket=self.r.bucket, Key=key, Body=self.data)
 
 
-class ObstoreWriter(Writer):
+class ObstoreWriter(PeerWriter):
     method = "obstore.put(store, key, bytes) (multipart above its default chunk size); one S3Store"
-
-    def __init__(self, cfg: Dict[str, Any]) -> None:
-        self.r = Obstore(cfg)
-        self.data = b""
-
-    def version(self) -> str:
-        return self.r.version()
-
-    def setup_cell(self, data: bytes, conc: int) -> None:
-        self.data = data
+    reader = Obstore
 
     def write(self, key: str, slot: int) -> None:
         self.r.obstore.put(self.r.store, key, self.data)
 
 
-class S5cmdWriter(Writer):
+class S5cmdWriter(PeerWriter):
     method = "one `s5cmd cp <file> s3://bucket/key` process per object, from a file in /tmp written once"
+    reader = S5cmd
 
     def __init__(self, cfg: Dict[str, Any]) -> None:
         import tempfile
 
-        self.r = S5cmd(cfg)
+        super().__init__(cfg)
         self.file = tempfile.NamedTemporaryFile(prefix="slbench-put-", dir="/tmp")
-
-    def version(self) -> str:
-        return self.r.version()
 
     def setup_cell(self, data: bytes, conc: int) -> None:
         self.file.seek(0)

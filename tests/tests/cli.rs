@@ -32,17 +32,22 @@ impl Drop for Down<'_> {
     }
 }
 
-#[test]
-fn up_put_get_ls_stat_rm_demo_down() {
-    let tmp = tempfile::Builder::new().prefix("cli").tempdir_in("/tmp").unwrap();
-    let dir = tmp.path().join("stack");
+/// `sluice up --json` in `dir`; its JSON answer.
+fn up(dir: &Path) -> serde_json::Value {
     let up = Command::new(bin("sluice"))
         .args(["up", "--dir", dir.to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap(), "--json"])
         .output()
         .unwrap();
-    let _down = Down(&dir);
     assert!(up.status.success(), "sluice up failed: {}", String::from_utf8_lossy(&up.stderr));
-    let info: serde_json::Value = serde_json::from_slice(&up.stdout).unwrap();
+    serde_json::from_slice(&up.stdout).unwrap()
+}
+
+#[test]
+fn up_put_get_ls_stat_rm_demo_down() {
+    let tmp = tempfile::Builder::new().prefix("cli").tempdir_in("/tmp").unwrap();
+    let dir = tmp.path().join("stack");
+    let _down = Down(&dir);
+    let info = up(&dir);
     assert_eq!(info["tenant"], "default");
 
     // A second `up` in the same directory refuses.
@@ -124,12 +129,8 @@ fn up_put_get_ls_stat_rm_demo_down() {
 fn bench_reads_every_object_with_and_without_batches() {
     let tmp = tempfile::Builder::new().prefix("clib").tempdir_in("/tmp").unwrap();
     let dir = tmp.path().join("stack");
-    let up = Command::new(bin("sluice"))
-        .args(["up", "--dir", dir.to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap(), "--json"])
-        .output()
-        .unwrap();
     let _down = Down(&dir);
-    assert!(up.status.success(), "sluice up failed: {}", String::from_utf8_lossy(&up.stderr));
+    up(&dir);
     for batch in [false, true] {
         let mut args = vec!["--json", "bench", "--small", "24", "--kib64", "8", "--medium", "0", "--large", "0"];
         args.extend(["--concurrency", "1,6", "--repeats", "1"]);
