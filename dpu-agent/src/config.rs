@@ -61,6 +61,10 @@ pub struct AgentConfig {
     #[serde(default)]
     pub credentials: BTreeMap<String, CredentialConfig>,
     pub tenants: Vec<TenantConfig>,
+    /// `[nic]`: isolate tenants at the NIC (Open vSwitch rules); absent: no
+    /// rules are installed.
+    #[serde(default)]
+    pub nic: Option<crate::nic::config::NicConfig>,
 }
 
 fn default_socket_mode() -> u32 {
@@ -212,15 +216,19 @@ pub struct TenantConfig {
     #[serde(default)]
     pub shims: Vec<String>,
     /// Where this tenant's shims may connect from: "unix" (the agent's
-    /// socket) or IP addresses. Empty: anywhere. On a BlueField this is where
-    /// the host function (VF/SF representor) a connection came from is bound
-    /// to the tenant (see `identity::ShimOrigin`).
+    /// socket) or IP addresses. Empty: anywhere. An address is what the
+    /// connection claims; `[tenants.nic]` pins each host function to its
+    /// addresses at the NIC (see `identity::ShimOrigin`).
     #[serde(default)]
     pub shim_origins: Vec<String>,
     /// QoS limits (`[tenants.limits]`); absent: unlimited, weight 1.
     #[serde(default)]
     pub limits: TenantLimits,
     pub namespaces: Vec<NamespaceConfig>,
+    /// `[tenants.nic]`: the tenant's host functions and what they may reach
+    /// (with `[nic]`).
+    #[serde(default)]
+    pub nic: Option<crate::nic::config::TenantNic>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -21,9 +21,10 @@ const MAX_SKEW_MS: u64 = 120_000;
 
 /// Where a shim's control connection came from. This is the binding point
 /// between a connection and the tenants it may speak for: co-located, the
-/// agent's Unix socket or a network address; on a BlueField (DOCA Comch,
-/// issue #7) the host PCIe function — the VF/SF representor the channel is
-/// bound to — which the host cannot forge.
+/// agent's Unix socket or a network address. A network address is what the
+/// connection claims; the agent's NIC rules (`nic`) only let each tenant's
+/// host functions send from their own addresses. Binding a session to the
+/// listener (and so the function) it arrived on is not implemented yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShimOrigin {
     Unix,

@@ -15,6 +15,7 @@ pub mod hostmem;
 pub mod identity;
 pub mod ids;
 pub mod metrics;
+pub mod nic;
 pub mod quota;
 pub mod s3;
 pub mod server;

@@ -23,6 +23,10 @@ struct Args {
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Print the Open vSwitch rules (meters and flows) the `[nic]` section
+    /// asks for, in ovs-ofctl syntax, and exit without applying them.
+    #[arg(long)]
+    print_nic_rules: bool,
 }
 
 #[tokio::main]
@@ -30,6 +34,12 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing(args.log_json);
     let cfg = AgentConfig::from_file(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
+    if args.print_nic_rules {
+        let rules = sluice_agent::server::nic_rules(&cfg).context("the configuration has no [nic] section")??;
+        use std::io::Write as _;
+        std::io::stdout().write_all(rules.render().as_bytes())?;
+        return Ok(());
+    }
     if args.check {
         tracing::info!("configuration is valid");
         return Ok(());

@@ -17,6 +17,9 @@ use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::hostmem::{BackendKind, HostMemory};
 use crate::metrics::Metrics;
+use crate::nic::ovs::{reconcile, Ofctl};
+use crate::nic::policy::{rules, RuleSet, TenantRules};
+use crate::nic::NicError;
 
 /// Errors starting the agent.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +39,8 @@ pub enum ServeError {
     Dataplane(#[from] DataplaneError),
     #[error("host memory backend: {0}")]
     HostMemory(String),
+    #[error(transparent)]
+    Nic(#[from] NicError),
 }
 
 /// Where the agent ended up listening.
@@ -114,12 +119,17 @@ pub async fn run(
     let agent = Arc::new(Agent::new(&cfg, memory, metrics.clone(), &dataplanes)?);
     // Sessions of shims that died are closed within a lease.
     tokio::spawn(agent.clone().reap_sessions());
+    // The NIC rules are in place before any listener opens.
+    apply_nic(&cfg).await?;
 
+    // A reload whose NIC rules cannot be applied stops the agent (the rules
+    // in place stay: fail closed).
+    let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::channel::<NicError>(1);
     if let Some(path) = config_path {
         // Registered before "ready": SIGHUP's default action would kill us.
         let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .map_err(|source| ServeError::Bind { what: "SIGHUP handler", at: path.display().to_string(), source })?;
-        tokio::spawn(reload_on_sighup(hup, path, agent.clone()));
+        tokio::spawn(reload_on_sighup(hup, path, agent.clone(), fatal_tx));
     }
 
     if let Some(colocated) = colocated {
@@ -184,6 +194,7 @@ pub async fn run(
 
     tokio::select! {
         () = shutdown => {}
+        Some(e) = fatal_rx.recv() => return Err(e.into()),
         Some(res) = servers.join_next() => {
             // A server ending on its own is an error worth surfacing.
             if let Ok(Err(e)) = res {
@@ -201,10 +212,65 @@ pub async fn run(
     Ok(())
 }
 
-/// On every SIGHUP: re-read the config file and apply its QoS limits; a bad
-/// file is logged and the running limits stay.
-async fn reload_on_sighup(mut hup: tokio::signal::unix::Signal, path: PathBuf, agent: Arc<Agent>) {
+/// The rule set `[nic]` asks for, if the config has one (tenants without
+/// `[tenants.nic]` get no function).
+pub fn nic_rules(cfg: &AgentConfig) -> Option<Result<RuleSet, NicError>> {
+    let nic = cfg.nic.as_ref()?;
+    let tenants: Vec<TenantRules<'_>> = cfg
+        .tenants
+        .iter()
+        .filter_map(|t| {
+            Some(TenantRules { name: &t.name, nic: t.nic.as_ref()?, bytes_per_sec: t.limits.bytes_per_sec })
+        })
+        .collect();
+    Some(rules(nic, &tenants))
+}
+
+/// Makes the bridge hold `cfg`'s NIC rules (nothing without `[nic]`).
+async fn apply_nic(cfg: &AgentConfig) -> Result<(), NicError> {
+    let (Some(nic), Some(rules)) = (cfg.nic.clone(), nic_rules(cfg)) else { return Ok(()) };
+    let rules = rules?;
+    let bridge = rules.bridge.clone();
+    // ovs-ofctl is a child process: off the async workers.
+    let applied = tokio::task::spawn_blocking(move || reconcile(&Ofctl::new(&nic), &rules))
+        .await
+        .map_err(|e| NicError::Ovs { command: "reconcile".into(), message: e.to_string() })??;
+    info!(
+        bridge,
+        added = applied.flows_added,
+        removed = applied.flows_removed,
+        unchanged = applied.unchanged,
+        meters_set = applied.meters_set,
+        meters_removed = applied.meters_removed,
+        "NIC rules in place"
+    );
+    Ok(())
+}
+
+/// On every SIGHUP: re-read the config file and apply its QoS limits and
+/// NIC rules; a bad file is logged and the running limits and rules stay; a
+/// valid file whose NIC rules cannot be applied is fatal (`fatal`).
+async fn reload_on_sighup(
+    mut hup: tokio::signal::unix::Signal,
+    path: PathBuf,
+    agent: Arc<Agent>,
+    fatal: tokio::sync::mpsc::Sender<NicError>,
+) {
     while hup.recv().await.is_some() {
+        match AgentConfig::from_file(&path) {
+            Ok(cfg) => match apply_nic(&cfg).await {
+                Ok(()) => {}
+                Err(e @ NicError::Config(_)) => {
+                    tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules not changed")
+                }
+                Err(e) => {
+                    tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules cannot be applied; stopping");
+                    let _ = fatal.send(e).await;
+                    return;
+                }
+            },
+            Err(e) => tracing::error!(config = %path.display(), error = %e, "SIGHUP: config not re-read"),
+        }
         match agent.quotas().reload_from(&path) {
             Ok(changes) if changes.is_empty() => info!(config = %path.display(), "SIGHUP: QoS limits unchanged"),
             Ok(changes) => {
