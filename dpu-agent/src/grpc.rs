@@ -18,11 +18,30 @@ use crate::s3::ObjectMeta;
 /// The tonic service over the domain agent.
 pub struct GrpcService {
     agent: Arc<Agent>,
+    /// The tenant whose own listener this service answers on, if any.
+    listener: Option<Arc<str>>,
 }
 
 impl GrpcService {
     pub fn new(agent: Arc<Agent>) -> Self {
-        Self { agent }
+        Self { agent, listener: None }
+    }
+
+    /// The service on tenant `tenant`'s own listener (`[tenants.nic]`).
+    pub fn for_listener(agent: Arc<Agent>, tenant: &str) -> Self {
+        Self { agent, listener: Some(tenant.into()) }
+    }
+
+    /// Where a request came from: the binding point of sessions.
+    fn origin_of<T>(&self, req: &Request<T>) -> ShimOrigin {
+        match (&self.listener, req.remote_addr()) {
+            (Some(tenant), addr) => ShimOrigin::Listener {
+                tenant: tenant.clone(),
+                ip: addr.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip()),
+            },
+            (None, Some(a)) => ShimOrigin::Network(a.ip()),
+            (None, None) => ShimOrigin::Unix,
+        }
     }
 }
 
@@ -65,7 +84,7 @@ impl AgentRpc for GrpcService {
 
     async fn get_many(&self, req: Request<pb::GetManyRequest>) -> Result<Response<GetManyStream>, Status> {
         use futures::StreamExt;
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let items = r
@@ -97,7 +116,7 @@ impl AgentRpc for GrpcService {
         req: Request<pb::OpenSessionRequest>,
     ) -> Result<Response<pb::OpenSessionReply>, Status> {
         // The binding point: where this control connection came from.
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         let ask = SessionRequest {
             tenant: &r.tenant,
@@ -112,7 +131,7 @@ impl AgentRpc for GrpcService {
     }
 
     async fn renew(&self, req: Request<pb::RenewRequest>) -> Result<Response<pb::RenewReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let unknown_session_ids = self.agent.renew(&req.into_inner().session_ids, &origin);
         Ok(Response::new(pb::RenewReply { unknown_session_ids }))
     }
@@ -121,7 +140,7 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let id = req.into_inner().session_id;
         self.agent.check_origin(&id, &origin)?;
         let regions = self.agent.close_session(&id)?;
@@ -133,7 +152,7 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::RegisterRegionRequest>,
     ) -> Result<Response<pb::RegisterRegionReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let export = match r.export {
@@ -151,7 +170,7 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::ReleaseRegionRequest>,
     ) -> Result<Response<pb::ReleaseRegionReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let region = self.agent.release_region(&r.session_id, &r.region_id)?;
@@ -160,7 +179,7 @@ impl AgentRpc for GrpcService {
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let range = r.range.map(|g| (g.start, g.length));
@@ -182,7 +201,7 @@ impl AgentRpc for GrpcService {
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let out = self
@@ -203,7 +222,7 @@ impl AgentRpc for GrpcService {
     }
 
     async fn head(&self, req: Request<pb::HeadRequest>) -> Result<Response<pb::HeadReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let m = self.agent.head(&r.session_id, &r.request_id, &r.namespace, &r.key, r.timeout_ms).await?;
@@ -211,7 +230,7 @@ impl AgentRpc for GrpcService {
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         let page = self
@@ -235,7 +254,7 @@ impl AgentRpc for GrpcService {
     }
 
     async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
         self.agent.delete(&r.session_id, &r.request_id, &r.namespace, &r.key, r.timeout_ms).await?;
@@ -243,7 +262,7 @@ impl AgentRpc for GrpcService {
     }
 
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
-        let origin = origin_of(&req);
+        let origin = self.origin_of(&req);
         let id = req.into_inner().session_id;
         self.agent.check_origin(&id, &origin)?;
         let s = self.agent.stats(&id)?;
@@ -257,10 +276,4 @@ impl AgentRpc for GrpcService {
             registered_bytes: s.registered_bytes,
         }))
     }
-}
-
-/// The binding point: where a control connection came from (a Unix socket,
-/// or the shim's IP; on a BlueField, the host function's address).
-fn origin_of<T>(req: &Request<T>) -> ShimOrigin {
-    req.remote_addr().map_or(ShimOrigin::Unix, |a| ShimOrigin::Network(a.ip()))
 }

@@ -22,13 +22,18 @@ const MAX_SKEW_MS: u64 = 120_000;
 /// Where a shim's control connection came from. This is the binding point
 /// between a connection and the tenants it may speak for: co-located, the
 /// agent's Unix socket or a network address. A network address is what the
-/// connection claims; the agent's NIC rules (`nic`) only let each tenant's
-/// host functions send from their own addresses. Binding a session to the
-/// listener (and so the function) it arrived on is not implemented yet.
+/// connection claims. A tenant's own listener (`[tenants.nic]`) is more: the
+/// agent's NIC rules let only that tenant's host functions reach it, so the
+/// listener a connection arrived on names the tenant, from the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShimOrigin {
     Unix,
     Network(IpAddr),
+    /// Through tenant `tenant`'s own listener, from `ip`.
+    Listener {
+        tenant: std::sync::Arc<str>,
+        ip: IpAddr,
+    },
 }
 
 impl ShimOrigin {
@@ -36,7 +41,7 @@ impl ShimOrigin {
         rules.is_empty()
             || rules.iter().any(|r| match self {
                 Self::Unix => r == "unix",
-                Self::Network(ip) => r.parse::<IpAddr>().is_ok_and(|a| a == *ip),
+                Self::Network(ip) | Self::Listener { ip, .. } => r.parse::<IpAddr>().is_ok_and(|a| a == *ip),
             })
     }
 }
@@ -55,6 +60,8 @@ struct TenantAuth {
     secret: Vec<u8>,
     shims: Vec<String>,
     origins: Vec<String>,
+    /// It has a listener of its own (`[tenants.nic]`): sessions only there.
+    listener_only: bool,
 }
 
 /// The agent's shim authenticator.
@@ -71,8 +78,13 @@ impl ShimAuth {
         for t in &cfg.tenants {
             let secret = auth::read_secret_file(&t.shim_secret_file)
                 .map_err(|e| AgentError::BadRequest(format!("tenant {:?}: {e}", t.name)))?;
-            tenants
-                .insert(t.name.clone(), TenantAuth { secret, shims: t.shims.clone(), origins: t.shim_origins.clone() });
+            let auth = TenantAuth {
+                secret,
+                shims: t.shims.clone(),
+                origins: t.shim_origins.clone(),
+                listener_only: t.nic.is_some() && cfg.nic.is_some(),
+            };
+            tenants.insert(t.name.clone(), auth);
         }
         Ok(Self { tenants, seen: Mutex::default() })
     }
@@ -89,6 +101,18 @@ impl ShimAuth {
         let Some(t) = self.tenants.get(req.tenant) else {
             return Err(("unknown_tenant", AgentError::UnknownTenant(req.tenant.to_owned())));
         };
+        // From the wire: a tenant's listener serves that tenant only, and a
+        // tenant with a listener is served nowhere else.
+        match origin {
+            ShimOrigin::Listener { tenant, .. } if **tenant != *req.tenant => {
+                return unauth("listener", format!("this listener serves tenant {tenant:?} only"));
+            }
+            ShimOrigin::Listener { .. } => {}
+            _ if t.listener_only => {
+                return unauth("listener", format!("tenant {:?} opens sessions only on its own listener", req.tenant));
+            }
+            _ => {}
+        }
         if !origin.allowed_by(&t.origins) {
             return denied("origin", format!("tenant {:?} does not accept shims from {origin:?}", req.tenant));
         }
@@ -123,8 +147,34 @@ mod tests {
             secret: b"alpha-secret-0123456789".to_vec(),
             shims: shims.iter().map(|s| s.to_string()).collect(),
             origins: origins.iter().map(|s| s.to_string()).collect(),
+            listener_only: false,
         };
         ShimAuth { tenants: HashMap::from([("alpha".to_owned(), t)]), seen: Mutex::default() }
+    }
+
+    #[test]
+    fn a_tenants_listener_serves_that_tenant_only() {
+        let mut a = auth_with(&[], &[]);
+        let secret = b"alpha-secret-0123456789";
+        let now = 1_700_000_000_000;
+        let mut n = 0u8;
+        let mut check = |a: &ShimAuth, origin: ShimOrigin| {
+            n += 1;
+            let nonce = [n; 16];
+            let proof = auth::session_proof(secret, "alpha", "s", now, &nonce);
+            let r = SessionRequest { tenant: "alpha", shim_id: "s", timestamp_ms: now, nonce: &nonce, proof: &proof };
+            a.authenticate(&r, &origin, now).err().map(|(reason, e)| (reason, e.code()))
+        };
+        let ip = "10.0.0.7".parse().unwrap();
+        let listener = |t: &str| ShimOrigin::Listener { tenant: t.into(), ip };
+        assert_eq!(check(&a, listener("alpha")), None);
+        let refused = Some(("listener", sluice_proto::common::ErrorCode::Unauthenticated));
+        assert_eq!(check(&a, listener("beta")), refused, "alpha's secret on beta's listener");
+        assert_eq!(check(&a, ShimOrigin::Network(ip)), None, "no listener of its own: anywhere");
+        a.tenants.get_mut("alpha").unwrap().listener_only = true;
+        assert_eq!(check(&a, ShimOrigin::Network(ip)), refused, "with a listener of its own: only there");
+        assert_eq!(check(&a, ShimOrigin::Unix), refused);
+        assert_eq!(check(&a, listener("alpha")), None);
     }
 
     fn request(secret: &[u8], tenant: &str, shim: &str, ts: u64, nonce: [u8; 16]) -> (Vec<u8>, [u8; 16]) {

@@ -150,6 +150,15 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
+    let serve_tcp = |servers: &mut tokio::task::JoinSet<_>, l: TcpListener, svc: GrpcService| {
+        let mut rx = stop_rx.clone();
+        servers.spawn(grpc_server().tcp_nodelay(true).add_service(AgentServer::new(svc)).serve_with_incoming_shutdown(
+            TcpListenerStream::new(l),
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            },
+        ));
+    };
     if let Some(addr) = cfg.grpc_listen {
         let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
             what: "gRPC",
@@ -157,14 +166,17 @@ pub async fn run(
             source,
         })?;
         bound.grpc = l.local_addr().ok();
-        let svc = AgentServer::new(GrpcService::new(agent.clone()));
-        let mut rx = stop_rx.clone();
-        servers.spawn(grpc_server().tcp_nodelay(true).add_service(svc).serve_with_incoming_shutdown(
-            TcpListenerStream::new(l),
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            },
-        ));
+        serve_tcp(&mut servers, l, GrpcService::new(agent.clone()));
+    }
+    // Each tenant's own listener: its sessions are bound to it.
+    for (tenant, addr) in tenant_listeners(&cfg)? {
+        let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
+            what: "a tenant's gRPC listener",
+            at: format!("{addr} (tenant {tenant})"),
+            source,
+        })?;
+        serve_tcp(&mut servers, l, GrpcService::for_listener(agent.clone(), &tenant));
+        info!(tenant, %addr, "tenant listener");
     }
     if let Some(path) = &cfg.grpc_socket {
         let l = bind_unix("gRPC socket", path, cfg.socket_mode)?;
@@ -226,10 +238,28 @@ pub fn nic_rules(cfg: &AgentConfig) -> Option<Result<RuleSet, NicError>> {
     Some(rules(nic, &tenants))
 }
 
-/// Makes the bridge hold `cfg`'s NIC rules (nothing without `[nic]`).
+/// Each tenant's own listener (`[tenants.nic] listener_port` on the
+/// agent's `[nic] agent_address`).
+fn tenant_listeners(cfg: &AgentConfig) -> Result<Vec<(String, SocketAddr)>, NicError> {
+    cfg.tenants
+        .iter()
+        .filter_map(|t| Some((t, t.nic.as_ref()?)))
+        .map(|(t, n)| match &cfg.nic {
+            Some(nic) => Ok((t.name.clone(), SocketAddr::from((nic.agent_address, n.listener_port)))),
+            None => Err(NicError::Config(format!("tenant {:?} has [tenants.nic] but the agent has no [nic]", t.name))),
+        })
+        .collect()
+}
+
+/// Makes the bridge hold `cfg`'s NIC rules (nothing without `[nic]`, or
+/// with `program_ovs = false`).
 async fn apply_nic(cfg: &AgentConfig) -> Result<(), NicError> {
     let (Some(nic), Some(rules)) = (cfg.nic.clone(), nic_rules(cfg)) else { return Ok(()) };
     let rules = rules?;
+    if !nic.program_ovs {
+        info!(bridge = %nic.bridge, "NIC rules not programmed (program_ovs = false)");
+        return Ok(());
+    }
     let bridge = rules.bridge.clone();
     // ovs-ofctl is a child process: off the async workers.
     let applied = tokio::task::spawn_blocking(move || reconcile(&Ofctl::new(&nic), &rules))

@@ -68,6 +68,9 @@ pub struct Options {
     /// Connect the shim to the agent over TCP (the DPU layout) instead of
     /// the agent's Unix socket.
     pub grpc_over_tcp: bool,
+    /// The (alpha) shim's `[agent] grpc` address, overriding the above
+    /// (e.g. a tenant's own listener).
+    pub shim_agent: Option<String>,
     /// Extra settings for namespace "data" (e.g. `data_path = "rdma"`).
     pub data_ns: String,
     /// `[rdma]` section of the gateway config.
@@ -109,6 +112,7 @@ impl Default for Options {
             callers: None,
             gateway: true,
             grpc_over_tcp: false,
+            shim_agent: None,
             data_ns: String::new(),
             gateway_rdma: String::new(),
             gateway_backend: String::new(),
@@ -317,7 +321,11 @@ impl Stack {
         let cfg = d.join("shim.toml");
         std::fs::write(&cfg, format!(
             "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
-            socket.display(), opts.shim_extra, opts.shim_limits, d = d.display(), grpc = if opts.grpc_over_tcp { format!("http://{grpc_addr}") } else { format!("unix:{}/agent.sock", d.display()) })).expect("write config");
+            socket.display(), opts.shim_extra, opts.shim_limits, d = d.display(), grpc = match (&opts.shim_agent, opts.grpc_over_tcp) {
+                (Some(a), _) => a.clone(),
+                (None, true) => format!("http://{grpc_addr}"),
+                (None, false) => format!("unix:{}/agent.sock", d.display()),
+            })).expect("write config");
         children.push(start_shim(&d, "sluice-shim", &cfg, &socket));
         let beta_socket = d.join("shim-beta.sock");
         if opts.beta_shim {

@@ -435,3 +435,61 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
     // Still alive and usable from its origin.
     tcp.stats(apb::StatsRequest { session_id: session }).await.expect("still usable where it was opened");
 }
+
+/// Two free TCP ports on the loopback.
+fn free_ports() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
+}
+
+/// Identity from the wire: with `[tenants.nic]`, each tenant has a listener
+/// of its own (on a BlueField only its host functions reach it: the NIC
+/// rules), a listener opens sessions for its tenant only, a session is
+/// honoured only where it was opened, and the tenant is served nowhere
+/// else. Tenant A's secret on B's listener is refused and counted.
+#[tokio::test]
+async fn a_tenants_own_listener_names_the_tenant() {
+    let (pa, pb) = free_ports();
+    let nic = "\n[nic]\nbridge = \"br-test\"\nprogram_ovs = false\nuplinks = [\"up0\"]\nagent_port = \"ag0\"\n\
+               agent_address = \"127.0.0.1\"\nstorage = [\"10.20.0.0/16\"]\n";
+    let tenant_nic = |f: &str, addr: &str, port: u16| {
+        format!("[tenants.nic]\nfunctions = [\"{f}\"]\naddresses = [\"{addr}\"]\nlistener_port = {port}\n")
+    };
+    let stack = Stack::with(Options {
+        agent_qos: nic.into(),
+        alpha: tenant_nic("vfa", "127.0.0.2", pa),
+        beta: tenant_nic("vfb", "127.0.0.3", pb),
+        shim_agent: Some(format!("http://127.0.0.1:{pa}")),
+        ..Default::default()
+    });
+    assert!(stack.log("sluice-agent").contains("NIC rules not programmed"), "program_ovs = false is honoured");
+    // A's shim, through A's listener, end to end.
+    let c = stack.client().await;
+    assert_eq!(c.tenant(), "alpha");
+    let data = pattern(100_000, 5);
+    upload(&c, "data/wire/x", &data).await;
+    let r = c.register(data.len() as u64).await.unwrap();
+    c.get("data/wire/x", &r, 0, None).await.unwrap();
+    assert_eq!(sha256(r.as_slice()), sha256(&data));
+
+    let mut a_listener = AgentClient::connect(format!("http://127.0.0.1:{pa}")).await.unwrap();
+    let mut b_listener = AgentClient::connect(format!("http://127.0.0.1:{pb}")).await.unwrap();
+    let session = open_session(&mut a_listener, &stack, "alpha", "alpha-shim").await.expect("A on its own listener");
+    // A's secret on B's listener (a shim with A's secret on B's function).
+    let st = open_session(&mut b_listener, &stack, "alpha", "alpha-shim").await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    assert!(st.message().contains("serves tenant \"beta\" only"), "{}", st.message());
+    // A's session presented on B's listener.
+    let st = b_listener.stats(apb::StatsRequest { session_id: session.clone() }).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    // A anywhere but its own listener: the agent's general TCP listener.
+    let mut general = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let st = open_session(&mut general, &stack, "alpha", "alpha-shim").await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["tenant=\"alpha\"", "reason=\"listener\""]), 2.0);
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 1.0);
+    // B on its own listener; A's session still fine on A's.
+    open_session(&mut b_listener, &stack, "beta", "beta-shim").await.expect("B on its own listener");
+    a_listener.stats(apb::StatsRequest { session_id: session }).await.expect("A's session where it was opened");
+}

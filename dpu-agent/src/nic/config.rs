@@ -31,6 +31,15 @@ pub struct NicConfig {
     /// Networks (`a.b.c.d/len`) of the storage endpoints the agent reaches
     /// through the uplinks. Tenants' functions never reach them.
     pub storage: Vec<String>,
+    /// Program the bridge (default). `false`: only open the tenants' own
+    /// listeners and bind their sessions to them, for a NIC something else
+    /// programs (`--print-nic-rules` still prints what it should hold).
+    #[serde(default = "program_ovs_default")]
+    pub program_ovs: bool,
+}
+
+fn program_ovs_default() -> bool {
+    true
 }
 
 /// A tenant's host functions and what they may reach.
@@ -43,7 +52,8 @@ pub struct TenantNic {
     /// dropped (no spoofing another tenant's address).
     pub addresses: Vec<Ipv4Addr>,
     /// The TCP port of this tenant's control listener on `agent_address`:
-    /// the one agent port its functions can reach.
+    /// the one agent port its functions can reach. The agent listens there
+    /// for this tenant only, and the tenant's sessions open only there.
     pub listener_port: u16,
     /// DSCP (0-63) set on the tenant's traffic; none: left as sent.
     #[serde(default)]
