@@ -69,7 +69,7 @@ impl Meter {
 }
 
 fn burst_kb(kbps: u64) -> u64 {
-    (kbps / 10).max(64)
+    (kbps / 2).max(64)
 }
 
 /// What the rules are for one tenant.
