@@ -572,6 +572,32 @@ def timed_pass(
     return {"seconds": secs, "lat": lat, "cpu": cpu}
 
 
+def emit_run(
+    label: str, size: int, conc: int, repeat: int, objects: int, secs: float, lat: List[float], cpu: Dict[str, Any]
+) -> None:
+    """One timed pass's event: sizes, time, latencies (sorted), CPU deltas."""
+    emit(
+        event="run",
+        size=label,
+        object_bytes=size,
+        concurrency=conc,
+        repeat=repeat,
+        objects=objects,
+        bytes=size * objects,
+        seconds=secs,
+        p50_ms=percentile(lat, 50) * 1e3,
+        p99_ms=percentile(lat, 99) * 1e3,
+        cpu_s={
+            "reader": (cpu["self"] or 0.0) + (cpu["children"] or 0.0),
+            "reader_self": cpu["self"],
+            "reader_children": cpu["children"],
+            "shim": cpu.get("shim"),
+            "agent": cpu.get("agent"),
+            "gateway": cpu.get("gateway"),
+        },
+    )
+
+
 def run_python_reader(name: str, cfg: Dict[str, Any]) -> None:
     try:
         reader = PY_READERS[name](cfg)
@@ -594,26 +620,7 @@ def run_python_reader(name: str, cfg: Dict[str, Any]) -> None:
                     r = timed_pass(reader, keys, size, conc, pids)
                     cpu = r["cpu"]
                     lat = r["lat"]
-                    emit(
-                        event="run",
-                        size=label,
-                        object_bytes=size,
-                        concurrency=conc,
-                        repeat=rep,
-                        objects=len(keys),
-                        bytes=size * len(keys),
-                        seconds=r["seconds"],
-                        p50_ms=percentile(lat, 50) * 1e3,
-                        p99_ms=percentile(lat, 99) * 1e3,
-                        cpu_s={
-                            "reader": (cpu["self"] or 0.0) + (cpu["children"] or 0.0),
-                            "reader_self": cpu["self"],
-                            "reader_children": cpu["children"],
-                            "shim": cpu.get("shim"),
-                            "agent": cpu.get("agent"),
-                            "gateway": cpu.get("gateway"),
-                        },
-                    )
+                    emit_run(label, size, conc, rep, len(keys), r["seconds"], lat, cpu)
             finally:
                 reader.teardown_cell()
     reader.close()
@@ -667,26 +674,7 @@ def run_python_writer(name: str, cfg: Dict[str, Any]) -> None:
             if errors:
                 raise errors[0]
             lat = sorted(lats)
-            emit(
-                event="run",
-                size=label,
-                object_bytes=size,
-                concurrency=conc,
-                repeat=0,
-                objects=count,
-                bytes=size * count,
-                seconds=secs,
-                p50_ms=percentile(lat, 50) * 1e3,
-                p99_ms=percentile(lat, 99) * 1e3,
-                cpu_s={
-                    "reader": (cpu["self"] or 0.0) + (cpu["children"] or 0.0),
-                    "reader_self": cpu["self"],
-                    "reader_children": cpu["children"],
-                    "shim": cpu.get("shim"),
-                    "agent": cpu.get("agent"),
-                    "gateway": cpu.get("gateway"),
-                },
-            )
+            emit_run(label, size, conc, 0, count, secs, lat, cpu)
         finally:
             writer.teardown_cell()
 
