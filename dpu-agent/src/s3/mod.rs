@@ -8,6 +8,7 @@ mod get;
 mod put;
 pub mod rdma;
 mod request;
+mod sigv4;
 mod xml;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,8 +51,8 @@ pub struct ObjectStore {
     endpoints: Vec<String>,
     bucket: String,
     prefix: String,
-    region: String,
-    credentials: aws_credential_types::Credentials,
+    /// Signs requests with the namespace's credentials and region.
+    signer: sigv4::Signer,
     tuning: S3Tuning,
     next_endpoint: AtomicUsize,
     counters: S3Counters,
@@ -107,8 +108,7 @@ impl ObjectStore {
             endpoints: ns.endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect(),
             bucket: ns.bucket.clone(),
             prefix: ns.prefix.clone(),
-            region: ns.region.clone(),
-            credentials: aws_credential_types::Credentials::new(access_key, secret_key, None, None, "sluice-agent"),
+            signer: sigv4::Signer::new(access_key, secret_key, ns.region.clone()),
             tuning,
             next_endpoint: AtomicUsize::new(0),
             counters,

@@ -2,14 +2,9 @@
 
 use std::time::SystemTime;
 
-use aws_sigv4::http_request::{
-    sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-    UriPathNormalizationMode,
-};
-use aws_sigv4::sign::v4;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::{ObjectStore, S3Error};
+use super::{sigv4, ObjectStore, S3Error};
 
 /// Characters S3 wants encoded in a key path: all but unreserved and '/'.
 const PATH: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
@@ -69,67 +64,87 @@ impl ObjectStore {
     /// needs, so it can be sent from a task of its own (a cleanup started
     /// while the request that needed it is being dropped).
     pub(super) fn build(&self, spec: Spec<'_>, request_id: &str) -> Result<reqwest::RequestBuilder, S3Error> {
-        let mut url = format!("{}/{}", spec.endpoint, self.bucket);
+        let p = self.prepare(&spec)?;
+        let signed = self.signer.sign(
+            spec.method.as_str(),
+            p.path(),
+            p.query(),
+            &p.headers.iter().map(|(n, v)| (*n, v.as_str())).collect::<Vec<_>>(),
+            &p.payload_sha256,
+            SystemTime::now(),
+        );
+        let mut rb = self
+            .http
+            .request(spec.method.clone(), &p.url)
+            .header("x-sluice-request-id", request_id)
+            .header("x-amz-date", signed.amz_date)
+            .header("x-amz-content-sha256", p.payload_sha256)
+            .header("authorization", signed.authorization);
+        for (n, v) in p.headers {
+            if n != "host" {
+                rb = rb.header(n, v);
+            }
+        }
+        Ok(match spec.payload {
+            Payload::Empty => rb,
+            Payload::Bytes(b) => rb.body(reqwest::Body::from(b)),
+            Payload::Stream { body, .. } => rb.body(body),
+        })
+    }
+
+    /// The URL, signed headers and payload hash of `spec`.
+    fn prepare<'s>(&self, spec: &'s Spec<'_>) -> Result<Prepared<'s>, S3Error> {
+        let host = host_of(spec.endpoint)?;
+        let mut url = String::with_capacity(spec.endpoint.len() + self.bucket.len() + 96);
+        url.push_str(spec.endpoint);
+        let path_start = url.len();
+        url.push('/');
+        url.push_str(&self.bucket);
         if let Some(k) = spec.key {
             url.push('/');
             url.extend(utf8_percent_encode(k, PATH));
         }
-        if !spec.query.is_empty() {
-            url.push('?');
-            let q: Vec<String> =
-                spec.query.iter().map(|(n, v)| format!("{n}={}", utf8_percent_encode(v, QUERY))).collect();
-            url.push_str(&q.join("&"));
+        let path_end = url.len();
+        // Sorted, so the query sent is also SigV4's canonical query string.
+        let mut query: Vec<(&str, &str)> = spec.query.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        query.sort_unstable();
+        for (i, (n, v)) in query.iter().enumerate() {
+            url.push(if i == 0 { '?' } else { '&' });
+            url.push_str(n);
+            url.push('=');
+            url.extend(utf8_percent_encode(v, QUERY));
         }
-        let host = host_of(spec.endpoint)?;
-        let mut headers: Vec<(&str, String)> = vec![("host", host)];
+        let mut headers: Vec<(&'s str, String)> = Vec::with_capacity(spec.headers.len() + 2);
+        headers.push(("host", host));
         headers.extend(spec.headers.iter().map(|(n, v)| (*n, v.clone())));
-        let (signable_body, body, len) = match &spec.payload {
-            Payload::Empty => (SignableBody::Bytes(&[]), None, 0),
-            Payload::Bytes(b) => (SignableBody::Bytes(b), Some(reqwest::Body::from(b.clone())), b.len() as u64),
-            Payload::Stream { len, .. } => (SignableBody::UnsignedPayload, None, *len),
+        let (payload_sha256, len) = match &spec.payload {
+            Payload::Empty => (sigv4::EMPTY_SHA256.to_owned(), 0),
+            Payload::Bytes(b) => (sigv4::payload_sha256(b), b.len() as u64),
+            Payload::Stream { len, .. } => (sigv4::UNSIGNED_PAYLOAD.to_owned(), *len),
         };
         if !matches!(spec.payload, Payload::Empty) || spec.method == http::Method::PUT {
             headers.push(("content-length", len.to_string()));
         }
+        Ok(Prepared { url, path_start, path_end, headers, payload_sha256 })
+    }
+}
 
-        let identity = self.credentials.clone().into();
-        let mut settings = SigningSettings::default();
-        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
-        settings.percent_encoding_mode = PercentEncodingMode::Single;
-        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-        let params = v4::SigningParams::builder()
-            .identity(&identity)
-            .region(&self.region)
-            .name("s3")
-            .time(SystemTime::now())
-            .settings(settings)
-            .build()
-            .map_err(|e| S3Error::Protocol(format!("signing parameters: {e}")))?
-            .into();
-        let signable = SignableRequest::new(
-            spec.method.as_str(),
-            url.as_str(),
-            headers.iter().map(|(n, v)| (*n, v.as_str())),
-            signable_body,
-        )
-        .map_err(|e| S3Error::Protocol(format!("signing: {e}")))?;
-        let (instructions, _) =
-            sign(signable, &params).map_err(|e| S3Error::Protocol(format!("signing: {e}")))?.into_parts();
+/// A request's parts before signing.
+struct Prepared<'s> {
+    url: String,
+    path_start: usize,
+    path_end: usize,
+    /// Signed headers (names lower case), `host` first.
+    headers: Vec<(&'s str, String)>,
+    payload_sha256: String,
+}
 
-        let mut rb = self.http.request(spec.method.clone(), &url).header("x-sluice-request-id", request_id);
-        for (n, v) in &headers {
-            if *n != "host" {
-                rb = rb.header(*n, v);
-            }
-        }
-        for (n, v) in instructions.headers() {
-            rb = rb.header(n, v);
-        }
-        Ok(match spec.payload {
-            Payload::Empty => rb,
-            Payload::Bytes(_) => rb.body(body.unwrap_or_else(|| reqwest::Body::from(Vec::new()))),
-            Payload::Stream { body, .. } => rb.body(body),
-        })
+impl Prepared<'_> {
+    fn path(&self) -> &str {
+        &self.url[self.path_start..self.path_end]
+    }
+    fn query(&self) -> &str {
+        self.url.get(self.path_end + 1..).unwrap_or("")
     }
 }
 
@@ -159,5 +174,107 @@ mod tests {
         assert_eq!(host_of("http://127.0.0.1:9000").unwrap(), "127.0.0.1:9000");
         assert_eq!(host_of("https://s3.example.com/").unwrap(), "s3.example.com");
         assert!(host_of("ftp://x").is_err());
+    }
+
+    /// The agent's signer against aws-sigv4's full signer (the settings the
+    /// agent used it with), for every kind of request the agent sends and
+    /// keys and values that need encoding.
+    #[test]
+    fn signatures_match_aws_sigv4() {
+        use aws_sigv4::http_request::{
+            sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+            UriPathNormalizationMode,
+        };
+        let ns: crate::config::NamespaceConfig = toml::from_str(
+            "name = \"d\"\nendpoints = [\"http://127.0.0.1:9000\"]\nbucket = \"data\"\ncredentials = \"c\"\nregion = \"eu-west-3\"\n",
+        )
+        .unwrap();
+        let counters = super::super::S3Counters {
+            retries: prometheus::IntCounter::new("r", "r").unwrap(),
+            multipart_aborts: prometheus::IntCounterVec::new(prometheus::Opts::new("a", "a"), &["reason"]).unwrap(),
+        };
+        let http = super::super::http_client(&Default::default()).unwrap();
+        let (ak, sk) = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY");
+        let store = ObjectStore::new(http, &ns, "t", ak.into(), sk.into(), Default::default(), counters, None);
+        let creds = aws_credential_types::Credentials::new(ak, sk, None, None, "test");
+        let identity = creds.into();
+        let ep = "http://127.0.0.1:9000";
+        let odd_key = "dir/a b+ü~.txt=&%?#[x]";
+        let specs = vec![
+            Spec::new(http::Method::GET, ep).key("bench/4KiB/obj-00001").header("range", "bytes=0-4095".into()),
+            Spec::new(http::Method::GET, ep)
+                .key(odd_key)
+                .header("range", "bytes=0-9".into())
+                .header("if-match", "\"abc\"".into())
+                .header("x-amz-checksum-mode", "ENABLED".into()),
+            Spec::new(http::Method::HEAD, ep).key(odd_key),
+            Spec::new(http::Method::DELETE, ep).key("k"),
+            Spec::new(http::Method::GET, ep)
+                .query("list-type", "2")
+                .query("prefix", "a b/ü+=&")
+                .query("continuation-token", "tok/+=="),
+            Spec::new(http::Method::POST, ep)
+                .key("big")
+                .query("uploads", "")
+                .header("content-type", "  text/plain;   charset=utf-8 ".into()),
+            Spec::new(http::Method::PUT, ep)
+                .key("big")
+                .query("uploadId", "2~abc/def+=")
+                .query("partNumber", "7")
+                .header("x-amz-checksum-crc64nvme", "AAAAAAAAAAA=".into())
+                .payload(Payload::Stream { body: reqwest::Body::from(vec![0u8; 5]), len: 5 }),
+            Spec::new(http::Method::POST, ep)
+                .key("big")
+                .query("uploadId", "u")
+                .header("content-type", "application/xml".into())
+                .payload(Payload::Bytes(bytes::Bytes::from_static(b"<CompleteMultipartUpload/>"))),
+            Spec::new(http::Method::PUT, ep).key("empty").header("x-amz-meta-sluice-enc", "v1".into()),
+        ];
+        let times = [1_795_607_999u64, 951_782_400, 4_107_542_399];
+        for (i, spec) in specs.iter().enumerate() {
+            for t in times {
+                let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t);
+                let p = store.prepare(spec).unwrap();
+                let ours = store.signer.sign(
+                    spec.method.as_str(),
+                    p.path(),
+                    p.query(),
+                    &p.headers.iter().map(|(n, v)| (*n, v.as_str())).collect::<Vec<_>>(),
+                    &p.payload_sha256,
+                    now,
+                );
+
+                let mut settings = SigningSettings::default();
+                settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+                settings.percent_encoding_mode = PercentEncodingMode::Single;
+                settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+                let params = aws_sigv4::sign::v4::SigningParams::builder()
+                    .identity(&identity)
+                    .region("eu-west-3")
+                    .name("s3")
+                    .time(now)
+                    .settings(settings)
+                    .build()
+                    .unwrap()
+                    .into();
+                let body = match &spec.payload {
+                    Payload::Empty => SignableBody::Bytes(&[]),
+                    Payload::Bytes(b) => SignableBody::Bytes(b),
+                    Payload::Stream { .. } => SignableBody::UnsignedPayload,
+                };
+                let req = SignableRequest::new(
+                    spec.method.as_str(),
+                    p.url.as_str(),
+                    p.headers.iter().map(|(n, v)| (*n, v.as_str())),
+                    body,
+                )
+                .unwrap();
+                let (instructions, _) = sign(req, &params).unwrap().into_parts();
+                let theirs: std::collections::HashMap<&str, &str> = instructions.headers().collect();
+                assert_eq!(theirs["authorization"], ours.authorization, "request {i} at {t}");
+                assert_eq!(theirs["x-amz-date"], ours.amz_date, "request {i} at {t}");
+                assert_eq!(theirs["x-amz-content-sha256"], p.payload_sha256, "request {i} at {t}");
+            }
+        }
     }
 }
