@@ -65,14 +65,7 @@ impl ObjectStore {
     /// while the request that needed it is being dropped).
     pub(super) fn build(&self, spec: Spec<'_>, request_id: &str) -> Result<reqwest::RequestBuilder, S3Error> {
         let p = self.prepare(&spec)?;
-        let signed = self.signer.sign(
-            spec.method.as_str(),
-            p.path(),
-            p.query(),
-            &p.headers.iter().map(|(n, v)| (*n, v.as_str())).collect::<Vec<_>>(),
-            &p.payload_sha256,
-            SystemTime::now(),
-        );
+        let signed = self.sign(&spec.method, &p, SystemTime::now());
         let mut rb = self
             .http
             .request(spec.method.clone(), &p.url)
@@ -90,6 +83,11 @@ impl ObjectStore {
             Payload::Bytes(b) => rb.body(reqwest::Body::from(b)),
             Payload::Stream { body, .. } => rb.body(body),
         })
+    }
+
+    fn sign(&self, method: &http::Method, p: &Prepared<'_>, now: SystemTime) -> sigv4::Signed {
+        let headers: Vec<(&str, &str)> = p.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        self.signer.sign(method.as_str(), p.path(), p.query(), &headers, &p.payload_sha256, now)
     }
 
     /// The URL, signed headers and payload hash of `spec`.
@@ -235,14 +233,7 @@ mod tests {
             for t in times {
                 let now = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t);
                 let p = store.prepare(spec).unwrap();
-                let ours = store.signer.sign(
-                    spec.method.as_str(),
-                    p.path(),
-                    p.query(),
-                    &p.headers.iter().map(|(n, v)| (*n, v.as_str())).collect::<Vec<_>>(),
-                    &p.payload_sha256,
-                    now,
-                );
+                let ours = store.sign(&spec.method, &p, now);
 
                 let mut settings = SigningSettings::default();
                 settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
