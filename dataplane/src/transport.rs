@@ -17,11 +17,12 @@ pub const MAX_OP_BYTES: u64 = 1 << 30;
 pub const MAX_WINDOW_BYTES: u64 = (4 << 30) - (64 << 10);
 
 /// Which provider.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportKind {
     /// Software one-sided semantics over TCP. Its descriptors look like
     /// standard tokens but only Sluice gateways configured for `tcp` can
     /// serve them; they are sent with `x-sluice-rdma-transport: tcp`.
+    #[default]
     Tcp,
     /// Verbs reliable connection (Soft-RoCE and real NICs).
     VerbsRc,
@@ -54,6 +55,24 @@ impl TransportKind {
             Self::Dc => None,
             other => Some(other.as_str()),
         }
+    }
+}
+
+/// A transport name that is none of `tcp`, `verbs-rc`, `dc`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown transport {0:?} (use \"tcp\", \"verbs-rc\" or \"dc\")")]
+pub struct UnknownTransport(pub String);
+
+impl std::str::FromStr for TransportKind {
+    type Err = UnknownTransport;
+    fn from_str(s: &str) -> Result<Self, UnknownTransport> {
+        Self::parse(s).ok_or_else(|| UnknownTransport(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

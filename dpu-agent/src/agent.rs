@@ -17,13 +17,8 @@ use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
 use crate::s3::rdma::{Fallback, RdmaPath};
-use crate::s3::{ListPage, ObjectMeta, ObjectStore};
+use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore};
 use crate::session::{Registered, Session, Sessions};
-
-/// Data path labels (metrics and reports).
-pub const DATA_PATH_HTTP: &str = "http";
-pub const DATA_PATH_RDMA: &str = "rdma";
-pub const DATA_PATH_RDMA_STAGED: &str = "rdma-staged";
 
 struct Tenant {
     namespaces: HashMap<String, Arc<ObjectStore>>,
@@ -37,7 +32,7 @@ fn encryption(
     keys: &Option<Arc<dyn sluice_crypt::KeyProvider>>,
     cipher: &Arc<dyn sluice_crypt::Cipher>,
 ) -> Result<Option<crate::s3::crypto::Encryption>, AgentError> {
-    if ns.encryption != "aes-256-gcm" {
+    if ns.encryption != sluice_crypt::EncryptionPolicy::Aes256Gcm {
         return Ok(None);
     }
     let provider =
@@ -96,12 +91,12 @@ fn path_of(
     fallbacks: &[Fallback],
     degraded: Option<&Fallback>,
     placement: Placement,
-) -> (&'static str, String) {
+) -> (DataPathUsed, String) {
     let reason = degraded.or(fallbacks.first()).map(|f| format!("{}: {}", f.kind, f.message)).unwrap_or_default();
     if rdma_parts > 0 && fallbacks.is_empty() {
-        (if placement == Placement::Staged { DATA_PATH_RDMA_STAGED } else { DATA_PATH_RDMA }, reason)
+        (if placement == Placement::Staged { DataPathUsed::RdmaStaged } else { DataPathUsed::Rdma }, reason)
     } else {
-        (DATA_PATH_HTTP, reason)
+        (DataPathUsed::Http, reason)
     }
 }
 
@@ -109,7 +104,7 @@ fn path_of(
 #[derive(Debug, Clone)]
 pub struct TransferReport {
     pub bytes: u64,
-    pub data_path: &'static str,
+    pub data_path: DataPathUsed,
     pub fallback_reason: String,
     pub elapsed: Duration,
     pub parts: u32,
@@ -443,7 +438,7 @@ impl Agent {
         namespace: &str,
         op: &'static str,
         timeout_ms: u32,
-        info_of: impl Fn(&T) -> (u64, &'static str),
+        info_of: impl Fn(&T) -> (u64, DataPathUsed),
         f: F,
     ) -> Result<T, AgentError>
     where
@@ -467,8 +462,13 @@ impl Agent {
                     "put" => s.stats.bytes_written.fetch_add(n, Ordering::Relaxed),
                     _ => 0,
                 };
-                self.metrics.observe(&s.tenant, namespace, op, path, elapsed, Ok(n));
-                tracing::debug!(bytes = n, data_path = path, elapsed_us = elapsed.as_micros() as u64, "request done");
+                self.metrics.observe(&s.tenant, namespace, op, path.label(), elapsed, Ok(n));
+                tracing::debug!(
+                    bytes = n,
+                    data_path = path.label(),
+                    elapsed_us = elapsed.as_micros() as u64,
+                    "request done"
+                );
             }
             Err(e) => {
                 s.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -476,8 +476,8 @@ impl Agent {
                     .tenants
                     .get(&s.tenant)
                     .and_then(|t| t.namespaces.get(namespace))
-                    .map_or(DATA_PATH_HTTP, |st| st.data_path_label());
-                self.metrics.observe(&s.tenant, namespace, op, path, elapsed, Err(e.kind()));
+                    .map_or(DataPathUsed::Http, |st| st.configured_data_path());
+                self.metrics.observe(&s.tenant, namespace, op, path.label(), elapsed, Err(e.kind()));
                 tracing::info!(error = %e, "request failed");
             }
         }
@@ -598,7 +598,7 @@ impl Agent {
             let _permit = self.admit(&s, 0).await?;
             Ok(store.head(key, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "head", timeout_ms, |_| (0, DATA_PATH_HTTP), work).await
+        self.run(&s, request_id, namespace, "head", timeout_ms, |_| (0, DataPathUsed::Http), work).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -620,7 +620,7 @@ impl Agent {
             let _permit = self.admit(&s, 0).await?;
             Ok(store.list_page(prefix, continuation_token, max_keys, delimiter, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "list", timeout_ms, |_| (0, DATA_PATH_HTTP), work).await
+        self.run(&s, request_id, namespace, "list", timeout_ms, |_| (0, DataPathUsed::Http), work).await
     }
 
     pub async fn delete(
@@ -638,7 +638,7 @@ impl Agent {
             let _permit = self.admit(&s, 0).await?;
             Ok(store.delete(key, request_id).await?)
         };
-        self.run(&s, request_id, namespace, "delete", timeout_ms, |_| (0, DATA_PATH_HTTP), work).await
+        self.run(&s, request_id, namespace, "delete", timeout_ms, |_| (0, DataPathUsed::Http), work).await
     }
 
     pub fn stats(&self, session_id: &str) -> Result<StatsSnapshot, AgentError> {

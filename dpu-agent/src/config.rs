@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sluice_crypt::EncryptionPolicy;
+use sluice_dataplane::transport::TransportKind;
 
 /// Errors reading or validating the config.
 #[derive(Debug, thiserror::Error)]
@@ -257,8 +259,8 @@ pub struct NamespaceConfig {
     /// verbs_listen`) or `dc` (mlx5 DC, the standard token; needs
     /// `[dataplane.dc]`). Tokens are only ever sent to endpoints configured
     /// for their transport.
-    #[serde(default = "default_transport")]
-    pub transport: String,
+    #[serde(default, deserialize_with = "from_name")]
+    pub transport: TransportKind,
     /// `direct`: the store writes into / reads from the host region itself.
     /// `staged`: through an agent-side buffer (needed to decrypt).
     #[serde(default)]
@@ -272,8 +274,8 @@ pub struct NamespaceConfig {
     /// `none` (default) or `aes-256-gcm`: the agent encrypts on PUT and
     /// decrypts on GET under the tenant's master key; bytes then pass
     /// through the agent (staged, over HTTP). See docs/encryption-format.md.
-    #[serde(default = "default_encryption")]
-    pub encryption: String,
+    #[serde(default, deserialize_with = "from_name")]
+    pub encryption: EncryptionPolicy,
     /// Plaintext bytes per sealed chunk for new objects (power of two,
     /// 4 KiB..16 MiB). Ranged GETs decrypt whole chunks.
     #[serde(default = "default_encryption_chunk")]
@@ -296,10 +298,6 @@ fn yes() -> bool {
 
 fn default_request_timeout_ms() -> u64 {
     DEFAULT_REQUEST_TIMEOUT.as_millis() as u64
-}
-
-fn default_encryption() -> String {
-    "none".into()
 }
 
 fn default_encryption_chunk() -> u32 {
@@ -379,8 +377,16 @@ pub enum Placement {
     Staged,
 }
 
-fn default_transport() -> String {
-    "tcp".into()
+/// A config value by its name (`FromStr`), with the type's own error
+/// (which lists the names it knows).
+fn from_name<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let name = String::deserialize(d)?;
+    name.parse().map_err(serde::de::Error::custom)
 }
 
 fn default_rdma_min() -> u64 {
@@ -541,17 +547,14 @@ impl AgentConfig {
                 if ns.request_timeout_ms == 0 {
                     return bad(format!("namespace {:?}: request_timeout_ms must be > 0", ns.name));
                 }
-                if ns.data_path != DataPathMode::Http && !["tcp", "verbs-rc", "dc"].contains(&ns.transport.as_str()) {
-                    return bad(format!(
-                        "namespace {:?}: unknown transport {:?} (use \"tcp\", \"verbs-rc\" or \"dc\")",
-                        ns.name, ns.transport
-                    ));
-                }
-                if ns.data_path != DataPathMode::Http && ns.transport == "dc" && self.dataplane.dc.is_none() {
+                if ns.data_path != DataPathMode::Http
+                    && ns.transport == TransportKind::Dc
+                    && self.dataplane.dc.is_none()
+                {
                     return bad(format!("namespace {:?}: transport \"dc\" needs [dataplane.dc]", ns.name));
                 }
                 if ns.data_path != DataPathMode::Http
-                    && ns.transport == "verbs-rc"
+                    && ns.transport == TransportKind::VerbsRc
                     && self.dataplane.verbs_listen.is_none()
                 {
                     return bad(format!(
@@ -559,17 +562,8 @@ impl AgentConfig {
                         ns.name
                     ));
                 }
-                match ns.encryption.parse::<sluice_crypt::EncryptionPolicy>() {
-                    Err(_) => {
-                        return bad(format!(
-                            "namespace {:?}: encryption {:?} (use \"none\" or \"aes-256-gcm\")",
-                            ns.name, ns.encryption
-                        ))
-                    }
-                    Ok(sluice_crypt::EncryptionPolicy::Aes256Gcm) if self.encryption.key_dir.is_none() => {
-                        return bad(format!("namespace {:?}: encryption needs [encryption] key_dir", ns.name))
-                    }
-                    Ok(_) => {}
+                if ns.encryption == EncryptionPolicy::Aes256Gcm && self.encryption.key_dir.is_none() {
+                    return bad(format!("namespace {:?}: encryption needs [encryption] key_dir", ns.name));
                 }
                 if sluice_crypt::check_chunk_size(u64::from(ns.encryption_chunk_bytes)).is_err() {
                     return bad(format!(
@@ -674,7 +668,7 @@ mod tests {
         let mut cfg: AgentConfig = toml::from_str(EXAMPLE).unwrap();
         let ns = &mut cfg.tenants[0].namespaces[0];
         ns.data_path = DataPathMode::Rdma;
-        ns.transport = "dc".into();
+        ns.transport = TransportKind::Dc;
         let err = cfg.validate().unwrap_err().to_string();
         assert!(err.contains("[dataplane.dc]"), "{err}");
         // The commented example section, uncommented, is what it needs.
@@ -690,8 +684,24 @@ mod tests {
         assert_eq!((dc.device.as_str(), dc.port, dc.gid_index, dc.key), ("mlx5_0", 1, Some(3), 0xffee_ddcc));
         cfg.dataplane.dc = Some(dc.clone());
         cfg.validate().unwrap();
-        cfg.tenants[0].namespaces[0].transport = "carrier-pigeon".into();
-        assert!(cfg.validate().unwrap_err().to_string().contains("unknown transport"));
+    }
+
+    #[test]
+    fn unknown_names_are_refused_at_parse_time() {
+        let with = |transport: &str, encryption: &str| {
+            EXAMPLE.replacen("transport = \"tcp\"", &format!("transport = \"{transport}\""), 1).replacen(
+                "encryption = \"none\"",
+                &format!("encryption = \"{encryption}\""),
+                1,
+            )
+        };
+        let err = toml::from_str::<AgentConfig>(&with("carrier-pigeon", "none")).unwrap_err().to_string();
+        assert!(err.contains("unknown transport \"carrier-pigeon\"") && err.contains("verbs-rc"), "{err}");
+        let err = toml::from_str::<AgentConfig>(&with("tcp", "rot13")).unwrap_err().to_string();
+        assert!(err.contains("\"rot13\"") && err.contains("aes-256-gcm"), "{err}");
+        let cfg = toml::from_str::<AgentConfig>(&with("verbs-rc", "aes-256-gcm")).unwrap();
+        let ns = &cfg.tenants[0].namespaces[0];
+        assert_eq!((ns.transport, ns.encryption), (TransportKind::VerbsRc, EncryptionPolicy::Aes256Gcm));
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub struct Dataplanes {
     dc: HashMap<String, Result<Arc<DcOwner>, String>>,
 }
 
-fn wants<'a>(cfg: &'a AgentConfig, transport: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+fn wants(cfg: &AgentConfig, transport: TransportKind) -> impl Iterator<Item = &str> + '_ {
     cfg.tenants
         .iter()
         .filter(move |t| t.namespaces.iter().any(|n| n.data_path != DataPathMode::Http && n.transport == transport))
@@ -66,7 +66,7 @@ impl Dataplanes {
     /// Starts what the namespaces need (needs a tokio runtime).
     pub async fn start(cfg: &AgentConfig, metrics: &Metrics) -> Result<Self, DataplaneError> {
         let mut me = Self::default();
-        if wants(cfg, "tcp").next().is_some() {
+        if wants(cfg, TransportKind::Tcp).next().is_some() {
             let at = cfg.dataplane.tcp_listen;
             let (owner, listener) = TcpOwner::bind(at, cfg.dataplane.tcp_advertise)
                 .await
@@ -78,7 +78,7 @@ impl Dataplanes {
         }
         if let Some(dc) = &cfg.dataplane.dc {
             let device = DcDevice::open(&dc.settings()).map_err(|e| e.to_string());
-            for tenant in wants(cfg, "dc") {
+            for tenant in wants(cfg, TransportKind::Dc) {
                 let owner = device.as_ref().map_err(Clone::clone).and_then(|d| d.owner().map_err(|e| e.to_string()));
                 match &owner {
                     Ok(o) => info!(tenant, dct = o.dct_number(), "mlx5 DC target ready"),
@@ -91,7 +91,7 @@ impl Dataplanes {
         if let Some(ip) = cfg.dataplane.verbs_listen {
             // verbs-rc namespaces, and dc namespaces whose DC is unavailable.
             let dc_down = me.dc.iter().filter(|(_, o)| o.is_err()).map(|(t, _)| t.as_str());
-            let tenants: std::collections::BTreeSet<&str> = wants(cfg, "verbs-rc").chain(dc_down).collect();
+            let tenants: std::collections::BTreeSet<&str> = wants(cfg, TransportKind::VerbsRc).chain(dc_down).collect();
             for tenant in tenants {
                 let owner = VerbsOwner::bind(ip)
                     .map_err(|e| DataplaneError::Verbs { tenant: tenant.to_owned(), why: e.to_string() })?;
@@ -113,10 +113,10 @@ impl Dataplanes {
                 format!("namespace {:?} wants {} but that transport is not running", ns.name, ns.transport)
             })
         };
-        match ns.transport.as_str() {
-            "tcp" => running(self.tcp.clone().map(|t| (t as Arc<dyn Transport>, TransportKind::Tcp))),
-            "verbs-rc" => running(verbs()),
-            "dc" => match self.dc.get(tenant) {
+        match ns.transport {
+            TransportKind::Tcp => running(self.tcp.clone().map(|t| (t as Arc<dyn Transport>, TransportKind::Tcp))),
+            TransportKind::VerbsRc => running(verbs()),
+            TransportKind::Dc => match self.dc.get(tenant) {
                 Some(Ok(o)) => Ok(Chosen { transport: Some((o.clone(), TransportKind::Dc)), degraded: None }),
                 Some(Err(why)) => {
                     let to = verbs();
@@ -126,7 +126,6 @@ impl Dataplanes {
                 }
                 None => Err(format!("namespace {:?} wants dc but [dataplane.dc] is not configured", ns.name)),
             },
-            other => Err(format!("namespace {:?}: unknown transport {other:?}", ns.name)),
         }
     }
 }

@@ -13,7 +13,7 @@ use crate::batch::BatchItem;
 use crate::error::AgentError;
 use crate::hostmem::RegionExport;
 use crate::identity::{SessionRequest, ShimOrigin};
-use crate::s3::ObjectMeta;
+use crate::s3::{DataPathUsed, ObjectMeta};
 
 /// The tonic service over the domain agent.
 pub struct GrpcService {
@@ -50,10 +50,9 @@ fn report(request_id: &str, r: &agent::TransferReport) -> TransferReport {
         request_id: request_id.to_owned(),
         bytes: r.bytes,
         data_path: match r.data_path {
-            agent::DATA_PATH_HTTP => DataPath::Http as i32,
-            agent::DATA_PATH_RDMA => DataPath::Rdma as i32,
-            agent::DATA_PATH_RDMA_STAGED => DataPath::RdmaStaged as i32,
-            _ => DataPath::Unspecified as i32,
+            DataPathUsed::Http => DataPath::Http as i32,
+            DataPathUsed::Rdma => DataPath::Rdma as i32,
+            DataPathUsed::RdmaStaged => DataPath::RdmaStaged as i32,
         },
         fallback_reason: r.fallback_reason.clone(),
         elapsed_us: r.elapsed.as_micros() as u64,

@@ -44,6 +44,28 @@ pub struct S3Counters {
     pub multipart_aborts: prometheus::IntCounterVec,
 }
 
+/// The path a transfer's bytes took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPathUsed {
+    /// Plain HTTP (also every fallback).
+    Http,
+    /// RDMA straight into the caller's region.
+    Rdma,
+    /// RDMA through a staging buffer on the agent.
+    RdmaStaged,
+}
+
+impl DataPathUsed {
+    /// The metrics label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Rdma => "rdma",
+            Self::RdmaStaged => "rdma-staged",
+        }
+    }
+}
+
 /// One namespace's view of an S3 store: endpoints, bucket, key prefix,
 /// region and credentials.
 pub struct ObjectStore {
@@ -161,12 +183,12 @@ impl ObjectStore {
         self.rdma.as_ref().map_or(crate::config::Placement::Direct, |r| r.placement)
     }
 
-    /// The configured data path, as a metrics label.
-    pub fn data_path_label(&self) -> &'static str {
+    /// The configured data path (a failed request's metrics label).
+    pub fn configured_data_path(&self) -> DataPathUsed {
         if self.rdma.is_some() {
-            crate::agent::DATA_PATH_RDMA
+            DataPathUsed::Rdma
         } else {
-            crate::agent::DATA_PATH_HTTP
+            DataPathUsed::Http
         }
     }
 
