@@ -1,6 +1,7 @@
 //! A TCP proxy for tests: counts the bytes it carries and can "crash" after
 //! a given number of response bytes (closing every connection and refusing
 //! new ones), which is how a store dying mid-transfer looks to the agent.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -2,6 +2,7 @@
 //! namespaces, keys, regions and descriptors, and to pass as a shim it is
 //! not. Every attempt gets a typed error, is counted where the agent keeps
 //! a counter, and leaves B's objects and memory exactly as they were.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::sync::Arc;
 

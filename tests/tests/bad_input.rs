@@ -1,5 +1,6 @@
 //! Bad input: each case gets a typed error, and nothing changes (regions keep
 //! their bytes, the store gets no object, the shim keeps serving others).
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_client::{Client, ClientError, Code};
 use sluice_proto::shim as pb;

@@ -1,6 +1,7 @@
 //! GetBatch end to end (Rust client -> shim -> one GetMany call -> agent ->
 //! gateway): per-item results, slots bounded by `max_bytes`, whole-batch
 //! refusals in one answer, and batches riding through an agent restart.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_client::{BatchGet, Client, Code};
 use sluice_tests::{pattern, Stack};

@@ -1,5 +1,6 @@
 //! The `sluice` CLI as a user runs it: `up`, object commands, `demo`, `down`.
 //! Includes the 256 MiB byte-exact round trip through `sluice put`/`get`.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::path::Path;
 use std::process::Command;

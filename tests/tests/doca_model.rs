@@ -5,6 +5,7 @@
 //! (the model moves them with process_vm_writev/readv, as the DPU's DMA
 //! engine reaches host memory), and encrypted namespaces run on the DOCA
 //! AES-GCM engine. Real DOCA is validated only on a BlueField.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_client::{Client, Code};
 use sluice_crypt::{FileKeyProvider, KeyId};

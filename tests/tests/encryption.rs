@@ -3,6 +3,7 @@
 //! sizes, ranged reads across chunk boundaries match, key rotation keeps old
 //! objects readable, and every kind of tampering makes the GET fail with
 //! INTEGRITY (never partial success).
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_client::{Client, ClientError, Code};
 use sluice_crypt::{FileKeyProvider, KeyId};

@@ -5,6 +5,7 @@
 //!
 //! The tests take turns (one lock): each runs a whole stack, and their
 //! timings would disturb each other on a small machine.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

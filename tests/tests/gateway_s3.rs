@@ -6,6 +6,7 @@
 //! reads and writes; checksums kept and returned; multipart rules; copies
 //! and bucket operations. Then the store's directory must hold nothing but
 //! its buckets and its own (empty) bookkeeping.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::path::Path;
 use std::process::Command;

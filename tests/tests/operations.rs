@@ -1,6 +1,7 @@
 //! Every shim operation end to end through real gateway, agent and shim
 //! processes, with bytes checked against independent oracles: the embedded
 //! store's files on disk, and boto3 talking to the gateway directly.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_client::{Client, Code};
 use sluice_tests::{boto3, pattern, sha256, Proxy, Stack};

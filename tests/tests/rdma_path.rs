@@ -1,6 +1,7 @@
 //! S3 over RDMA end to end with the `tcp` transport: shim -> agent ->
 //! gateway, the store WRITEs into / READs from the host region itself.
 //! Bytes are checked against the store's files and boto3.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_client::Client;
 use sluice_tests::{boto3, pattern, sha256, Options, Stack};

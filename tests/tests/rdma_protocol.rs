@@ -1,5 +1,6 @@
 //! The gateway's side of the S3-over-RDMA protocol, probed with a plain
 //! SigV4-signed HTTP client and a memory owner in this test process.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::sync::Arc;
 use std::time::SystemTime;

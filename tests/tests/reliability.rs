@@ -7,6 +7,7 @@
 //! nothing is left behind in the store, and the surviving daemons keep
 //! serving. Each test prints `reliability: <name>: cases=N faults=M`;
 //! scripts/test adds them up.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;

@@ -15,6 +15,7 @@
 //! `SLUICE_SHIM_FUZZ_SECS` (default 15) is the budget, `SLUICE_SHIM_FUZZ_SEED`
 //! (default 1) the seed; the summary line `shim-fuzz: ...` gives both, so a
 //! failure can be replayed.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};

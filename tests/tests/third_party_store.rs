@@ -1,6 +1,7 @@
 //! The agent against a third-party S3 server: s3s-fs (which verifies
 //! SigV4), installed by scripts/test with
 //! `cargo install s3s-fs@0.14.1 --features binary --locked`.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

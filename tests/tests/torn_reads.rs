@@ -4,6 +4,7 @@
 //! (If-Match), and the agent checks every part's ETag and size itself — so
 //! the same holds against a store that ignores If-Match
 //! (`third_party_store.rs` races against s3s-fs).
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_tests::{race_reads, Options, Stack};
 

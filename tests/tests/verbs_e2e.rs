@@ -1,6 +1,7 @@
 //! End to end over the verbs RC transport, inside the Soft-RoCE VM:
 //! shim -> agent -> gateway, the gateway RDMA-WRITEs into (GET) and
 //! RDMA-READs from (PUT) the host region itself through rxe0.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use sluice_tests::{pattern, sha256, Options, Stack};
 

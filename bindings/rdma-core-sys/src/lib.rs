@@ -6,7 +6,8 @@
 //! `ibv_req_notify_cq`, ...) keep their names here; bindgen's
 //! `wrap_static_fns` compiles C wrappers for them (symbols `<name>__extern`).
 
-#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code)]
+// The generated code follows bindgen's conventions, not the workspace lints.
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code, unsafe_op_in_unsafe_fn)]
 #![allow(clippy::all, clippy::undocumented_unsafe_blocks)]
 
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
