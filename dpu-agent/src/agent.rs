@@ -10,7 +10,7 @@ use tracing::{info, Instrument};
 
 use crate::config::{AgentConfig, Limits, Permission, Placement};
 use crate::dataplane::Dataplanes;
-use crate::error::AgentError;
+use crate::error::{AgentError, StartupError};
 use crate::hostmem::{HostMemory, HostRegion, RegionExport};
 use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
@@ -22,66 +22,6 @@ use crate::session::{Registered, Session, Sessions};
 
 struct Tenant {
     namespaces: HashMap<String, Arc<ObjectStore>>,
-}
-
-/// A namespace's encryption, if it has it; its tenant must have a current
-/// master key (checked here, so a missing key stops the agent at startup
-/// rather than failing PUTs later).
-fn encryption(
-    ns: &crate::config::NamespaceConfig,
-    keys: &Option<Arc<dyn sluice_crypt::KeyProvider>>,
-    cipher: &Arc<dyn sluice_crypt::Cipher>,
-) -> Result<Option<crate::s3::crypto::Encryption>, AgentError> {
-    if ns.encryption != sluice_crypt::EncryptionPolicy::Aes256Gcm {
-        return Ok(None);
-    }
-    let provider =
-        keys.clone().ok_or_else(|| AgentError::BadRequest("encryption needs [encryption] key_dir".into()))?;
-    Ok(Some(crate::s3::crypto::Encryption { provider, cipher: cipher.clone(), chunk_size: ns.encryption_chunk_bytes }))
-}
-
-/// The configured chunk cipher. A DOCA engine must pass the known-answer
-/// self-test before it sees data.
-fn chunk_cipher(cfg: &crate::config::EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, AgentError> {
-    match cfg.engine {
-        crate::config::CipherEngine::Ring => Ok(Arc::new(sluice_crypt::RingCipher)),
-        crate::config::CipherEngine::Doca => doca_cipher(cfg),
-    }
-}
-
-#[cfg(feature = "doca")]
-fn doca_cipher(cfg: &crate::config::EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, AgentError> {
-    let fail = |e: String| AgentError::BadRequest(format!("[encryption] engine = \"doca\": {e}"));
-    let device = cfg.doca_device.as_deref().ok_or_else(|| fail("doca_device is not set".into()))?;
-    let lib = sluice_doca::load().map_err(|e| fail(e.to_string()))?;
-    let dev = sluice_doca::Device::open(&lib, device).map_err(|e| fail(e.to_string()))?;
-    let cipher = sluice_crypt::DocaCipher::new(&dev).map_err(|e| fail(e.to_string()))?;
-    sluice_crypt::self_test(&cipher).map_err(|e| fail(e.to_string()))?;
-    // The self-test's buffers are 1 MiB; chunks go up to the format's
-    // maximum, so make sure the engine takes one of those too.
-    let probe = || -> Result<(), sluice_crypt::CryptError> {
-        use sluice_crypt::Cipher as _;
-        let key = cipher.chunk_key(&[0x5a; sluice_crypt::KEY_LEN])?;
-        let mut chunk = vec![0xa5u8; sluice_crypt::MAX_CHUNK_SIZE as usize];
-        let nonce = [7u8; sluice_crypt::NONCE_LEN];
-        let tag = key.seal_in_place(&nonce, b"probe", &mut chunk)?;
-        key.open_in_place(&nonce, b"probe", &mut chunk, &tag)?;
-        if chunk.iter().all(|&b| b == 0xa5) {
-            Ok(())
-        } else {
-            Err(sluice_crypt::CryptError::Crypto("a maximum-size chunk did not round-trip"))
-        }
-    };
-    probe().map_err(|e| fail(format!("maximum-size chunk ({} bytes): {e}", sluice_crypt::MAX_CHUNK_SIZE)))?;
-    tracing::info!(device, "DOCA AES-GCM engine passed its self-test");
-    Ok(Arc::new(cipher))
-}
-
-#[cfg(not(feature = "doca"))]
-fn doca_cipher(_cfg: &crate::config::EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, AgentError> {
-    Err(AgentError::BadRequest(
-        "[encryption] engine = \"doca\", but this sluice-agent was built without the `doca` feature".into(),
-    ))
 }
 
 /// The path label and fallback summary for a transfer.
@@ -145,25 +85,25 @@ impl Agent {
         memory: Arc<dyn HostMemory>,
         metrics: Arc<Metrics>,
         dataplanes: &Dataplanes,
-    ) -> Result<Self, AgentError> {
-        let http = crate::s3::http_client(&cfg.s3)?;
+    ) -> Result<Self, StartupError> {
+        let http = crate::s3::http_client(&cfg.s3).map_err(StartupError::HttpClient)?;
         let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
-            Some(dir) => Some(Arc::new(
-                sluice_crypt::FileKeyProvider::new(dir).map_err(|e| AgentError::BadRequest(e.to_string()))?,
-            )),
+            Some(dir) => Some(Arc::new(sluice_crypt::FileKeyProvider::new(dir).map_err(StartupError::KeyDir)?)),
             None => None,
         };
-        let cipher = chunk_cipher(&cfg.encryption)?;
+        let cipher = crate::s3::cipher::chunk_cipher(&cfg.encryption)?;
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let mut namespaces = HashMap::new();
             for ns in &t.namespaces {
-                let cred = cfg
-                    .credentials
-                    .get(&ns.credentials)
-                    .ok_or_else(|| AgentError::BadRequest(format!("credentials {:?} missing", ns.credentials)))?;
-                let secret = cred.load_secret().map_err(|e| AgentError::BadRequest(e.to_string()))?;
-                let chosen = dataplanes.choose(&t.name, ns).map_err(AgentError::BadRequest)?;
+                let cred = cfg.credentials.get(&ns.credentials).ok_or_else(|| StartupError::MissingCredentials {
+                    namespace: ns.name.clone(),
+                    name: ns.credentials.clone(),
+                })?;
+                let secret = cred
+                    .load_secret()
+                    .map_err(|e| StartupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
+                let chosen = dataplanes.choose(&t.name, ns)?;
                 let rdma = chosen.transport.map(|(transport, kind)| RdmaPath {
                     transport,
                     kind,
@@ -185,7 +125,7 @@ impl Agent {
                     rdma,
                 )
                 .with_degraded(chosen.degraded)
-                .with_encryption(encryption(ns, &keys, &cipher)?);
+                .with_encryption(crate::s3::crypto::Encryption::for_namespace(ns, &keys, &cipher)?);
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });

@@ -36,6 +36,15 @@ pub enum DataplaneError {
     Verbs { tenant: String, why: String },
 }
 
+/// A namespace whose transport cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ChooseError {
+    #[error("namespace {namespace:?} wants {transport} but that transport is not running")]
+    NotRunning { namespace: String, transport: TransportKind },
+    #[error("namespace {namespace:?} wants dc but [dataplane.dc] is not configured")]
+    DcNotConfigured { namespace: String },
+}
+
 /// What a namespace moves its bytes with.
 pub struct Chosen {
     /// `None`: plain HTTP.
@@ -103,15 +112,14 @@ impl Dataplanes {
     }
 
     /// The transport for `ns` of `tenant`.
-    pub fn choose(&self, tenant: &str, ns: &NamespaceConfig) -> Result<Chosen, String> {
+    pub fn choose(&self, tenant: &str, ns: &NamespaceConfig) -> Result<Chosen, ChooseError> {
         if ns.data_path == DataPathMode::Http {
             return Ok(Chosen { transport: None, degraded: None });
         }
         let verbs = || self.verbs.get(tenant).map(|v| (v.clone() as Arc<dyn Transport>, TransportKind::VerbsRc));
         let running = |t: Option<(Arc<dyn Transport>, TransportKind)>| {
-            t.map(|t| Chosen { transport: Some(t), degraded: None }).ok_or_else(|| {
-                format!("namespace {:?} wants {} but that transport is not running", ns.name, ns.transport)
-            })
+            t.map(|t| Chosen { transport: Some(t), degraded: None })
+                .ok_or_else(|| ChooseError::NotRunning { namespace: ns.name.clone(), transport: ns.transport })
         };
         match ns.transport {
             TransportKind::Tcp => running(self.tcp.clone().map(|t| (t as Arc<dyn Transport>, TransportKind::Tcp))),
@@ -124,7 +132,7 @@ impl Dataplanes {
                     let degraded = Fallback::new("dc_unavailable", format!("mlx5 DC unavailable ({why}); using {via}"));
                     Ok(Chosen { transport: to, degraded: Some(degraded) })
                 }
-                None => Err(format!("namespace {:?} wants dc but [dataplane.dc] is not configured", ns.name)),
+                None => Err(ChooseError::DcNotConfigured { namespace: ns.name.clone() }),
             },
         }
     }

@@ -73,11 +73,11 @@ pub struct ShimAuth {
 
 impl ShimAuth {
     /// Reads every tenant's shim secret (files must be mode 0600).
-    pub fn from_config(cfg: &AgentConfig) -> Result<Self, AgentError> {
+    pub fn from_config(cfg: &AgentConfig) -> Result<Self, crate::error::StartupError> {
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let secret = auth::read_secret_file(&t.shim_secret_file)
-                .map_err(|e| AgentError::BadRequest(format!("tenant {:?}: {e}", t.name)))?;
+                .map_err(|source| crate::error::StartupError::ShimSecret { tenant: t.name.clone(), source })?;
             let auth = TenantAuth {
                 secret,
                 shims: t.shims.clone(),

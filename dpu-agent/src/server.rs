@@ -32,7 +32,7 @@ pub enum ServeError {
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error(transparent)]
-    Agent(#[from] crate::error::AgentError),
+    Startup(#[from] crate::error::StartupError),
     #[error("gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error(transparent)]

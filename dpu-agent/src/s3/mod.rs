@@ -2,6 +2,7 @@
 //! endpoints, with retries, ranged/concurrent GETs into host memory, single and
 //! multipart PUTs from host memory, HEAD, ListObjectsV2 and DELETE.
 
+pub mod cipher;
 pub mod crypto;
 mod error;
 mod get;

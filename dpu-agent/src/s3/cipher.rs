@@ -1,0 +1,67 @@
+//! Building a namespace's encryption at startup: which AES-GCM engine
+//! seals chunks (ring, or the DPU's DOCA engine after its self-test), and
+//! the master keys it needs.
+
+use std::sync::Arc;
+
+use super::crypto::Encryption;
+use crate::config::{CipherEngine, EncryptionConfig, NamespaceConfig};
+use crate::error::StartupError;
+
+impl Encryption {
+    /// A namespace's encryption, if it has it (its tenant's master keys come
+    /// from `keys`; without them the agent does not start).
+    pub fn for_namespace(
+        ns: &NamespaceConfig,
+        keys: &Option<Arc<dyn sluice_crypt::KeyProvider>>,
+        cipher: &Arc<dyn sluice_crypt::Cipher>,
+    ) -> Result<Option<Self>, StartupError> {
+        if ns.encryption != sluice_crypt::EncryptionPolicy::Aes256Gcm {
+            return Ok(None);
+        }
+        let provider = keys.clone().ok_or_else(|| StartupError::NoKeyDir { namespace: ns.name.clone() })?;
+        Ok(Some(Self { provider, cipher: cipher.clone(), chunk_size: ns.encryption_chunk_bytes }))
+    }
+}
+
+/// The configured chunk cipher. A DOCA engine must pass the known-answer
+/// self-test before it sees data.
+pub fn chunk_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
+    match cfg.engine {
+        CipherEngine::Ring => Ok(Arc::new(sluice_crypt::RingCipher)),
+        CipherEngine::Doca => doca_cipher(cfg),
+    }
+}
+
+#[cfg(feature = "doca")]
+fn doca_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
+    let fail = StartupError::DocaCipher;
+    let device = cfg.doca_device.as_deref().ok_or_else(|| fail("doca_device is not set".into()))?;
+    let lib = sluice_doca::load().map_err(|e| fail(e.to_string()))?;
+    let dev = sluice_doca::Device::open(&lib, device).map_err(|e| fail(e.to_string()))?;
+    let cipher = sluice_crypt::DocaCipher::new(&dev).map_err(|e| fail(e.to_string()))?;
+    sluice_crypt::self_test(&cipher).map_err(|e| fail(e.to_string()))?;
+    // The self-test's buffers are 1 MiB; chunks go up to the format's
+    // maximum, so make sure the engine takes one of those too.
+    let probe = || -> Result<(), sluice_crypt::CryptError> {
+        use sluice_crypt::Cipher as _;
+        let key = cipher.chunk_key(&[0x5a; sluice_crypt::KEY_LEN])?;
+        let mut chunk = vec![0xa5u8; sluice_crypt::MAX_CHUNK_SIZE as usize];
+        let nonce = [7u8; sluice_crypt::NONCE_LEN];
+        let tag = key.seal_in_place(&nonce, b"probe", &mut chunk)?;
+        key.open_in_place(&nonce, b"probe", &mut chunk, &tag)?;
+        if chunk.iter().all(|&b| b == 0xa5) {
+            Ok(())
+        } else {
+            Err(sluice_crypt::CryptError::Crypto("a maximum-size chunk did not round-trip"))
+        }
+    };
+    probe().map_err(|e| fail(format!("maximum-size chunk ({} bytes): {e}", sluice_crypt::MAX_CHUNK_SIZE)))?;
+    tracing::info!(device, "DOCA AES-GCM engine passed its self-test");
+    Ok(Arc::new(cipher))
+}
+
+#[cfg(not(feature = "doca"))]
+fn doca_cipher(_cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
+    Err(StartupError::DocaCipher("this sluice-agent was built without the `doca` feature".into()))
+}
