@@ -4,9 +4,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     std::env::set_var("PROTOC", protoc);
     println!("cargo:rerun-if-changed=proto");
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_protos(
-        &["proto/sluice/common.proto", "proto/sluice/agent.proto", "proto/sluice/shim.proto"],
-        &["proto"],
-    )?;
+    // The descriptor set lets tests check hand-written codecs (the Python
+    // client's) against the .proto files.
+    let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("sluice_descriptor_set.bin");
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .file_descriptor_set_path(descriptors)
+        .compile_protos(
+            &["proto/sluice/common.proto", "proto/sluice/agent.proto", "proto/sluice/shim.proto"],
+            &["proto"],
+        )?;
     Ok(())
 }

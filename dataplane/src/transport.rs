@@ -76,9 +76,6 @@ impl std::fmt::Display for TransportKind {
     }
 }
 
-/// The request header naming a non-standard transport (signed with SigV4).
-pub const TRANSPORT_HEADER: &str = "x-sluice-rdma-transport";
-
 /// What a provider can do, so the agent knows what it may offer an endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capabilities {

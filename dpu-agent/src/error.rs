@@ -1,7 +1,6 @@
 //! The agent's error type and its one conversion to a gRPC status.
 
 use sluice_proto::common::{ErrorCode, ErrorDetail};
-use sluice_proto::Message;
 
 use crate::hostmem::MemError;
 use crate::s3::S3Error;
@@ -107,47 +106,6 @@ impl AgentError {
 
 impl From<AgentError> for tonic::Status {
     fn from(e: AgentError) -> Self {
-        let code = e.code();
-        let grpc = match code {
-            ErrorCode::UnknownTenant | ErrorCode::Unauthenticated => tonic::Code::Unauthenticated,
-            ErrorCode::AccessDenied => tonic::Code::PermissionDenied,
-            ErrorCode::UnknownNamespace | ErrorCode::NoSuchKey | ErrorCode::NoSuchBucket | ErrorCode::UnknownRegion => {
-                tonic::Code::NotFound
-            }
-            ErrorCode::BadRequest
-            | ErrorCode::RegionTooSmall
-            | ErrorCode::OutOfBounds
-            | ErrorCode::InvalidRange
-            | ErrorCode::Protocol => tonic::Code::InvalidArgument,
-            ErrorCode::StoreUnavailable => tonic::Code::Unavailable,
-            ErrorCode::PreconditionFailed => tonic::Code::FailedPrecondition,
-            ErrorCode::ResourceExhausted | ErrorCode::QuotaExceeded => tonic::Code::ResourceExhausted,
-            ErrorCode::Integrity => tonic::Code::DataLoss,
-            ErrorCode::TransferFailed => tonic::Code::Aborted,
-            ErrorCode::Unsupported => tonic::Code::Unimplemented,
-            ErrorCode::DeadlineExceeded => tonic::Code::DeadlineExceeded,
-            ErrorCode::AgentUnavailable => tonic::Code::Unavailable,
-            _ => tonic::Code::Internal,
-        };
-        let detail = e.detail();
-        let msg = detail.message.clone();
-        tonic::Status::with_details(grpc, msg, detail.encode_to_vec().into())
+        sluice_proto::status::to_status(&e.detail())
     }
-}
-
-/// Decodes the typed detail from a status made by the conversion above (the
-/// shim uses this); statuses from elsewhere map by gRPC code.
-pub fn detail_from_status(status: &tonic::Status) -> ErrorDetail {
-    if let Ok(d) = ErrorDetail::decode(status.details()) {
-        if d.code != 0 {
-            return d;
-        }
-    }
-    let code = match status.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => ErrorCode::StoreUnavailable,
-        tonic::Code::Unauthenticated => ErrorCode::Unauthenticated,
-        tonic::Code::InvalidArgument => ErrorCode::BadRequest,
-        _ => ErrorCode::Internal,
-    };
-    ErrorDetail::new(code, format!("agent: {}", status.message()))
 }

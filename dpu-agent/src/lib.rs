@@ -21,4 +21,4 @@ pub mod s3;
 pub mod server;
 pub mod session;
 
-pub use error::{detail_from_status, AgentError};
+pub use error::AgentError;

@@ -17,17 +17,15 @@ use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use s3s::dto::*;
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
+use sluice_dataplane::s3_names::{
+    BYTES_HEADER, INVALID_TOKEN, OLD_BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER, TRANSFER_FAILED, TRANSPORT_HEADER,
+};
 use sluice_dataplane::tcp::TcpRemote;
 use sluice_dataplane::verbs::VerbsRemote;
-use sluice_dataplane::{Token, TransportError, TransportKind, TRANSPORT_HEADER};
+use sluice_dataplane::{Token, TransportError, TransportKind};
 use tracing::warn;
 
 use crate::store::DirStore;
-
-pub const TOKEN_HEADER: &str = "x-amz-rdma-token";
-pub const REPLY_HEADER: &str = "x-amz-rdma-reply";
-pub const BYTES_HEADER: &str = "x-amz-rdma-bytes-transferred";
-pub const OLD_BYTES_HEADER: &str = "x-amz-rdma-bytes";
 
 /// Counters of RDMA-path requests, for logs and tests.
 #[derive(Debug, Default)]
@@ -167,9 +165,9 @@ impl<S: S3> RdmaGateway<S> {
     /// unservable token.
     fn rdma_ask(&self, headers: &HeaderMap, uri: &http::Uri) -> S3Result<Option<RdmaAsk>> {
         let Some(raw) = headers.get(TOKEN_HEADER) else { return Ok(None) };
-        let raw = raw.to_str().map_err(|_| error("InvalidRDMAToken", StatusCode::BAD_REQUEST, "token is not ASCII"))?;
+        let raw = raw.to_str().map_err(|_| error(INVALID_TOKEN, StatusCode::BAD_REQUEST, "token is not ASCII"))?;
         let token =
-            Token::parse(raw.trim()).map_err(|e| error("InvalidRDMAToken", StatusCode::BAD_REQUEST, e.to_string()))?;
+            Token::parse(raw.trim()).map_err(|e| error(INVALID_TOKEN, StatusCode::BAD_REQUEST, e.to_string()))?;
         let signed = signed_headers(headers, uri);
         if !signed.iter().any(|h| h == TOKEN_HEADER) {
             return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-amz-rdma-token must be a SigV4 signed header"));
@@ -245,7 +243,7 @@ impl<S: S3> RdmaGateway<S> {
                 self.stats.timed_out.fetch_add(1, Ordering::Relaxed);
                 warn!(deadline_ms = self.deadline.as_millis() as u64, "RDMA WRITE did not finish in time");
                 return Err(error(
-                    "RDMATransferFailed",
+                    TRANSFER_FAILED,
                     StatusCode::INTERNAL_SERVER_ERROR,
                     format!("the one-sided transfer did not finish within {} ms", self.deadline.as_millis()),
                 ));
@@ -253,7 +251,7 @@ impl<S: S3> RdmaGateway<S> {
             Ok(Err(e)) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 warn!(error = %e, "RDMA WRITE failed");
-                return Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
+                return Err(error(TRANSFER_FAILED, StatusCode::INTERNAL_SERVER_ERROR, e.to_string()));
             }
         };
         self.stats.gets.fetch_add(1, Ordering::Relaxed);
@@ -351,7 +349,7 @@ impl<S: S3> RdmaGateway<S> {
         if ask.token.size == 0 {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
             return Err(error(
-                "InvalidRDMAToken",
+                INVALID_TOKEN,
                 StatusCode::BAD_REQUEST,
                 "the token's window is empty; an RDMA PUT reads the object from a window of its size",
             ));
@@ -379,7 +377,7 @@ impl<S: S3> RdmaGateway<S> {
             )),
             Err(_) if flags.transport_failed.load(Ordering::Relaxed) => {
                 self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                Err(error("RDMATransferFailed", StatusCode::INTERNAL_SERVER_ERROR, "RDMA READ from the client failed"))
+                Err(error(TRANSFER_FAILED, StatusCode::INTERNAL_SERVER_ERROR, "RDMA READ from the client failed"))
             }
             Err(e) => Err(explain_internal(e)),
             Ok(mut resp) => {

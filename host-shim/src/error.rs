@@ -68,17 +68,13 @@ impl ShimError {
 
 /// The typed code in an agent's error status, if it carries one.
 pub fn agent_code(status: &tonic::Status) -> Option<ErrorCode> {
-    use sluice_proto::Message;
-    ErrorDetail::decode(status.details()).ok().and_then(|d| ErrorCode::try_from(d.code).ok())
+    sluice_proto::status::detail_of(status).and_then(|d| ErrorCode::try_from(d.code).ok())
 }
 
 impl From<tonic::Status> for ShimError {
     fn from(s: tonic::Status) -> Self {
-        use sluice_proto::Message;
-        if let Ok(d) = ErrorDetail::decode(s.details()) {
-            if d.code != 0 {
-                return Self::Agent(d);
-            }
+        if let Some(d) = sluice_proto::status::detail_of(&s) {
+            return Self::Agent(d);
         }
         match s.code() {
             // Unknown/Cancelled: the connection broke mid-call (the agent

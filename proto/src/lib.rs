@@ -37,6 +37,12 @@ pub use generated::sluice::common::v1 as common;
 /// Shim local socket API (`sluice.shim.v1`).
 pub use generated::sluice::shim::v1 as shim;
 
+pub mod status;
+
+/// The compiled `.proto` files (a `google.protobuf.FileDescriptorSet`),
+/// for checking other implementations of these messages against them.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sluice_descriptor_set.bin"));
+
 pub use prost::Message;
 
 pub mod auth;

@@ -10,17 +10,13 @@
 use std::sync::Arc;
 
 use base64::Engine;
-use sluice_dataplane::{Access, Grant, SharedRegion, Transport, TransportKind, TRANSPORT_HEADER};
+use sluice_dataplane::s3_names::{self, BYTES_HEADER, OLD_BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
+use sluice_dataplane::{Access, Grant, SharedRegion, Transport, TransportKind};
 
 use super::request::Spec;
 use super::{error, ObjectStore, S3Error};
 use crate::config::{DataPathMode, Placement};
 use crate::hostmem::HostRegion;
-
-pub const TOKEN_HEADER: &str = "x-amz-rdma-token";
-const REPLY_HEADER: &str = "x-amz-rdma-reply";
-const BYTES_HEADER: &str = "x-amz-rdma-bytes-transferred";
-const OLD_BYTES_HEADER: &str = "x-amz-rdma-bytes";
 
 /// A namespace's RDMA settings.
 pub struct RdmaPath {
@@ -120,10 +116,10 @@ async fn classify(resp: reqwest::Response, full: &str) -> Result<Fallback, S3Err
         ));
     }
     match error::check(resp, Some(full)).await {
-        Err(S3Error::Server { code, message, .. }) if code == "RDMATransferFailed" || code == "S3RdmaIoError" => {
+        Err(S3Error::Server { code, message, .. }) if s3_names::is_transfer_failed(&code) => {
             Ok(Fallback::new("transfer_failed", format!("{code}: {message}")))
         }
-        Err(S3Error::Rejected { code, message, .. }) if code == "InvalidRDMAToken" || code == "S3InvalidRdmaToken" => {
+        Err(S3Error::Rejected { code, message, .. }) if s3_names::is_invalid_token(&code) => {
             Ok(Fallback::new("declined", format!("{code}: {message}")))
         }
         Err(S3Error::Server { status, code, message, .. }) => {

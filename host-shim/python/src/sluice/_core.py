@@ -466,7 +466,7 @@ class CoreClient:
         body = {
             "length": _u64("nbytes", nbytes),
             "fd_attached": True,
-            "kind": 1,  # RegionKind.GPU_DMABUF
+            "kind": _wire.REGION_KIND_GPU_DMABUF,
             "dmabuf_offset": _u64("offset", offset),
             "gpu_address": _u64("gpu_address", gpu_address),
         }

@@ -24,6 +24,9 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 MAX_FRAME_LEN = 1 << 20
 #: The protocol version ``Hello`` must name (``sluice.shim.v1.Version.VERSION_1``).
 PROTOCOL_VERSION = 1
+#: ``sluice.shim.v1.RegionKind`` values.
+REGION_KIND_SHARED_MEMORY = 0
+REGION_KIND_GPU_DMABUF = 1
 
 _VARINT, _I64, _LEN, _SGROUP, _EGROUP, _I32 = 0, 1, 2, 3, 4, 5
 _U64_MASK = (1 << 64) - 1
