@@ -8,7 +8,9 @@
 
 #![forbid(unsafe_code)]
 
+mod backend_errors;
 pub mod expiry;
+pub mod front;
 pub mod rdma;
 pub mod store;
 mod upstream;
@@ -248,8 +250,8 @@ fn with_rdma<S: s3s::S3>(
     inner: S,
     cfg: &RdmaConfig,
     local: Option<std::sync::Arc<store::DirStore>>,
-) -> Result<rdma::RdmaGateway<S>, GatewayError> {
-    let mut g = rdma::RdmaGateway::new(inner, cfg.tcp, cfg.max_op_bytes, local)
+) -> Result<front::Front<S>, GatewayError> {
+    let mut g = front::Front::new(inner, cfg.tcp, cfg.max_op_bytes, local)
         .with_limits(cfg.allowed_networks()?, std::time::Duration::from_millis(cfg.transfer_timeout_ms));
     if cfg.verbs {
         g = g.with_verbs();

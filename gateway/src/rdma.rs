@@ -1,4 +1,4 @@
-//! The server side of S3 over RDMA, wrapped around any `s3s` backend.
+//! The server side of S3 over RDMA, for the gateway's [`Front`].
 //!
 //! A GetObject, PutObject or UploadPart that carries `x-amz-rdma-token` is
 //! served by moving the bytes one-sidedly: GET WRITEs the object into the
@@ -7,7 +7,6 @@
 //! `x-amz-rdma-bytes-transferred` and the older `x-amz-rdma-bytes`.
 //! Every other request passes through untouched.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -16,7 +15,7 @@ use base64::Engine;
 use futures::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use s3s::dto::*;
-use s3s::{S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
+use s3s::{S3Error, S3Response, S3Result, S3};
 use sluice_dataplane::s3_names::{
     BYTES_HEADER, INVALID_TOKEN, OLD_BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER, TRANSFER_FAILED, TRANSPORT_HEADER,
 };
@@ -25,7 +24,8 @@ use sluice_dataplane::verbs::VerbsRemote;
 use sluice_dataplane::{Token, TransportError, TransportKind};
 use tracing::warn;
 
-use crate::store::DirStore;
+use crate::backend_errors::{error, explain_internal};
+use crate::front::Front;
 
 /// Counters of RDMA-path requests, for logs and tests.
 #[derive(Debug, Default)]
@@ -44,92 +44,9 @@ pub struct RdmaStats {
 
 /// What went wrong while an RDMA PUT body streamed.
 #[derive(Debug, Default)]
-struct PutFlags {
+pub(crate) struct PutFlags {
     transport_failed: AtomicBool,
     bad_digest: AtomicBool,
-}
-
-/// The RDMA-capable wrapper.
-pub struct RdmaGateway<S> {
-    inner: S,
-    tcp: Option<TcpRemote>,
-    verbs: Option<VerbsRemote>,
-    /// Standard (mlx5 DC) tokens, when a DC-capable device is configured.
-    dc: Option<VerbsRemote>,
-    /// When the backend is the local directory store: the store, so that a
-    /// GET reads the very file whose ETag it reports (`sendfile` for RDMA
-    /// WRITEs).
-    local: Option<Arc<DirStore>>,
-    /// Where token owners may be (see `RdmaConfig::allowed_clients`).
-    allowed: Vec<ipnet::IpNet>,
-    /// Deadline of one one-sided transfer.
-    deadline: std::time::Duration,
-    pub stats: Arc<RdmaStats>,
-}
-
-impl<S: S3> RdmaGateway<S> {
-    /// `tcp`: serve Sluice's `tcp` software transport, with operations of at
-    /// most `max_op` bytes. Standard (mlx5 DC) tokens are declined with 501
-    /// unless [`RdmaGateway::with_dc`] gives a DC initiator.
-    pub fn new(inner: S, tcp: bool, max_op: u64, local: Option<Arc<DirStore>>) -> Self {
-        let tcp = tcp.then(|| TcpRemote::new(max_op));
-        let allowed = vec!["127.0.0.0/8".parse().expect("net"), "::1/128".parse().expect("net")];
-        let deadline = std::time::Duration::from_secs(60);
-        Self { inner, tcp, verbs: None, dc: None, local, allowed, deadline, stats: Arc::default() }
-    }
-
-    /// Owner networks tokens may name, and the deadline of one transfer.
-    pub fn with_limits(mut self, allowed: Vec<ipnet::IpNet>, deadline: std::time::Duration) -> Self {
-        self.allowed = allowed;
-        self.deadline = deadline;
-        self
-    }
-
-    /// Refuses a token whose owner address is outside the allowed networks
-    /// (no byte moves to or from it). LID-addressed tokens name no IP: the
-    /// fabric, not an IP network, reaches them, and the NIC enforces rkeys.
-    fn check_owner(&self, token: &Token) -> S3Result<()> {
-        let Some(gid) = token.gid else { return Ok(()) };
-        let v6 = std::net::Ipv6Addr::from(gid);
-        let ip = v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(std::net::IpAddr::V6(v6));
-        if self.allowed.iter().any(|n| n.contains(&ip)) {
-            return Ok(());
-        }
-        self.stats.refused.fetch_add(1, Ordering::Relaxed);
-        warn!(owner = %ip, "refused an RDMA token naming an owner outside [rdma] allowed_clients");
-        Err(error(
-            "AccessDenied",
-            StatusCode::FORBIDDEN,
-            format!("the token's owner address {ip} is not in this gateway's [rdma] allowed_clients"),
-        ))
-    }
-
-    /// Also serve the verbs RC transport (needs an RDMA device).
-    pub fn with_verbs(mut self) -> Self {
-        self.verbs = Some(VerbsRemote::new());
-        self
-    }
-
-    /// Also serve standard tokens through mlx5 DC.
-    pub fn with_dc(mut self, dc: VerbsRemote) -> Self {
-        self.dc = Some(dc);
-        self
-    }
-
-    /// The verbs remote serving `kind`, if it is a verbs kind this gateway serves.
-    fn verbs_for(&self, kind: TransportKind) -> Option<&VerbsRemote> {
-        match kind {
-            TransportKind::VerbsRc => self.verbs.as_ref(),
-            TransportKind::Dc => self.dc.as_ref(),
-            TransportKind::Tcp => None,
-        }
-    }
-}
-
-fn error(code: &str, status: StatusCode, msg: impl Into<String>) -> S3Error {
-    let mut e = S3Error::with_message(S3ErrorCode::Custom(code.to_owned().into()), msg.into());
-    e.set_status_code(status);
-    e
 }
 
 /// The client must retry over plain HTTP.
@@ -155,15 +72,43 @@ fn signed_headers(headers: &HeaderMap, uri: &http::Uri) -> Vec<String> {
 }
 
 /// What an RDMA request asks for.
-struct RdmaAsk {
+pub(crate) struct RdmaAsk {
     token: Token,
     kind: TransportKind,
 }
 
-impl<S: S3> RdmaGateway<S> {
+impl<S: S3> Front<S> {
+    /// Refuses a token whose owner address is outside the allowed networks
+    /// (no byte moves to or from it). LID-addressed tokens name no IP: the
+    /// fabric, not an IP network, reaches them, and the NIC enforces rkeys.
+    fn check_owner(&self, token: &Token) -> S3Result<()> {
+        let Some(gid) = token.gid else { return Ok(()) };
+        let v6 = std::net::Ipv6Addr::from(gid);
+        let ip = v6.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(std::net::IpAddr::V6(v6));
+        if self.allowed.iter().any(|n| n.contains(&ip)) {
+            return Ok(());
+        }
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        warn!(owner = %ip, "refused an RDMA token naming an owner outside [rdma] allowed_clients");
+        Err(error(
+            "AccessDenied",
+            StatusCode::FORBIDDEN,
+            format!("the token's owner address {ip} is not in this gateway's [rdma] allowed_clients"),
+        ))
+    }
+
+    /// The verbs remote serving `kind`, if it is a verbs kind this gateway serves.
+    fn verbs_for(&self, kind: TransportKind) -> Option<&VerbsRemote> {
+        match kind {
+            TransportKind::VerbsRc => self.verbs.as_ref(),
+            TransportKind::Dc => self.dc.as_ref(),
+            TransportKind::Tcp => None,
+        }
+    }
+
     /// `None` for a plain request; an error for a bad, unsigned or
     /// unservable token.
-    fn rdma_ask(&self, headers: &HeaderMap, uri: &http::Uri) -> S3Result<Option<RdmaAsk>> {
+    pub(crate) fn rdma_ask(&self, headers: &HeaderMap, uri: &http::Uri) -> S3Result<Option<RdmaAsk>> {
         let Some(raw) = headers.get(TOKEN_HEADER) else { return Ok(None) };
         let raw = raw.to_str().map_err(|_| error(INVALID_TOKEN, StatusCode::BAD_REQUEST, "token is not ASCII"))?;
         let token =
@@ -209,7 +154,7 @@ impl<S: S3> RdmaGateway<S> {
         h
     }
 
-    async fn rdma_get(
+    pub(crate) async fn rdma_get(
         &self,
         mut resp: S3Response<GetObjectOutput>,
         local: Option<(std::fs::File, u64, u64)>,
@@ -272,6 +217,21 @@ impl<S: S3> RdmaGateway<S> {
         resp.headers.extend(Self::reply_headers(if partial { 206 } else { 200 }, moved));
         tracing::debug!(bytes = moved, transport = ask.kind.as_str(), "served GET over RDMA");
         Ok(resp)
+    }
+
+    /// The body of an RDMA PUT or UploadPart: the request is checked (an
+    /// empty HTTP body, a window the transport can serve), then the bytes are
+    /// READ from the client's window as the backend consumes them.
+    pub(crate) fn rdma_put_body(
+        &self,
+        ask: &RdmaAsk,
+        content_length: Option<i64>,
+        expected_crc: Option<String>,
+    ) -> S3Result<(StreamingBlob, Arc<PutFlags>, u64)> {
+        Self::check_empty_body(content_length)?;
+        self.check_window(ask)?;
+        let flags = Arc::new(PutFlags::default());
+        Ok((self.rdma_body(ask, expected_crc, flags.clone()), flags, ask.token.size))
     }
 
     /// The body of an RDMA PUT/UploadPart: READ from the client's window.
@@ -368,7 +328,12 @@ impl<S: S3> RdmaGateway<S> {
         Ok(())
     }
 
-    fn finish_put<T>(&self, res: S3Result<S3Response<T>>, flags: &PutFlags, len: u64) -> S3Result<S3Response<T>> {
+    pub(crate) fn finish_put<T>(
+        &self,
+        res: S3Result<S3Response<T>>,
+        flags: &PutFlags,
+        len: u64,
+    ) -> S3Result<S3Response<T>> {
         match res {
             Err(_) if flags.bad_digest.load(Ordering::Relaxed) => Err(error(
                 "BadDigest",
@@ -391,160 +356,6 @@ impl<S: S3> RdmaGateway<S> {
     }
 }
 
-/// The backend's internal errors carry their cause only as a source, which
-/// s3s leaves out of the response: the client would see a bare
-/// `InternalError`. Name the cause (it is the store's own condition, such as
-/// an I/O error, never a credential), and answer a full disk with 507
-/// `InsufficientStorage`, which retrying will not cure.
-pub(crate) fn explain_internal(mut e: S3Error) -> S3Error {
-    if *e.code() != S3ErrorCode::InternalError || e.message().is_some() {
-        return e;
-    }
-    let Some(source) = e.source() else { return e };
-    let mut cause = source.to_string();
-    let mut full = false;
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(source);
-    while let Some(err) = next {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            full |= io.kind() == std::io::ErrorKind::StorageFull;
-        }
-        next = err.source();
-        if let Some(n) = next {
-            cause.push_str(": ");
-            cause.push_str(&n.to_string());
-        }
-    }
-    warn!(cause = %cause, storage_full = full, "the store failed a request");
-    if full {
-        return error(
-            "InsufficientStorage",
-            StatusCode::INSUFFICIENT_STORAGE,
-            format!("the store is out of space: {cause}"),
-        );
-    }
-    e.set_message(format!("backend error: {cause}"));
-    e
-}
-
 fn parse_range_start(cr: &str) -> Option<u64> {
     cr.strip_prefix("bytes ")?.split('-').next()?.parse().ok()
-}
-
-type Fut<'a, T> = Pin<Box<dyn Future<Output = S3Result<S3Response<T>>> + Send + 'a>>;
-
-macro_rules! delegate {
-    ($($name:ident: $input:ty => $output:ty;)*) => {
-        $(
-            fn $name<'life0, 'async_trait>(&'life0 self, req: S3Request<$input>) -> Fut<'async_trait, $output>
-            where 'life0: 'async_trait, Self: 'async_trait {
-                Box::pin(async move { self.inner.$name(req).await.map_err(explain_internal) })
-            }
-        )*
-    };
-}
-
-#[async_trait::async_trait]
-impl<S: S3> S3 for RdmaGateway<S> {
-    async fn get_object(&self, req: S3Request<GetObjectInput>) -> S3Result<S3Response<GetObjectOutput>> {
-        let ask = self.rdma_ask(&req.headers, &req.uri)?;
-        let Some(ask) = ask else { return self.inner.get_object(req).await.map_err(explain_internal) };
-        match &self.local {
-            // The local store: WRITE straight from the file it opened.
-            Some(store) => {
-                let o = crate::store::open_for_get(store, &req.input).await?;
-                let out = crate::store::get_output(&o, req.input.checksum_mode.as_ref());
-                let mut resp = S3Response::new(out);
-                if o.ranged {
-                    resp.status = Some(StatusCode::PARTIAL_CONTENT);
-                }
-                self.rdma_get(resp, Some((o.file, o.span.start, o.span.end - o.span.start)), ask).await
-            }
-            None => {
-                let resp = self.inner.get_object(req).await.map_err(explain_internal)?;
-                self.rdma_get(resp, None, ask).await
-            }
-        }
-    }
-
-    async fn put_object(&self, mut req: S3Request<PutObjectInput>) -> S3Result<S3Response<PutObjectOutput>> {
-        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else {
-            return self.inner.put_object(req).await.map_err(explain_internal);
-        };
-        Self::check_empty_body(req.input.content_length)?;
-        self.check_window(&ask)?;
-        let flags = Arc::new(PutFlags::default());
-        // Checked here, as the bytes stream; the backend need not hash again.
-        let crc = req.input.checksum_crc64nvme.take();
-        req.input.body = Some(self.rdma_body(&ask, crc, flags.clone()));
-        req.input.content_length = Some(ask.token.size as i64);
-        let res = self.inner.put_object(req).await;
-        self.finish_put(res, &flags, ask.token.size)
-    }
-
-    async fn upload_part(&self, mut req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
-        let Some(ask) = self.rdma_ask(&req.headers, &req.uri)? else {
-            return self.inner.upload_part(req).await.map_err(explain_internal);
-        };
-        Self::check_empty_body(req.input.content_length)?;
-        self.check_window(&ask)?;
-        let flags = Arc::new(PutFlags::default());
-        // Checked here, as the bytes stream; the backend need not hash again.
-        let crc = req.input.checksum_crc64nvme.take();
-        req.input.body = Some(self.rdma_body(&ask, crc, flags.clone()));
-        req.input.content_length = Some(ask.token.size as i64);
-        let res = self.inner.upload_part(req).await;
-        self.finish_put(res, &flags, ask.token.size)
-    }
-
-    delegate! {
-        abort_multipart_upload: AbortMultipartUploadInput => AbortMultipartUploadOutput;
-        complete_multipart_upload: CompleteMultipartUploadInput => CompleteMultipartUploadOutput;
-        copy_object: CopyObjectInput => CopyObjectOutput;
-        create_bucket: CreateBucketInput => CreateBucketOutput;
-        create_multipart_upload: CreateMultipartUploadInput => CreateMultipartUploadOutput;
-        delete_bucket: DeleteBucketInput => DeleteBucketOutput;
-        delete_object: DeleteObjectInput => DeleteObjectOutput;
-        delete_objects: DeleteObjectsInput => DeleteObjectsOutput;
-        get_bucket_location: GetBucketLocationInput => GetBucketLocationOutput;
-        head_bucket: HeadBucketInput => HeadBucketOutput;
-        head_object: HeadObjectInput => HeadObjectOutput;
-        list_buckets: ListBucketsInput => ListBucketsOutput;
-        list_objects: ListObjectsInput => ListObjectsOutput;
-        list_objects_v2: ListObjectsV2Input => ListObjectsV2Output;
-        list_parts: ListPartsInput => ListPartsOutput;
-        list_multipart_uploads: ListMultipartUploadsInput => ListMultipartUploadsOutput;
-        upload_part_copy: UploadPartCopyInput => UploadPartCopyOutput;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_full_disk_is_507_and_named() {
-        let e = explain_internal(S3Error::internal_error(std::io::Error::from(std::io::ErrorKind::StorageFull)));
-        assert_eq!(e.status_code(), Some(StatusCode::INSUFFICIENT_STORAGE));
-        assert_eq!(e.code().as_str(), "InsufficientStorage");
-        assert!(e.message().unwrap().contains("out of space"), "{:?}", e.message());
-    }
-
-    #[test]
-    fn other_backend_failures_carry_their_cause() {
-        // As backends build them: InternalError with the I/O error as source only.
-        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "open .tmp.3.internal.part");
-        let e = explain_internal(S3Error::with_source(S3ErrorCode::InternalError, Box::new(io)));
-        assert_eq!(*e.code(), S3ErrorCode::InternalError);
-        assert_eq!(e.message(), Some("backend error: open .tmp.3.internal.part"));
-    }
-
-    #[test]
-    fn client_errors_and_explained_errors_are_untouched() {
-        let e = explain_internal(S3Error::with_message(S3ErrorCode::NoSuchKey, "gone"));
-        assert_eq!((e.code().as_str(), e.message()), ("NoSuchKey", Some("gone")));
-        let e = explain_internal(S3Error::with_message(S3ErrorCode::InternalError, "already said"));
-        assert_eq!(e.message(), Some("already said"));
-        let e = explain_internal(S3Error::new(S3ErrorCode::InternalError));
-        assert_eq!(e.message(), None, "nothing to add without a source");
-    }
 }
