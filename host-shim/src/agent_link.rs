@@ -38,7 +38,7 @@ pub struct AgentLink {
 impl AgentLink {
     /// Builds the channel. Connection happens lazily, so the shim can start
     /// before the agent; calls fail with `AgentUnavailable` until it is up.
-    pub fn new(cfg: &LinkConfig) -> Result<Self, ShimError> {
+    pub fn new(cfg: &LinkConfig) -> Result<Self, crate::error::StartupError> {
         let channel = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
             // The URI is ignored by the connector; tonic needs a valid one.
@@ -51,7 +51,7 @@ impl AgentLink {
         } else {
             endpoint(
                 Endpoint::from_shared(cfg.grpc.clone())
-                    .map_err(|e| ShimError::BadRequest(format!("agent address {:?}: {e}", cfg.grpc)))?,
+                    .map_err(|source| crate::error::StartupError::AgentAddress { address: cfg.grpc.clone(), source })?,
             )
             .tcp_nodelay(true)
             .connect_lazy()

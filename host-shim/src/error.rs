@@ -2,6 +2,23 @@
 
 use sluice_proto::common::{ErrorCode, ErrorDetail};
 
+/// Why the shim could not start (it then exits). Requests fail with
+/// [`ShimError`] instead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartupError {
+    #[error("socket {}: {source}", path.display())]
+    Socket { path: std::path::PathBuf, source: std::io::Error },
+    #[error("[agent] grpc = {address:?}: {source}")]
+    AgentAddress { address: String, source: tonic::transport::Error },
+    #[error("tenant {tenant:?}: shim secret: {source}")]
+    TenantSecret { tenant: String, source: sluice_proto::auth::SecretFileError },
+    #[error("memory_backend = \"doca\" needs a [doca] table")]
+    DocaConfig,
+    #[error("memory backend: {0}")]
+    Memory(Box<ShimError>),
+}
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ShimError {

@@ -15,7 +15,7 @@ use sluice_proto::agent::register_region_request::Export;
 
 use crate::agent_link::AgentLink;
 use crate::config::{MemoryBackendKind, ShimConfig};
-use crate::error::ShimError;
+use crate::error::{ShimError, StartupError};
 use crate::session::RegionSource;
 
 /// What keeps an export valid while the region is registered (the DOCA
@@ -32,17 +32,17 @@ pub enum MemoryBackend {
 impl MemoryBackend {
     /// Opens the backend named in the config; DOCA problems (library,
     /// device) are startup errors naming what is missing.
-    pub fn open(cfg: &ShimConfig) -> Result<Self, ShimError> {
+    pub fn open(cfg: &ShimConfig) -> Result<Self, StartupError> {
         match cfg.memory_backend {
             MemoryBackendKind::Colocated => Ok(Self::Colocated),
-            MemoryBackendKind::Doca => Self::open_doca(cfg),
+            MemoryBackendKind::Doca if cfg.doca.is_none() => Err(StartupError::DocaConfig),
+            MemoryBackendKind::Doca => Self::open_doca(cfg).map_err(|e| StartupError::Memory(Box::new(e))),
         }
     }
 
     #[cfg(feature = "doca")]
     fn open_doca(cfg: &ShimConfig) -> Result<Self, ShimError> {
-        let d =
-            cfg.doca.as_ref().ok_or_else(|| ShimError::BadRequest("memory_backend = \"doca\" needs [doca]".into()))?;
+        let d = cfg.doca.as_ref().ok_or(ShimError::Unsupported("no [doca] table".into()))?;
         Ok(Self::Doca(doca::Exporter::open(&d.device)?))
     }
 

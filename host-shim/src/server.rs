@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use crate::agent_link::AgentLink;
 use crate::config::ShimConfig;
-use crate::error::ShimError;
+use crate::error::StartupError;
 
 /// State every connection shares.
 pub struct Shared {
@@ -26,9 +26,9 @@ pub struct Shared {
 }
 
 /// Binds the socket (replacing a stale one) with the configured mode.
-pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, ShimError> {
+pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, StartupError> {
     let path = &cfg.socket;
-    let io = |e: std::io::Error| ShimError::BadRequest(format!("socket {}: {e}", path.display()));
+    let io = |source: std::io::Error| StartupError::Socket { path: path.clone(), source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
@@ -41,13 +41,14 @@ pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, ShimError> {
 }
 
 /// Serves clients until `shutdown` resolves.
-pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), ShimError> {
+pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartupError> {
     let listener = bind(&cfg)?;
     let agent = AgentLink::new(&cfg.agent)?;
     let shim_id = cfg.shim_id.clone().unwrap_or_else(host_name);
     let mut secrets = std::collections::HashMap::new();
     for (tenant, path) in &cfg.tenant_secrets {
-        let secret = sluice_proto::auth::read_secret_file(path).map_err(|e| ShimError::BadRequest(e.to_string()))?;
+        let secret = sluice_proto::auth::read_secret_file(path)
+            .map_err(|source| StartupError::TenantSecret { tenant: tenant.clone(), source })?;
         secrets.insert(tenant.clone(), secret);
     }
     let memory = crate::memory::MemoryBackend::open(&cfg)?;
@@ -91,4 +92,45 @@ fn host_name() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example() -> ShimConfig {
+        toml::from_str(include_str!("../../deploy/shim.example.toml")).unwrap()
+    }
+
+    /// Each way a shim cannot start has its own error, naming what to fix.
+    #[tokio::test]
+    async fn startup_failures_say_what_to_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = example();
+        cfg.socket = dir.path().join("s.sock");
+        cfg.agent.grpc = "not a uri".into();
+        let e = run(cfg.clone(), async {}).await.unwrap_err();
+        assert!(matches!(&e, StartupError::AgentAddress { address, .. } if address == "not a uri"), "{e}");
+
+        let mut cfg = example();
+        cfg.socket = dir.path().join("s.sock");
+        cfg.tenant_secrets.clear();
+        cfg.memory_backend = crate::config::MemoryBackendKind::Doca;
+        cfg.doca = None;
+        let e = run(cfg, async {}).await.unwrap_err();
+        assert!(matches!(e, StartupError::DocaConfig), "{e}");
+
+        let mut cfg = example();
+        cfg.socket = dir.path().join("s.sock");
+        cfg.tenant_secrets.clear();
+        cfg.tenant_secrets.insert("alpha".into(), dir.path().join("missing-secret"));
+        let e = run(cfg, async {}).await.unwrap_err();
+        assert!(matches!(&e, StartupError::TenantSecret { tenant, .. } if tenant == "alpha"), "{e}");
+
+        let mut cfg = example();
+        cfg.socket = std::path::PathBuf::from("/proc/sluice-cannot-be-here/s.sock");
+        let e = run(cfg, async {}).await.unwrap_err();
+        assert!(matches!(e, StartupError::Socket { .. }), "{e}");
+        assert!(e.to_string().contains("/proc/sluice-cannot-be-here"), "{e}");
+    }
 }
