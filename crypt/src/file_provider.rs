@@ -183,7 +183,7 @@ impl FileKeyProvider {
             .read_to_string(&mut text)
             .map_err(|_| key_file_error(&path, "is not readable text"))?;
         let hex = text.strip_suffix('\n').unwrap_or(&text);
-        MasterKey::from_hex(hex).map_err(|why| key_file_error(&path, why))
+        MasterKey::from_hex(hex).map_err(|why| key_file_error(&path, why.to_string()))
     }
 }
 

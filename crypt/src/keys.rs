@@ -66,6 +66,16 @@ impl fmt::Display for KeyId {
 #[derive(Clone, PartialEq, Eq)]
 pub struct MasterKey([u8; KEY_LEN]);
 
+/// Why a master key's hex text is not a key (never echoing the text,
+/// which is secret).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyHexError {
+    #[error("expected 64 hex digits, found {0} characters")]
+    Length(usize),
+    #[error("contains a character that is not a hex digit")]
+    NotHex,
+}
+
 impl MasterKey {
     pub fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
         MasterKey(bytes)
@@ -79,16 +89,16 @@ impl MasterKey {
     }
 
     /// Parses exactly 64 hex digits (either case). The error never echoes the input, which is secret.
-    pub fn from_hex(hex: &str) -> Result<Self, String> {
+    pub fn from_hex(hex: &str) -> Result<Self, KeyHexError> {
         let digits = hex.as_bytes();
         if digits.len() != 2 * KEY_LEN {
-            return Err(format!("expected {} hex digits, found {} characters", 2 * KEY_LEN, digits.len()));
+            return Err(KeyHexError::Length(digits.len()));
         }
         let mut bytes = [0u8; KEY_LEN];
         for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
             match (hex_value(pair[0]), hex_value(pair[1])) {
                 (Some(hi), Some(lo)) => *byte = hi << 4 | lo,
-                _ => return Err("contains a character that is not a hex digit".to_owned()),
+                _ => return Err(KeyHexError::NotHex),
             }
         }
         Ok(MasterKey(bytes))

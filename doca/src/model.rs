@@ -15,23 +15,30 @@ pub fn source_dir() -> PathBuf {
 
 /// Builds the model libraries into `dir` (needs a C compiler and OpenSSL's
 /// libcrypto headers: Debian `build-essential libssl-dev`).
-pub fn build(dir: &Path) -> Result<(), String> {
+pub fn build(dir: &Path) -> Result<(), ModelBuildError> {
     let script = source_dir().join("build.sh");
     let out = Command::new("bash")
         .arg(&script)
         .arg(dir)
         .output()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
+        .map_err(|source| ModelBuildError::Run { script: script.clone(), source })?;
     if !out.status.success() {
-        return Err(format!(
-            "{} failed ({}):\n{}{}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
+        return Err(ModelBuildError::Failed {
+            script,
+            status: out.status,
+            output: format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        });
     }
     Ok(())
+}
+
+/// Why the DOCA model could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelBuildError {
+    #[error("running {}: {source}", script.display())]
+    Run { script: PathBuf, source: std::io::Error },
+    #[error("{} failed ({status}):\n{output}", script.display())]
+    Failed { script: PathBuf, status: std::process::ExitStatus, output: String },
 }
 
 /// The model built once per process into a temporary folder that lives

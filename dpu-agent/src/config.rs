@@ -500,7 +500,7 @@ impl AgentConfig {
         if self.socket_mode > 0o777 {
             return bad(format!("socket_mode {:o} is not a permission mode", self.socket_mode));
         }
-        self.host_memory.validate().map_err(ConfigError::Invalid)?;
+        self.host_memory.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.encryption.engine == CipherEngine::Doca && self.encryption.doca_device.is_none() {
             return bad("[encryption] engine = \"doca\" needs doca_device = \"<PCI address or mlx5_N>\"".into());
         }

@@ -34,11 +34,18 @@ pub enum RegionSource {
     Blob(Vec<u8>),
 }
 
+/// A region as the agent knows it.
+enum AgentRegion {
+    /// Registered; the agent's id for it.
+    Id(String),
+    /// Could not be registered again after an agent restart (why).
+    Lost(String),
+}
+
 struct Region {
     len: u64,
-    /// The agent's id for it in the current agent session; `Err(why)` if it
-    /// could not be registered again after an agent restart.
-    agent_id: Result<String, String>,
+    /// The agent's id for it in the current agent session.
+    agent_id: AgentRegion,
     source: Arc<RegionSource>,
     /// Keeps a DOCA export valid until the agent has released the region.
     _guard: ExportGuard,
@@ -130,8 +137,8 @@ impl Session {
             None => String::new(),
             Some(id) => match inner.regions.get(id).map(|r| &r.agent_id) {
                 None => return Err(ShimError::UnknownRegion(id.to_owned())),
-                Some(Ok(agent_id)) => agent_id.clone(),
-                Some(Err(why)) => return Err(ShimError::RegionLost(id.to_owned(), why.clone())),
+                Some(AgentRegion::Id(agent_id)) => agent_id.clone(),
+                Some(AgentRegion::Lost(why)) => return Err(ShimError::RegionLost(id.to_owned(), why.clone())),
             },
         };
         Ok(Snapshot { session_id: inner.agent_session.clone(), region_id, generation: inner.generation })
@@ -148,8 +155,8 @@ impl Session {
         let ids = regions
             .map(|id| match inner.regions.get(id).map(|r| &r.agent_id) {
                 None => Err(ShimError::UnknownRegion(id.to_owned())),
-                Some(Ok(agent_id)) => Ok(agent_id.clone()),
-                Some(Err(why)) => Err(ShimError::RegionLost(id.to_owned(), why.clone())),
+                Some(AgentRegion::Id(agent_id)) => Ok(agent_id.clone()),
+                Some(AgentRegion::Lost(why)) => Err(ShimError::RegionLost(id.to_owned(), why.clone())),
             })
             .collect();
         let snap = Snapshot {
@@ -202,7 +209,7 @@ impl Session {
                     let mut inner = self.inner();
                     if inner.generation == snap.generation && !inner.closed {
                         let id = random_id();
-                        let agent_id = Ok(reply.into_inner().region_id);
+                        let agent_id = AgentRegion::Id(reply.into_inner().region_id);
                         inner.regions.insert(id.clone(), Region { len, agent_id, source, _guard: guard });
                         return Ok(id);
                     }
@@ -217,7 +224,10 @@ impl Session {
 
     /// Releases a region in the agent, then here.
     pub async fn release(&self, shared: &Shared, region_id: &str) -> Result<(), ShimError> {
-        let lost = matches!(self.inner().regions.get(region_id).map(|r| r.agent_id.is_err()), Some(true));
+        let lost = matches!(
+            self.inner().regions.get(region_id).map(|r| matches!(r.agent_id, AgentRegion::Lost(_))),
+            Some(true)
+        );
         if !lost {
             self.call(shared, Some(region_id), |snap| {
                 let mut agent = shared.agent.grpc.clone();
@@ -264,7 +274,7 @@ impl Session {
                 lost += 1;
                 warn!(tenant = %self.tenant, region = %id, error = %e, "could not register a region again");
             }
-            again.push((id, res.map_err(|e| e.to_string())));
+            again.push((id, res.map_or_else(|e| AgentRegion::Lost(e.to_string()), AgentRegion::Id)));
         }
         let mut inner = self.inner();
         inner.agent_session = session_id;

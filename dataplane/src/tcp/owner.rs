@@ -77,7 +77,7 @@ impl TcpOwner {
             }
             let h = match Header::decode(&hb) {
                 Ok(h) => h,
-                Err(m) => return refuse(&mut s, Status::Protocol, &m).await,
+                Err(e) => return refuse(&mut s, Status::Protocol, &e.to_string()).await,
             };
             let access = match h.op {
                 Op::Write => Access::RemoteWrite,

@@ -22,6 +22,17 @@ pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 36;
 pub const REPLY_LEN: usize = 16;
 
+/// A request header that is not one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("bad magic")]
+    Magic,
+    #[error("unsupported version {0}")]
+    Version(u8),
+    #[error("unknown op {0}")]
+    Op(u8),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     Write = 1,
@@ -58,17 +69,17 @@ impl Header {
         b
     }
 
-    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, String> {
+    pub fn decode(b: &[u8; HEADER_LEN]) -> Result<Self, HeaderError> {
         if b[0..4] != MAGIC {
-            return Err("bad magic".into());
+            return Err(HeaderError::Magic);
         }
         if b[4] != VERSION {
-            return Err(format!("unsupported version {}", b[4]));
+            return Err(HeaderError::Version(b[4]));
         }
         let op = match b[5] {
             1 => Op::Write,
             2 => Op::Read,
-            o => return Err(format!("unknown op {o}")),
+            o => return Err(HeaderError::Op(o)),
         };
         let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let u64_at = |i: usize| {

@@ -93,15 +93,28 @@ fn default_staging() -> usize {
     4 << 20
 }
 
+/// A `[host_memory]` section that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostMemoryConfigError {
+    #[error(
+        "[host_memory] backend = \"doca\" needs a [host_memory.doca] section with device = \"<pci address or mlx5_N>\""
+    )]
+    NoDocaSection,
+    #[error("[host_memory.doca] staging_bytes = {0} (must be 4096..=1073741824)")]
+    StagingBytes(usize),
+    #[error("[host_memory.doca] allowed_functions: {0:?} is not a PCI address")]
+    NotPci(String),
+}
+
 impl HostMemoryConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), HostMemoryConfigError> {
         match (self.backend, &self.doca) {
-            (BackendKind::Doca, None) => Err("[host_memory] backend = \"doca\" needs a [host_memory.doca] section with device = \"<pci address or mlx5_N>\"".into()),
+            (BackendKind::Doca, None) => Err(HostMemoryConfigError::NoDocaSection),
             (_, Some(d)) if d.staging_bytes < 4096 || d.staging_bytes > 1 << 30 => {
-                Err(format!("[host_memory.doca] staging_bytes = {} (must be 4096..=1073741824)", d.staging_bytes))
+                Err(HostMemoryConfigError::StagingBytes(d.staging_bytes))
             }
             (_, Some(d)) => match d.allowed_functions.iter().find(|f| !sluice_dataplane_pci(f)) {
-                Some(bad) => Err(format!("[host_memory.doca] allowed_functions: {bad:?} is not a PCI address")),
+                Some(bad) => Err(HostMemoryConfigError::NotPci(bad.clone())),
                 None => Ok(()),
             },
             _ => Ok(()),
@@ -200,11 +213,15 @@ mod tests {
         };
         assert!(HostMemoryConfig::default().validate().is_ok());
         assert!(doca(4 << 20, &["3b:00.0", "0000:5e:00.1"]).validate().is_ok());
-        let missing = HostMemoryConfig { backend: BackendKind::Doca, doca: None }.validate().unwrap_err();
+        let missing = HostMemoryConfig { backend: BackendKind::Doca, doca: None }.validate().unwrap_err().to_string();
         assert!(missing.contains("[host_memory.doca]"), "{missing}");
-        assert!(doca(100, &[]).validate().unwrap_err().contains("staging_bytes"));
-        assert!(doca(2 << 30, &[]).validate().unwrap_err().contains("staging_bytes"));
-        assert!(doca(4 << 20, &["mlx5_0"]).validate().unwrap_err().contains("\"mlx5_0\" is not a PCI address"));
+        assert!(doca(100, &[]).validate().unwrap_err().to_string().contains("staging_bytes"));
+        assert!(doca(2 << 30, &[]).validate().unwrap_err().to_string().contains("staging_bytes"));
+        assert!(doca(4 << 20, &["mlx5_0"])
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("\"mlx5_0\" is not a PCI address"));
         let bad: Result<HostMemoryConfig, _> = toml::from_str("backend = \"gpu\"");
         assert!(bad.is_err());
     }

@@ -72,19 +72,26 @@ pub struct Ipv4Net {
     pub len: u8,
 }
 
-impl std::str::FromStr for Ipv4Net {
-    type Err = String;
+/// Text that is not an IPv4 network; the message says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NetParseError(String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for Ipv4Net {
+    type Err = NetParseError;
+
+    fn from_str(s: &str) -> Result<Self, NetParseError> {
         let (addr, len) = s.split_once('/').unwrap_or((s, "32"));
-        let addr: Ipv4Addr = addr.parse().map_err(|_| format!("{s:?} is not an IPv4 network (a.b.c.d/len)"))?;
-        let len: u8 = len.parse().ok().filter(|l| *l <= 32).ok_or_else(|| format!("{s:?}: prefix length 0-32"))?;
+        let addr: Ipv4Addr =
+            addr.parse().map_err(|_| NetParseError(format!("{s:?} is not an IPv4 network (a.b.c.d/len)")))?;
+        let len: u8 =
+            len.parse().ok().filter(|l| *l <= 32).ok_or_else(|| NetParseError(format!("{s:?}: prefix length 0-32")))?;
         let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
         if u32::from(addr) & !mask != 0 {
-            return Err(format!(
+            return Err(NetParseError(format!(
                 "{s:?} has host bits set (the network is {}/{len})",
                 Ipv4Addr::from(u32::from(addr) & mask)
-            ));
+            )));
         }
         Ok(Self { addr, len })
     }
@@ -108,7 +115,7 @@ mod tests {
     fn networks_parse_strictly() {
         assert_eq!("10.1.0.0/16".parse::<Ipv4Net>().unwrap().to_string(), "10.1.0.0/16");
         assert_eq!("10.1.2.3".parse::<Ipv4Net>().unwrap().to_string(), "10.1.2.3");
-        assert!("10.1.2.3/16".parse::<Ipv4Net>().unwrap_err().contains("host bits"));
+        assert!("10.1.2.3/16".parse::<Ipv4Net>().unwrap_err().to_string().contains("host bits"));
         assert!("10.1.2.0/33".parse::<Ipv4Net>().is_err());
         assert!("fd00::/8".parse::<Ipv4Net>().is_err());
     }

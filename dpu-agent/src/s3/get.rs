@@ -71,6 +71,14 @@ struct FirstPart {
     crc: Option<u64>,
 }
 
+/// What the first ranged GET learned.
+enum First {
+    /// The object's size and ETag, and the reply carrying its first part.
+    Part { object_size: u64, etag: String, part: FirstPart },
+    /// A 0-byte object (no range is satisfiable; HEAD confirmed it).
+    Empty { etag: String },
+}
+
 impl ObjectStore {
     /// Reads `key` (or `length` bytes from `start`; `None` = to the end) into
     /// `region` at `offset`. Nothing is written unless the whole requested
@@ -116,11 +124,11 @@ impl ObjectStore {
             // The first part's slot is held until its body has streamed.
             let slot = enter(gate, length.unwrap_or(part).min(part)).await?;
             match self.first_part(key, &full, start, length, base, request_id).await? {
-                Ok((size, etag, first)) => {
-                    known_crc = first.crc;
-                    (size, etag, Some((first, slot)))
+                First::Part { object_size, etag, part } => {
+                    known_crc = part.crc;
+                    (object_size, etag, Some((part, slot)))
                 }
-                Err(empty_etag) => (0, empty_etag, None),
+                First::Empty { etag } => (0, etag, None),
             }
         };
         let end = match length {
@@ -251,7 +259,7 @@ impl ObjectStore {
         length: Option<u64>,
         base: usize,
         request_id: &str,
-    ) -> Result<Result<(u64, String, FirstPart), String>, S3Error> {
+    ) -> Result<First, S3Error> {
         let first_len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size);
         let first_end = start.saturating_add(first_len - 1);
         let first = self
@@ -275,7 +283,7 @@ impl ObjectStore {
                 if meta.size != 0 {
                     return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
                 }
-                return Ok(Err(meta.etag));
+                return Ok(First::Empty { etag: meta.etag });
             }
             Err(e) => return Err(e),
         };
@@ -300,7 +308,7 @@ impl ObjectStore {
             (0, len)
         };
         let crc = if body_start == 0 && first_end + 1 >= object_size { xml::full_object_crc(headers) } else { None };
-        Ok(Ok((object_size, etag, FirstPart { resp, body_start, asked_end: first_end + 1, crc })))
+        Ok(First::Part { object_size, etag, part: FirstPart { resp, body_start, asked_end: first_end + 1, crc } })
     }
 
     /// A ranged GET of `[from, to)`; `If-Match` on the ETag guards against
