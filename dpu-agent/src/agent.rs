@@ -16,8 +16,9 @@ use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
-use crate::s3::rdma::{Fallback, RdmaPath};
-use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore};
+use crate::s3::rdma::Fallback;
+use crate::s3::setup::StoreParts;
+use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore, S3Counters};
 use crate::session::{Registered, Session, Sessions};
 
 struct Tenant {
@@ -79,53 +80,22 @@ pub struct Agent {
 
 impl Agent {
     /// Builds the agent from its config: one S3 client per namespace, sharing
-    /// one connection pool. Secrets are read here and kept only in memory.
+    /// one connection pool (`s3::setup`).
     pub fn new(
         cfg: &AgentConfig,
         memory: Arc<dyn HostMemory>,
         metrics: Arc<Metrics>,
         dataplanes: &Dataplanes,
     ) -> Result<Self, StartupError> {
-        let http = crate::s3::http_client(&cfg.s3).map_err(StartupError::HttpClient)?;
-        let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
-            Some(dir) => Some(Arc::new(sluice_crypt::FileKeyProvider::new(dir).map_err(StartupError::KeyDir)?)),
-            None => None,
-        };
-        let cipher = crate::s3::cipher::chunk_cipher(&cfg.encryption)?;
+        let counters =
+            S3Counters { retries: metrics.s3_retries.clone(), multipart_aborts: metrics.multipart_aborts.clone() };
+        let parts = StoreParts::from_config(cfg, counters)?;
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let mut namespaces = HashMap::new();
             for ns in &t.namespaces {
-                let cred = cfg.credentials.get(&ns.credentials).ok_or_else(|| StartupError::MissingCredentials {
-                    namespace: ns.name.clone(),
-                    name: ns.credentials.clone(),
-                })?;
-                let secret = cred
-                    .load_secret()
-                    .map_err(|e| StartupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
                 let chosen = dataplanes.choose(&t.name, ns)?;
-                let rdma = chosen.transport.map(|(transport, kind)| RdmaPath {
-                    transport,
-                    kind,
-                    mode: ns.data_path,
-                    placement: ns.placement,
-                    min_bytes: ns.rdma_min_bytes,
-                });
-                let store = ObjectStore::new(
-                    http.clone(),
-                    ns,
-                    &t.name,
-                    cred.access_key.clone(),
-                    secret,
-                    cfg.s3.clone(),
-                    crate::s3::S3Counters {
-                        retries: metrics.s3_retries.clone(),
-                        multipart_aborts: metrics.multipart_aborts.clone(),
-                    },
-                    rdma,
-                )
-                .with_degraded(chosen.degraded)
-                .with_encryption(crate::s3::crypto::Encryption::for_namespace(ns, &keys, &cipher)?);
+                let store = ObjectStore::for_namespace(&parts, cfg, &t.name, ns, chosen.transport, chosen.degraded)?;
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });

@@ -2,13 +2,13 @@
 //! endpoints, with retries, ranged/concurrent GETs into host memory, single and
 //! multipart PUTs from host memory, HEAD, ListObjectsV2 and DELETE.
 
-pub mod cipher;
 pub mod crypto;
 mod error;
 mod get;
 mod put;
 pub mod rdma;
 mod request;
+pub mod setup;
 mod sigv4;
 mod xml;
 

@@ -1,12 +1,77 @@
-//! Building a namespace's encryption at startup: which AES-GCM engine
-//! seals chunks (ring, or the DPU's DOCA engine after its self-test), and
-//! the master keys it needs.
+//! Building the namespaces' stores at startup: the parts they share (one
+//! HTTP connection pool, the master keys, the chunk cipher: ring, or the
+//! DPU's DOCA engine after its self-test) and each namespace's
+//! [`ObjectStore`] with its credentials, data path and encryption.
 
 use std::sync::Arc;
 
+use sluice_dataplane::{Transport, TransportKind};
+
 use super::crypto::Encryption;
-use crate::config::{CipherEngine, EncryptionConfig, NamespaceConfig};
+use super::rdma::{Fallback, RdmaPath};
+use super::{ObjectStore, S3Counters};
+use crate::config::{AgentConfig, CipherEngine, EncryptionConfig, NamespaceConfig};
 use crate::error::StartupError;
+
+/// What every namespace's store shares.
+pub struct StoreParts {
+    http: reqwest::Client,
+    keys: Option<Arc<dyn sluice_crypt::KeyProvider>>,
+    cipher: Arc<dyn sluice_crypt::Cipher>,
+    counters: S3Counters,
+}
+
+impl StoreParts {
+    pub fn from_config(cfg: &AgentConfig, counters: S3Counters) -> Result<Self, StartupError> {
+        let http = super::http_client(&cfg.s3).map_err(StartupError::HttpClient)?;
+        let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
+            Some(dir) => Some(Arc::new(sluice_crypt::FileKeyProvider::new(dir).map_err(StartupError::KeyDir)?)),
+            None => None,
+        };
+        let cipher = chunk_cipher(&cfg.encryption)?;
+        Ok(Self { http, keys, cipher, counters })
+    }
+}
+
+impl ObjectStore {
+    /// Namespace `ns` of `tenant`, moving bytes over `transport` (`None`:
+    /// HTTP); `degraded` when that is a fallback. Its secret is read here
+    /// and kept only in memory.
+    pub fn for_namespace(
+        parts: &StoreParts,
+        cfg: &AgentConfig,
+        tenant: &str,
+        ns: &NamespaceConfig,
+        transport: Option<(Arc<dyn Transport>, TransportKind)>,
+        degraded: Option<Fallback>,
+    ) -> Result<Self, StartupError> {
+        let cred = cfg.credentials.get(&ns.credentials).ok_or_else(|| StartupError::MissingCredentials {
+            namespace: ns.name.clone(),
+            name: ns.credentials.clone(),
+        })?;
+        let secret = cred
+            .load_secret()
+            .map_err(|e| StartupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
+        let rdma = transport.map(|(transport, kind)| RdmaPath {
+            transport,
+            kind,
+            mode: ns.data_path,
+            placement: ns.placement,
+            min_bytes: ns.rdma_min_bytes,
+        });
+        let store = Self::new(
+            parts.http.clone(),
+            ns,
+            tenant,
+            cred.access_key.clone(),
+            secret,
+            cfg.s3.clone(),
+            parts.counters.clone(),
+            rdma,
+        );
+        Ok(store.with_degraded(degraded).with_encryption(Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?))
+    }
+}
 
 impl Encryption {
     /// A namespace's encryption, if it has it (its tenant's master keys come
@@ -26,7 +91,7 @@ impl Encryption {
 
 /// The configured chunk cipher. A DOCA engine must pass the known-answer
 /// self-test before it sees data.
-pub fn chunk_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
+fn chunk_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
     match cfg.engine {
         CipherEngine::Ring => Ok(Arc::new(sluice_crypt::RingCipher)),
         CipherEngine::Doca => doca_cipher(cfg),
