@@ -9,6 +9,8 @@
 //! `sluice-bench encryption`: encrypted vs plaintext GET, and raw
 //! AES-256-GCM on one core (see `encryption.rs`).
 
+#![forbid(unsafe_code)]
+
 mod encryption;
 
 use std::io::{Read, Write};

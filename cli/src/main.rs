@@ -1,6 +1,8 @@
 //! `sluice`: command-line client for the host shim, and the local-stack
 //! launcher used by the quickstart.
 
+#![forbid(unsafe_code)]
+
 mod bench;
 mod demo;
 mod ops;

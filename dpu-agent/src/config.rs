@@ -262,7 +262,9 @@ pub struct NamespaceConfig {
     #[serde(default, deserialize_with = "from_name")]
     pub transport: TransportKind,
     /// `direct`: the store writes into / reads from the host region itself.
-    /// `staged`: through an agent-side buffer (needed to decrypt).
+    /// `staged`: through an agent-side buffer, copied into the region after
+    /// each part (encrypted namespaces never use RDMA; they are staged over
+    /// HTTP, where the agent decrypts).
     #[serde(default)]
     pub placement: Placement,
     /// In `auto` mode, parts smaller than this go over HTTP.

@@ -2,7 +2,8 @@
 //! memfd shared memory, its mapping, and passing file descriptors over Unix
 //! sockets (SCM_RIGHTS).
 //!
-//! All of Sluice's non-FFI `unsafe` lives in this crate. Every block carries a
+//! One of the five crates that may hold `unsafe` (with the bindings, `rdma`
+//! and `doca`; docs/architecture.md#unsafe). Every block carries a
 //! `// SAFETY:` comment naming the invariant it relies on.
 
 mod fdpass;

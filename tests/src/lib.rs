@@ -4,6 +4,8 @@
 //!
 //! The binaries must be built first (`cargo build --workspace --bins`;
 //! `scripts/test` does it). A missing binary fails the test with that advice.
+
+#![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 mod proxy;
