@@ -35,19 +35,20 @@ impl MemoryBackend {
     pub fn open(cfg: &ShimConfig) -> Result<Self, StartupError> {
         match cfg.memory_backend {
             MemoryBackendKind::Colocated => Ok(Self::Colocated),
-            MemoryBackendKind::Doca if cfg.doca.is_none() => Err(StartupError::DocaConfig),
-            MemoryBackendKind::Doca => Self::open_doca(cfg).map_err(|e| StartupError::Memory(Box::new(e))),
+            MemoryBackendKind::Doca => match &cfg.doca {
+                None => Err(StartupError::DocaConfig),
+                Some(d) => Self::open_doca(d).map_err(|e| StartupError::Memory(Box::new(e))),
+            },
         }
     }
 
     #[cfg(feature = "doca")]
-    fn open_doca(cfg: &ShimConfig) -> Result<Self, ShimError> {
-        let d = cfg.doca.as_ref().ok_or(ShimError::Unsupported("no [doca] table".into()))?;
+    fn open_doca(d: &crate::config::ShimDocaConfig) -> Result<Self, ShimError> {
         Ok(Self::Doca(doca::Exporter::open(&d.device)?))
     }
 
     #[cfg(not(feature = "doca"))]
-    fn open_doca(_cfg: &ShimConfig) -> Result<Self, ShimError> {
+    fn open_doca(_doca: &crate::config::ShimDocaConfig) -> Result<Self, ShimError> {
         Err(ShimError::Unsupported(
             "memory_backend = \"doca\", but this sluice-shim was built without the `doca` feature \
              (cargo build -p sluice-shim --features doca; the Debian package has it)"
