@@ -7,6 +7,7 @@ usage: s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY sha256 BUCKET KEY
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY rdma-put BUCKET KEY TOKEN
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY put BUCKET KEY FILE
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY count BUCKET PREFIX
+       s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY exists BUCKET KEY
 """
 import hashlib
 import json
@@ -64,6 +65,14 @@ def main() -> int:
         # copy BUCKET KEY DEST_KEY: server-side copy, metadata included.
         s3.copy_object(Bucket=bucket, Key=rest[0], CopySource={"Bucket": bucket, "Key": key})
         print("ok")
+    elif cmd == "exists":
+        try:
+            s3.head_object(Bucket=bucket, Key=key)
+            print("yes")
+        except s3.exceptions.ClientError as e:
+            if e.response["Error"]["Code"] not in ("404", "NoSuchKey", "NotFound"):
+                raise
+            print("no")
     elif cmd == "count":
         n = 0
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):

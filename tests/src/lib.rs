@@ -10,6 +10,7 @@
 
 pub mod moto;
 mod proxy;
+pub mod stores;
 pub use proxy::Proxy;
 
 use std::net::SocketAddr;
@@ -105,6 +106,8 @@ pub struct Options {
     /// Top-level settings and tables of the gateway config, placed before
     /// its `[rdma]` table (e.g. `header_timeout_ms`, `[multipart]`).
     pub gateway_extra: String,
+    /// Key prefix of alpha's namespace "scoped" in bucket "data".
+    pub scoped_prefix: String,
 }
 
 impl Default for Options {
@@ -129,6 +132,7 @@ impl Default for Options {
             shim_limits: String::new(),
             agent_limits: String::new(),
             gateway_extra: String::new(),
+            scoped_prefix: "tenants/alpha/".into(),
         }
     }
 }
@@ -301,8 +305,8 @@ impl Stack {
         }
         let cfg = d.join("agent.toml");
         std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"tenants/alpha/\"\ncredentials = \"good\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
-            opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display())).expect("write config");
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"{scoped}\"\ncredentials = \"main\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display(), scoped = opts.scoped_prefix)).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs
@@ -528,6 +532,11 @@ pub fn sha256(data: &[u8]) -> String {
 /// Runs the boto3 oracle script (an S3 client unrelated to ours).
 /// `SLUICE_TEST_PYTHON` names the interpreter (scripts/test sets up a venv).
 pub fn boto3(gateway: SocketAddr, args: &[&str]) -> String {
+    boto3_as(gateway, (ACCESS_KEY, SECRET_KEY), args)
+}
+
+/// [`boto3`] against any S3 store, with its keys.
+pub fn boto3_as(store: SocketAddr, (access_key, secret_key): (&str, &str), args: &[&str]) -> String {
     let python = std::env::var("SLUICE_TEST_PYTHON").unwrap_or_else(|_| {
         let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
         venv.to_string_lossy().into_owned()
@@ -535,8 +544,8 @@ pub fn boto3(gateway: SocketAddr, args: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("oracle/s3_oracle.py");
     let out = Command::new(&python)
         .arg(script)
-        .arg(format!("http://{gateway}"))
-        .args([ACCESS_KEY, SECRET_KEY])
+        .arg(format!("http://{store}"))
+        .args([access_key, secret_key])
         .args(args)
         .output()
         .unwrap_or_else(|e| {

@@ -16,11 +16,11 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use sluice_crypt::{CryptError, KeyProvider, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN};
 
+use super::client::{header, Body, PartOf, PutBody, RangedGet};
 use super::get::GetOutcome;
 use super::put::PutOutcome;
 use super::rdma::Via;
-use super::request::{Payload, Spec};
-use super::{enter, error, xml, Gate, ObjectStore, S3Error};
+use super::{enter, xml, Gate, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
 
 /// A namespace's encryption settings.
@@ -122,10 +122,10 @@ fn give_buffer(mut b: Vec<u8>) {
 }
 
 /// Reads a response body into one buffer sized for `expected` bytes.
-async fn read_body(mut resp: reqwest::Response, expected: u64) -> Result<Vec<u8>, S3Error> {
+async fn read_body(mut body: Body, expected: u64) -> Result<Vec<u8>, S3Error> {
     let mut out = take_buffer(expected as usize);
-    while let Some(c) = resp.chunk().await.map_err(S3Error::from_reqwest)? {
-        out.extend_from_slice(&c);
+    while let Some(c) = body.next().await {
+        out.extend_from_slice(&c?);
         if out.len() as u64 > expected {
             break;
         }
@@ -134,7 +134,7 @@ async fn read_body(mut resp: reqwest::Response, expected: u64) -> Result<Vec<u8>
 }
 
 /// The `sluice-*` user metadata of a HEAD response (`x-amz-meta-` stripped).
-fn metadata_of(headers: &reqwest::header::HeaderMap) -> Result<Option<Metadata>, S3Error> {
+fn metadata_of(headers: &http::HeaderMap) -> Result<Option<Metadata>, S3Error> {
     let pairs = headers.iter().filter_map(|(k, v)| {
         let name = k.as_str().strip_prefix("x-amz-meta-")?;
         Some((name.to_owned(), v.to_str().ok()?.to_owned()))
@@ -160,9 +160,8 @@ impl ObjectStore {
         let full = &self.full_key(key);
         let base = self.next_base();
         self.retrying(|attempt| async move {
-            let spec = Spec::new(http::Method::HEAD, self.endpoint(base, attempt)).key(full);
-            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-            Ok((xml::meta_from_headers(key, resp.headers())?, metadata_of(resp.headers())?))
+            let headers = self.client.head(self.at(base, attempt, full, request_id)).await?;
+            Ok((xml::meta_from_headers(key, &headers)?, metadata_of(&headers)?))
         })
         .await
     }
@@ -178,12 +177,12 @@ impl ObjectStore {
     ) -> Result<Vec<u8>, S3Error> {
         let base = self.next_base();
         self.retrying(|attempt| async move {
-            let spec = self.part_spec(self.endpoint(base, attempt), full, from, to, etag);
-            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-            if resp.status() != http::StatusCode::PARTIAL_CONTENT {
-                return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status())));
+            let resp =
+                self.client.get(self.at(base, attempt, full, request_id), Self::part_get(from, to, etag)).await?;
+            if resp.status != http::StatusCode::PARTIAL_CONTENT {
+                return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status)));
             }
-            let body = read_body(resp, to - from).await?;
+            let body = read_body(resp.body, to - from).await?;
             if body.len() as u64 != to - from {
                 // A short body is a truncated object or a broken transfer.
                 return Err(S3Error::Integrity(format!("asked for {} bytes, got {}", to - from, body.len())));
@@ -199,19 +198,16 @@ impl ObjectStore {
     async fn fetch_head_bytes(&self, full: &str, to: u64, request_id: &str) -> Result<(Vec<u8>, u64, String), S3Error> {
         let base = self.next_base();
         self.retrying(|attempt| async move {
-            let spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
-                .key(full)
-                .header("range", format!("bytes=0-{}", to - 1));
-            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-            let h = resp.headers();
-            let etag = h.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-            let total = match h.get("content-range").and_then(|v| v.to_str().ok()) {
+            let req = RangedGet { first: 0, last: to - 1, ..Default::default() };
+            let resp = self.client.get(self.at(base, attempt, full, request_id), req).await?;
+            let etag = resp.header("etag").to_owned();
+            let total = match resp.headers.get("content-range").and_then(|v| v.to_str().ok()) {
                 Some(cr) => cr.rsplit('/').next().and_then(|t| t.parse().ok()),
-                None => h.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()),
+                None => header(&resp.headers, "content-length").parse().ok(),
             }
             .ok_or_else(|| S3Error::Protocol("ranged GET without a usable Content-Range".into()))?;
             let want = to.min(total);
-            let mut body = read_body(resp, want).await?;
+            let mut body = read_body(resp.body, want).await?;
             if (body.len() as u64) < want {
                 return Err(S3Error::Integrity(format!("asked for {want} bytes, got {}", body.len())));
             }
@@ -403,15 +399,11 @@ impl ObjectStore {
             let base = self.next_base();
             let etag = self
                 .retrying(|attempt| {
-                    let (full, body) = (&full, body.clone());
+                    let (full, body) = (&full, PutBody::Bytes(body.clone()));
                     async move {
-                        let mut spec = Spec::new(http::Method::PUT, self.endpoint(base, attempt)).key(full);
-                        for (k, v) in headers {
-                            spec = spec.header(k, v.clone());
-                        }
-                        let spec = spec.payload(Payload::Bytes(body));
-                        let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-                        Ok(super::put::etag_of(&resp))
+                        let reply =
+                            self.client.put(self.at(base, attempt, full, request_id), None, headers, body).await?;
+                        Ok(super::put::etag_of(&reply))
                     }
                 })
                 .await?;
@@ -430,18 +422,13 @@ impl ObjectStore {
                 let body =
                     Self::sealed_part(sealer, (first == 0).then_some(header), region.clone(), offset, first, last)
                         .await?;
-                let number = (i + 1).to_string();
+                let part = Some(PartOf { upload_id: upload, number: i as u64 + 1 });
                 let etag = self
                     .retrying(|attempt| {
-                        let (body, number) = (body.clone(), number.clone());
+                        let body = PutBody::Bytes(body.clone());
                         async move {
-                            let spec = Spec::new(http::Method::PUT, self.endpoint(base + i, attempt))
-                                .key(full)
-                                .query("partNumber", &number)
-                                .query("uploadId", upload)
-                                .payload(Payload::Bytes(body));
-                            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-                            Ok(super::put::etag_of(&resp))
+                            let at = self.at(base + i, attempt, full, request_id);
+                            Ok(super::put::etag_of(&self.client.put(at, part, &[], body).await?))
                         }
                     })
                     .await?;

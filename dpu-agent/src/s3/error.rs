@@ -41,6 +41,10 @@ pub enum S3Error {
     /// Keys or the encryption machinery failed (not the object's fault).
     #[error("encryption: {0}")]
     Encryption(String),
+    /// The store declined a data path token (the part then goes over
+    /// HTTP; this error never leaves the S3 client's caller).
+    #[error("{0}")]
+    RdmaDeclined(String),
 }
 
 fn attempts_note(n: u32) -> String {
@@ -84,6 +88,7 @@ impl S3Error {
             Self::TransferFailed { .. } => ErrorCode::TransferFailed,
             Self::DoesNotFit { .. } => ErrorCode::RegionTooSmall,
             Self::Destination(_) | Self::Protocol(_) | Self::Encryption(_) => ErrorCode::Internal,
+            Self::RdmaDeclined(_) => ErrorCode::TransferFailed,
             Self::Integrity(_) => ErrorCode::Integrity,
             Self::Quota(_) => ErrorCode::QuotaExceeded,
         }
@@ -132,28 +137,6 @@ impl S3Error {
             _ => Self::Rejected { status, code, message },
         }
     }
-}
-
-/// Passes a success response through; turns anything else into an [`S3Error`].
-pub(super) async fn check(resp: reqwest::Response, key: Option<&str>) -> Result<reqwest::Response, S3Error> {
-    let status = resp.status();
-    if status.is_success() {
-        return Ok(resp);
-    }
-    // Error bodies are small; cap what we read so a broken server cannot make us buffer much.
-    let body = read_capped(resp, 64 << 10).await;
-    Err(S3Error::from_response(status.as_u16(), &body, key))
-}
-
-async fn read_capped(mut resp: reqwest::Response, cap: usize) -> String {
-    let mut out = Vec::new();
-    while let Ok(Some(chunk)) = resp.chunk().await {
-        out.extend_from_slice(&chunk[..chunk.len().min(cap - out.len())]);
-        if out.len() >= cap {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
+use super::client::{Body, RangedGet, Reply};
 use super::rdma::{Fallback, Via};
-use super::request::Spec;
-use super::{enter, error, xml, Gate, ObjectStore, S3Error};
+use super::{enter, xml, Gate, ObjectStore, S3Error};
 use crate::config::DataPathMode;
 use crate::hostmem::HostRegion;
 
@@ -62,7 +62,7 @@ fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
 
 /// The first HTTP response of a GET, which carries the first part.
 struct FirstPart {
-    resp: reqwest::Response,
+    resp: Reply,
     body_start: u64,
     /// End (exclusive) of what was asked for.
     asked_end: u64,
@@ -160,7 +160,7 @@ impl ObjectStore {
             futs.push(Box::pin(async move {
                 let _slot = slot;
                 let len = cover - body_start;
-                let crc = match stream_body(resp, region, offset, len).await {
+                let crc = match stream_body(resp.body, region, offset, len).await {
                     Ok(crc) => crc,
                     Err(e) if e.is_retryable() => {
                         tracing::warn!(error = %e, "first part broke; re-fetching it");
@@ -263,16 +263,11 @@ impl ObjectStore {
         let first_len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size);
         let first_end = start.saturating_add(first_len - 1);
         let first = self
-            .retrying(|attempt| async move {
-                let mut spec = Spec::new(http::Method::GET, self.endpoint(base, attempt))
-                    .key(full)
-                    .header("range", format!("bytes={start}-{first_end}"));
-                if start == 0 {
-                    // Stores send the full-object checksum when the reply
-                    // holds the whole object.
-                    spec = spec.header("x-amz-checksum-mode", "ENABLED".into());
-                }
-                error::check(self.send(spec, request_id).await?, Some(full)).await
+            .retrying(|attempt| {
+                // Stores send the full-object checksum when the reply holds
+                // the whole object.
+                let req = RangedGet { first: start, last: first_end, checksum_mode: start == 0, ..Default::default() };
+                self.client.get(self.at(base, attempt, full, request_id), req)
             })
             .await;
         let resp = match first {
@@ -287,11 +282,11 @@ impl ObjectStore {
             }
             Err(e) => return Err(e),
         };
-        let headers = resp.headers();
+        let headers = &resp.headers;
         let etag = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
         let content_length: Option<u64> =
             headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let (body_start, object_size) = if resp.status() == http::StatusCode::PARTIAL_CONTENT {
+        let (body_start, object_size) = if resp.status == http::StatusCode::PARTIAL_CONTENT {
             let cr = headers.get("content-range").and_then(|v| v.to_str().ok()).unwrap_or_default();
             let (a, _b, total) =
                 parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
@@ -313,13 +308,8 @@ impl ObjectStore {
 
     /// A ranged GET of `[from, to)`; `If-Match` on the ETag guards against
     /// the object changing between parts (HTTP and RDMA parts alike).
-    pub(super) fn part_spec<'a>(&self, endpoint: &'a str, full: &'a str, from: u64, to: u64, etag: &str) -> Spec<'a> {
-        let spec = Spec::new(http::Method::GET, endpoint).key(full).header("range", format!("bytes={from}-{}", to - 1));
-        if etag.is_empty() {
-            spec
-        } else {
-            spec.header("if-match", etag.to_owned())
-        }
+    pub(super) fn part_get(from: u64, to: u64, etag: &str) -> RangedGet<'_> {
+        RangedGet { first: from, last: to - 1, if_match: (!etag.is_empty()).then_some(etag), ..Default::default() }
     }
 
     /// Fetches `[from, to)` into `region` at `dst`, with retries. `If-Match`
@@ -338,13 +328,13 @@ impl ObjectStore {
         request_id: &str,
     ) -> Result<u64, S3Error> {
         self.retrying(|attempt| async move {
-            let spec = self.part_spec(self.endpoint(base, attempt), full, from, to, version.etag);
-            let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-            if resp.status() != http::StatusCode::PARTIAL_CONTENT {
-                return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status())));
+            let req = Self::part_get(from, to, version.etag);
+            let resp = self.client.get(self.at(base, attempt, full, request_id), req).await?;
+            if resp.status != http::StatusCode::PARTIAL_CONTENT {
+                return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status)));
             }
-            version.check(resp.headers(), from, to)?;
-            stream_body(resp, region, dst, to - from).await
+            version.check(&resp.headers, from, to)?;
+            stream_body(resp.body, region, dst, to - from).await
         })
         .await
     }
@@ -388,27 +378,21 @@ impl Version<'_> {
     }
 }
 
-/// Streams exactly `expected` bytes of `resp`'s body into `region` at `dst`;
+/// Streams exactly `expected` bytes of `body` into `region` at `dst`;
 /// returns their CRC64NVME. Extra bytes beyond `expected` (a store that
 /// ignored Range) are not read.
-async fn stream_body(
-    mut resp: reqwest::Response,
-    region: &Arc<dyn HostRegion>,
-    dst: u64,
-    expected: u64,
-) -> Result<u64, S3Error> {
+async fn stream_body(mut body: Body, region: &Arc<dyn HostRegion>, dst: u64, expected: u64) -> Result<u64, S3Error> {
     let mut digest = crc64fast_nvme::Digest::new();
     let mut got = 0u64;
     while got < expected {
-        let chunk = match resp.chunk().await {
-            Ok(Some(c)) => c,
-            Ok(None) => {
+        let chunk = match body.next().await {
+            Some(c) => c?,
+            None => {
                 return Err(S3Error::TransferFailed {
                     message: format!("body ended after {got} of {expected} bytes"),
                     attempts: 1,
                 })
             }
-            Err(e) => return Err(S3Error::from_reqwest(e)),
         };
         let take = (chunk.len() as u64).min(expected - got) as usize;
         region.write_at(dst + got, &chunk[..take]).map_err(|e| S3Error::Destination(e.to_string()))?;

@@ -1,19 +1,32 @@
-//! The agent's S3 client: SigV4-signed requests over HTTP(S) to one namespace's
-//! endpoints, with retries, ranged/concurrent GETs into host memory, single and
-//! multipart PUTs from host memory, HEAD, ListObjectsV2 and DELETE.
+//! The agent's S3 access for one namespace: ranged, concurrent GETs into
+//! host memory, single and multipart PUTs from host memory, HEAD,
+//! ListObjectsV2 and DELETE, with retries across the namespace's endpoints,
+//! the RDMA data path and inline encryption. Each S3 request goes through
+//! an [`S3Client`] (SigV4 over HTTP in the agent; in memory in tests).
 
+pub mod client;
 pub mod crypto;
 mod error;
+#[cfg(test)]
+mod failing;
 mod get;
+pub mod http_client;
+#[cfg(test)]
+mod mock;
 mod put;
 pub mod rdma;
-mod request;
 pub mod setup;
 mod sigv4;
+#[cfg(test)]
+mod transfer_tests;
 mod xml;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
+
+pub use client::S3Client;
+use client::Target;
 
 pub use error::S3Error;
 pub use get::GetOutcome;
@@ -70,12 +83,12 @@ impl DataPathUsed {
 /// One namespace's view of an S3 store: endpoints, bucket, key prefix,
 /// region and credentials.
 pub struct ObjectStore {
-    http: reqwest::Client,
+    /// Sends each S3 request.
+    client: Arc<dyn S3Client>,
     endpoints: Vec<String>,
+    /// Part of the encrypted objects' associated data.
     bucket: String,
     prefix: String,
-    /// Signs requests with the namespace's credentials and region.
-    signer: sigv4::Signer,
     tuning: S3Tuning,
     next_endpoint: AtomicUsize,
     counters: S3Counters,
@@ -103,35 +116,21 @@ impl std::fmt::Debug for ObjectStore {
     }
 }
 
-/// Builds the HTTP client shared by all namespaces (one connection pool).
-pub fn http_client(tuning: &S3Tuning) -> Result<reqwest::Client, S3Error> {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_millis(tuning.connect_timeout_ms))
-        .read_timeout(Duration::from_millis(tuning.read_timeout_ms))
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(64)
-        .build()
-        .map_err(|e| S3Error::Protocol(format!("building HTTP client: {e}")))
-}
-
 impl ObjectStore {
-    #[allow(clippy::too_many_arguments)]
+    /// Namespace `ns` of `tenant`, whose requests `client` sends.
     pub fn new(
-        http: reqwest::Client,
+        client: Arc<dyn S3Client>,
         ns: &NamespaceConfig,
         tenant: &str,
-        access_key: String,
-        secret_key: String,
         tuning: S3Tuning,
         counters: S3Counters,
         rdma: Option<rdma::RdmaPath>,
     ) -> Self {
         Self {
-            http,
+            client,
             endpoints: ns.endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect(),
             bucket: ns.bucket.clone(),
             prefix: ns.prefix.clone(),
-            signer: sigv4::Signer::new(access_key, secret_key, ns.region.clone()),
             tuning,
             next_endpoint: AtomicUsize::new(0),
             counters,
@@ -209,6 +208,11 @@ impl ObjectStore {
         &self.endpoints[(base + attempt as usize) % self.endpoints.len()]
     }
 
+    /// The `attempt`-th try at stored key `full` (see [`Self::endpoint`]).
+    fn at<'a>(&'a self, base: usize, attempt: u32, full: &'a str, request_id: &'a str) -> Target<'a> {
+        Target { endpoint: self.endpoint(base, attempt), key: full, request_id }
+    }
+
     /// A fresh round-robin starting point.
     fn next_base(&self) -> usize {
         self.next_endpoint.fetch_add(1, Ordering::Relaxed)
@@ -256,16 +260,8 @@ impl ObjectStore {
         let full = &self.full_key(key);
         let base = self.next_base();
         self.retrying(|attempt| async move {
-            let resp = self
-                .send(
-                    request::Spec::new(http::Method::HEAD, self.endpoint(base, attempt))
-                        .key(full)
-                        .header("x-amz-checksum-mode", "ENABLED".into()),
-                    request_id,
-                )
-                .await?;
-            let resp = error::check(resp, Some(full)).await?;
-            xml::meta_from_headers(key, resp.headers())
+            let headers = self.client.head(self.at(base, attempt, full, request_id)).await?;
+            xml::meta_from_headers(key, &headers)
         })
         .await
     }
@@ -274,14 +270,7 @@ impl ObjectStore {
     pub async fn delete(&self, key: &str, request_id: &str) -> Result<(), S3Error> {
         let full = &self.full_key(key);
         let base = self.next_base();
-        self.retrying(|attempt| async move {
-            let resp = self
-                .send(request::Spec::new(http::Method::DELETE, self.endpoint(base, attempt)).key(full), request_id)
-                .await?;
-            error::check(resp, Some(full)).await?;
-            Ok(())
-        })
-        .await
+        self.retrying(|attempt| self.client.delete(self.at(base, attempt, full, request_id))).await
     }
 
     /// One page of ListObjectsV2 under the namespace prefix + `prefix`; keys come
@@ -296,28 +285,8 @@ impl ObjectStore {
     ) -> Result<ListPage, S3Error> {
         let full_prefix = self.full_key(prefix);
         let base = self.next_base();
-        let mut page = self
-            .retrying(|attempt| {
-                let full_prefix = full_prefix.clone();
-                async move {
-                    let mut spec = request::Spec::new(http::Method::GET, self.endpoint(base, attempt))
-                        .query("list-type", "2")
-                        .query("prefix", &full_prefix);
-                    if !continuation_token.is_empty() {
-                        spec = spec.query("continuation-token", continuation_token);
-                    }
-                    if max_keys > 0 {
-                        spec = spec.query("max-keys", &max_keys.to_string());
-                    }
-                    if !delimiter.is_empty() {
-                        spec = spec.query("delimiter", delimiter);
-                    }
-                    let resp = error::check(self.send(spec, request_id).await?, None).await?;
-                    let body = resp.text().await.map_err(S3Error::from_reqwest)?;
-                    xml::parse_list(&body)
-                }
-            })
-            .await?;
+        let query = client::ListQuery { prefix: &full_prefix, continuation_token, max_keys, delimiter };
+        let mut page = self.retrying(|attempt| self.client.list(self.at(base, attempt, "", request_id), query)).await?;
         // Strip the namespace prefix: tenants never see how they are laid out.
         for o in &mut page.objects {
             if let Some(k) = o.key.strip_prefix(&self.prefix) {

@@ -4,16 +4,12 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 
+use super::client::{PartOf, PutBody};
 use super::rdma::{Fallback, Via};
-use super::request::{Payload, Spec};
-use super::{enter, error, xml, Gate, ObjectStore, S3Error};
+use super::{enter, Gate, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
-
-/// Bytes read from the region per body chunk.
-const BODY_CHUNK: u64 = 1 << 20;
 
 /// What a PUT stored.
 #[derive(Debug, Clone)]
@@ -39,27 +35,6 @@ impl PutOutcome {
                 .collect(),
         }
     }
-}
-
-/// A streamed body over `[offset, offset+len)` of the region.
-fn region_body(region: Arc<dyn HostRegion>, offset: u64, len: u64) -> Payload {
-    let end = offset + len;
-    let stream = futures::stream::unfold(offset, move |pos| {
-        let region = region.clone();
-        async move {
-            if pos >= end {
-                return None;
-            }
-            let n = (end - pos).min(BODY_CHUNK) as usize;
-            let mut buf = BytesMut::zeroed(n);
-            let item = region
-                .read_at(pos, &mut buf)
-                .map(|()| Bytes::from(buf))
-                .map_err(|e| std::io::Error::other(e.to_string()));
-            Some((item, pos + n as u64))
-        }
-    });
-    Payload::Stream { body: reqwest::Body::wrap_stream(stream), len }
 }
 
 impl ObjectStore {
@@ -97,21 +72,16 @@ impl ObjectStore {
         }
         // The store checks the bytes against it and keeps it as the
         // object's full-object checksum (returned on GET and HEAD).
-        let crc = super::rdma::crc64nvme_header(region, offset, len).await?;
+        let mut headers = vec![("x-amz-checksum-crc64nvme", super::rdma::crc64nvme_header(region, offset, len).await?)];
+        if !content_type.is_empty() {
+            headers.push(("content-type", content_type.to_owned()));
+        }
+        let (full, headers) = (&full, &headers);
         let etag = self
-            .retrying(|attempt| {
-                let (full, crc) = (&full, crc.clone());
-                async move {
-                    let mut spec = Spec::new(http::Method::PUT, self.endpoint(base, attempt))
-                        .key(full)
-                        .header("x-amz-checksum-crc64nvme", crc)
-                        .payload(region_body(region.clone(), offset, len));
-                    if !content_type.is_empty() {
-                        spec = spec.header("content-type", content_type.to_owned());
-                    }
-                    let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-                    Ok(etag_of(&resp))
-                }
+            .retrying(|attempt| async move {
+                let body = PutBody::Region { region: region.clone(), offset, len };
+                let reply = self.client.put(self.at(base, attempt, full, request_id), None, headers, body).await?;
+                Ok(etag_of(&reply))
             })
             .await?;
         Ok(PutOutcome::from_parts(etag, &[via]))
@@ -140,7 +110,6 @@ impl ObjectStore {
             let upload = upload_id;
             let from = i * part;
             let n = part.min(len - from);
-            let number = (i + 1).to_string();
             let _slot = enter(gate, n).await?;
             let mut via = Via::Http;
             if let Some(r) = self.rdma_for(n) {
@@ -152,20 +121,13 @@ impl ObjectStore {
                     }
                 }
             }
-            let crc = super::rdma::crc64nvme_header(region, offset + from, n).await?;
+            let headers = &[("x-amz-checksum-crc64nvme", super::rdma::crc64nvme_header(region, offset + from, n).await?)];
+            let part = Some(PartOf { upload_id: upload, number: i + 1 });
             let etag = self
-                .retrying(|attempt| {
-                    let (number, crc) = (number.clone(), crc.clone());
-                    async move {
-                        let spec = Spec::new(http::Method::PUT, self.endpoint(base + i as usize, attempt))
-                            .key(full)
-                            .query("partNumber", &number)
-                            .query("uploadId", upload)
-                            .header("x-amz-checksum-crc64nvme", crc)
-                            .payload(region_body(region.clone(), offset + from, n));
-                        let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-                        Ok(etag_of(&resp))
-                    }
+                .retrying(|attempt| async move {
+                    let body = PutBody::Region { region: region.clone(), offset: offset + from, len: n };
+                    let at = self.at(base + i as usize, attempt, full, request_id);
+                    Ok(etag_of(&self.client.put(at, part, headers, body).await?))
                 })
                 .await?;
             Ok::<_, S3Error>((i, etag, via))
@@ -197,15 +159,7 @@ impl ObjectStore {
         headers: &[(&'static str, String)],
     ) -> Result<MultipartUpload<'a>, S3Error> {
         let id = self
-            .retrying(|attempt| async move {
-                let mut spec =
-                    Spec::new(http::Method::POST, self.endpoint(base, attempt)).key(full).query("uploads", "");
-                for (k, v) in headers {
-                    spec = spec.header(k, v.clone());
-                }
-                let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-                xml::parse_upload_id(&resp.text().await.map_err(S3Error::from_reqwest)?)
-            })
+            .retrying(|attempt| self.client.create_upload(self.at(base, attempt, full, request_id), headers))
             .await?;
         Ok(MultipartUpload { store: self, full, id, base, request_id, failed: false, done: false })
     }
@@ -220,20 +174,8 @@ impl ObjectStore {
         let (full, base, request_id) = (upload.full, upload.base, upload.request_id);
         let upload_id = upload.id.clone();
         let upload_id = upload_id.as_str();
-        let body = Bytes::from(xml::complete_body(etags));
         let done = self
-            .retrying(|attempt| {
-                let body = body.clone();
-                async move {
-                    let spec = Spec::new(http::Method::POST, self.endpoint(base, attempt))
-                        .key(full)
-                        .query("uploadId", upload_id)
-                        .header("content-type", "application/xml".into())
-                        .payload(Payload::Bytes(body));
-                    let resp = error::check(self.send(spec, request_id).await?, Some(full)).await?;
-                    xml::parse_complete(&resp.text().await.map_err(S3Error::from_reqwest)?)
-                }
-            })
+            .retrying(|attempt| self.client.complete_upload(self.at(base, attempt, full, request_id), upload_id, etags))
             .await;
         match done {
             Ok(etag) => {
@@ -288,13 +230,11 @@ impl Drop for MultipartUpload<'_> {
             tracing::warn!(upload = %self.id, "no runtime to abort the multipart upload on; the store will expire it");
             return;
         };
-        // Signed now (the store and key are borrowed), sent later.
+        // Made now (the store and key are borrowed), sent later.
         let requests: Vec<_> = (0..ABORT_RETRIES_MS.len() as u32)
             .map(|attempt| {
-                let spec = Spec::new(http::Method::DELETE, self.store.endpoint(self.base, attempt))
-                    .key(self.full)
-                    .query("uploadId", &self.id);
-                self.store.build(spec, self.request_id)
+                let at = self.store.at(self.base, attempt, self.full, self.request_id);
+                self.store.client.abort_upload(at, &self.id)
             })
             .collect();
         let upload = std::mem::take(&mut self.id);
@@ -302,14 +242,8 @@ impl Drop for MultipartUpload<'_> {
         rt.spawn(async move {
             for (req, pause) in requests.into_iter().zip(ABORT_RETRIES_MS) {
                 tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
-                let res = match req {
-                    Ok(rb) => rb.send().await.map_err(S3Error::from_reqwest),
-                    Err(e) => Err(e),
-                };
-                match res {
-                    // 404 NoSuchUpload: already gone (completed or aborted).
-                    Ok(r) if r.status().is_success() || r.status() == http::StatusCode::NOT_FOUND => return,
-                    Ok(r) => tracing::warn!(status = %r.status(), upload, "aborting multipart upload failed"),
+                match req.await {
+                    Ok(()) => return,
                     Err(e) => tracing::warn!(error = %e, upload, "aborting multipart upload failed"),
                 }
             }
@@ -318,6 +252,6 @@ impl Drop for MultipartUpload<'_> {
     }
 }
 
-pub(super) fn etag_of(resp: &reqwest::Response) -> String {
-    resp.headers().get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+pub(super) fn etag_of(headers: &http::HeaderMap) -> String {
+    super::client::header(headers, "etag").to_owned()
 }

@@ -10,11 +10,11 @@
 use std::sync::Arc;
 
 use base64::Engine;
-use sluice_dataplane::s3_names::{self, BYTES_HEADER, OLD_BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
+use sluice_dataplane::s3_names::{self, BYTES_HEADER, OLD_BYTES_HEADER, REPLY_HEADER};
 use sluice_dataplane::{Access, Grant, SharedRegion, Transport, TransportKind};
 
-use super::request::Spec;
-use super::{error, ObjectStore, S3Error};
+use super::client::{header, PartOf, PutBody, RdmaToken};
+use super::{ObjectStore, S3Error};
 use crate::config::{DataPathMode, Placement};
 use crate::hostmem::HostRegion;
 
@@ -50,8 +50,13 @@ pub enum Via {
     Fallback(Fallback),
 }
 
-fn header_u64(resp: &reqwest::Response, name: &str) -> Option<u64> {
-    resp.headers().get(name)?.to_str().ok()?.trim().parse().ok()
+fn header_u64(headers: &http::HeaderMap, name: &str) -> Option<u64> {
+    header(headers, name).trim().parse().ok()
+}
+
+/// How many bytes the store says it moved.
+fn moved(headers: &http::HeaderMap) -> Option<u64> {
+    header_u64(headers, BYTES_HEADER).or_else(|| header_u64(headers, OLD_BYTES_HEADER))
 }
 
 /// CRC-64/NVME of a region window, computed off the async threads (a pass
@@ -95,38 +100,29 @@ impl RdmaPath {
         }
     }
 
-    fn spec<'a>(&self, spec: Spec<'a>, token: String) -> Spec<'a> {
-        let spec = spec.header(TOKEN_HEADER, token);
-        match self.kind.marker() {
-            Some(m) => spec.header(TRANSPORT_HEADER, m.to_owned()),
-            None => spec,
-        }
+    fn token(&self, token: String) -> RdmaToken {
+        RdmaToken { token, transport: self.kind.marker() }
     }
 }
 
 /// Classifies a failed RDMA request: real S3 errors pass through, anything
 /// about the data path becomes a fallback.
-async fn classify(resp: reqwest::Response, full: &str) -> Result<Fallback, S3Error> {
-    let status = resp.status();
-    let reply = resp.headers().get(REPLY_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    if reply.as_deref() == Some("501") || status == http::StatusCode::NOT_IMPLEMENTED {
-        return Ok(Fallback::new(
-            "declined",
-            format!("the store declined RDMA (HTTP {status}, x-amz-rdma-reply: 501)"),
-        ));
-    }
-    match error::check(resp, Some(full)).await {
-        Err(S3Error::Server { code, message, .. }) if s3_names::is_transfer_failed(&code) => {
+fn classify(e: S3Error) -> Result<Fallback, S3Error> {
+    match e {
+        S3Error::RdmaDeclined(m) => Ok(Fallback::new("declined", m)),
+        S3Error::Server { code, message, .. } if s3_names::is_transfer_failed(&code) => {
             Ok(Fallback::new("transfer_failed", format!("{code}: {message}")))
         }
-        Err(S3Error::Rejected { code, message, .. }) if s3_names::is_invalid_token(&code) => {
+        S3Error::Rejected { code, message, .. } if s3_names::is_invalid_token(&code) => {
             Ok(Fallback::new("declined", format!("{code}: {message}")))
         }
-        Err(S3Error::Server { status, code, message, .. }) => {
+        S3Error::Server { status, code, message, .. } => {
             Ok(Fallback::new("transfer_failed", format!("HTTP {status} {code}: {message}")))
         }
-        Err(e) => Err(e),
-        Ok(_) => Ok(Fallback::new("ignored", "unexpected status")),
+        e @ (S3Error::Connection { .. } | S3Error::TransferFailed { .. }) => {
+            Ok(Fallback::new("transport", e.to_string()))
+        }
+        e => Err(e),
     }
 }
 
@@ -163,24 +159,22 @@ impl ObjectStore {
             Ok(e) => e,
             Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
         };
-        let spec =
-            rdma.spec(self.part_spec(self.endpoint(base, 0), full, from, to, version.etag), exposure.token.to_string());
-        let resp = match self.send(spec, request_id).await {
-            Ok(r) => r,
-            Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
-        };
+        let mut req = Self::part_get(from, to, version.etag);
+        req.rdma = Some(rdma.token(exposure.token.to_string()));
+        let reply = self.client.get(self.at(base, 0, full, request_id), req).await;
         // The descriptor dies with the request, whatever happened.
         let done = async {
-            if !resp.status().is_success() {
-                return classify(resp, full).await.map(Some);
-            }
-            if resp.headers().get(REPLY_HEADER).is_none() {
+            let headers = match reply {
+                Ok(r) => r.headers,
+                Err(e) => return classify(e).map(Some),
+            };
+            if headers.get(REPLY_HEADER).is_none() {
                 return Ok(Some(Fallback::new("ignored", "the store ignored the token (no x-amz-rdma-reply)")));
             }
             // Bytes of another version may already be in the window: fail
             // the read (never fall back and mix).
-            version.check(resp.headers(), from, to)?;
-            let moved = header_u64(&resp, BYTES_HEADER).or_else(|| header_u64(&resp, OLD_BYTES_HEADER));
+            version.check(&headers, from, to)?;
+            let moved = moved(&headers);
             if moved != Some(len) {
                 return Ok(Some(Fallback::new(
                     "short",
@@ -232,28 +226,34 @@ impl ObjectStore {
             Ok(e) => e,
             Err(e) => return Ok(Err(Fallback::new("transport", e.to_string()))),
         };
-        let mut spec =
-            Spec::new(http::Method::PUT, self.endpoint(base, 0)).key(full).header("x-amz-checksum-crc64nvme", crc);
-        if let Some((number, upload)) = part {
-            spec = spec.query("partNumber", &number.to_string()).query("uploadId", upload);
-        } else if !content_type.is_empty() {
-            spec = spec.header("content-type", content_type.to_owned());
+        let mut headers = vec![("x-amz-checksum-crc64nvme", crc)];
+        if part.is_none() && !content_type.is_empty() {
+            headers.push(("content-type", content_type.to_owned()));
         }
-        let spec = rdma.spec(spec, exposure.token.to_string());
-        let resp = match self.send(spec, request_id).await {
-            Ok(r) => r,
-            Err(e) => return Ok(Err(Fallback::new("transport", e.to_string()))),
-        };
+        let part = part.map(|(number, upload_id)| PartOf { upload_id, number });
+        let body = PutBody::Rdma { token: rdma.token(exposure.token.to_string()), len };
+        let reply = self.client.put(self.at(base, 0, full, request_id), part, &headers, body).await;
         let result = async {
-            if !resp.status().is_success() {
-                return classify(resp, full).await.map(Err);
-            }
-            let etag = resp.headers().get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-            if resp.headers().get(REPLY_HEADER).is_none() {
+            let headers = match reply {
+                Ok(h) => h,
+                // The checksum of an empty body: a store that ignores the
+                // token refuses it, and should then get the bytes over HTTP.
+                Err(S3Error::Rejected { code, message, .. })
+                    if code == "BadDigest" || code == "XAmzContentChecksumMismatch" =>
+                {
+                    return Ok(Err(Fallback::new(
+                        "ignored",
+                        format!("the store did not read the bytes through the token ({code}: {message})"),
+                    )));
+                }
+                Err(e) => return classify(e).map(Err),
+            };
+            let etag = header(&headers, "etag").to_owned();
+            if headers.get(REPLY_HEADER).is_none() {
                 // Never trusted: the store may have stored an empty object.
                 return Ok(Err(Fallback::new("ignored", "the store ignored the token on PUT (no x-amz-rdma-reply)")));
             }
-            let moved = header_u64(&resp, BYTES_HEADER).or_else(|| header_u64(&resp, OLD_BYTES_HEADER));
+            let moved = moved(&headers);
             if moved.is_some_and(|m| m != len) {
                 return Ok(Err(Fallback::new("short", format!("the store read {moved:?} of {len} bytes"))));
             }

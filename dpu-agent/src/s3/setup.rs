@@ -8,6 +8,7 @@ use std::sync::Arc;
 use sluice_dataplane::{Transport, TransportKind};
 
 use super::crypto::Encryption;
+use super::http_client::HttpClient;
 use super::rdma::{Fallback, RdmaPath};
 use super::{ObjectStore, S3Counters};
 use crate::config::{AgentConfig, CipherEngine, EncryptionConfig, NamespaceConfig};
@@ -23,7 +24,7 @@ pub struct StoreParts {
 
 impl StoreParts {
     pub fn from_config(cfg: &AgentConfig, counters: S3Counters) -> Result<Self, StartupError> {
-        let http = super::http_client(&cfg.s3).map_err(StartupError::HttpClient)?;
+        let http = super::http_client::pool(&cfg.s3).map_err(StartupError::HttpClient)?;
         let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
             Some(dir) => Some(Arc::new(sluice_crypt::FileKeyProvider::new(dir).map_err(StartupError::KeyDir)?)),
             None => None,
@@ -59,16 +60,9 @@ impl ObjectStore {
             placement: ns.placement,
             min_bytes: ns.rdma_min_bytes,
         });
-        let store = Self::new(
-            parts.http.clone(),
-            ns,
-            tenant,
-            cred.access_key.clone(),
-            secret,
-            cfg.s3.clone(),
-            parts.counters.clone(),
-            rdma,
-        );
+        let client =
+            HttpClient::new(parts.http.clone(), ns.bucket.clone(), cred.access_key.clone(), secret, ns.region.clone());
+        let store = Self::new(Arc::new(client), ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
         Ok(store.with_degraded(degraded).with_encryption(Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?))
     }
 }

@@ -19,7 +19,7 @@ pub struct ObjectMeta {
 
 /// The full-object CRC64NVME in a reply's headers, if the store sent one
 /// (a composite checksum of a multipart upload is not one).
-pub(super) fn full_object_crc(h: &reqwest::header::HeaderMap) -> Option<u64> {
+pub(super) fn full_object_crc(h: &http::HeaderMap) -> Option<u64> {
     use base64::Engine;
     let kind = h.get("x-amz-checksum-type").and_then(|v| v.to_str().ok());
     if kind.is_some_and(|k| !k.eq_ignore_ascii_case("FULL_OBJECT")) {
@@ -97,7 +97,7 @@ pub(super) fn parse_list(body: &str) -> Result<ListPage, S3Error> {
 }
 
 /// Reads HEAD / GET response headers.
-pub(super) fn meta_from_headers(key: &str, h: &reqwest::header::HeaderMap) -> Result<ObjectMeta, S3Error> {
+pub(super) fn meta_from_headers(key: &str, h: &http::HeaderMap) -> Result<ObjectMeta, S3Error> {
     let s = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let size = s("content-length")
         .parse()

@@ -1,10 +1,15 @@
-//! Building and SigV4-signing one S3 request.
+//! The agent's [`S3Client`]: each request built, SigV4-signed with the
+//! namespace's credentials and sent over one shared HTTP(S) connection pool.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use futures::{StreamExt, TryStreamExt};
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use sluice_dataplane::s3_names::{REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
 
-use super::{sigv4, ObjectStore, S3Error};
+use super::client::{ListQuery, PartOf, PutBody, RangedGet, RdmaToken, Reply, S3Client, S3Future, Target};
+use super::{sigv4, xml, ListPage, S3Error};
+use crate::config::S3Tuning;
 
 /// Characters S3 wants encoded in a key path: all but unreserved and '/'.
 const PATH: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~').remove(b'/');
@@ -12,7 +17,7 @@ const PATH: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.')
 const QUERY: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 /// What goes in the body, for signing and sending.
-pub(super) enum Payload {
+enum Payload {
     /// No body.
     Empty,
     /// A small body held in memory (signed with its SHA-256).
@@ -22,7 +27,7 @@ pub(super) enum Payload {
 }
 
 /// A request under construction.
-pub(super) struct Spec<'a> {
+struct Spec<'a> {
     method: http::Method,
     endpoint: &'a str,
     key: Option<&'a str>,
@@ -32,38 +37,97 @@ pub(super) struct Spec<'a> {
 }
 
 impl<'a> Spec<'a> {
-    pub fn new(method: http::Method, endpoint: &'a str) -> Self {
+    fn new(method: http::Method, endpoint: &'a str) -> Self {
         Self { method, endpoint, key: None, query: Vec::new(), headers: Vec::new(), payload: Payload::Empty }
     }
-    pub fn key(mut self, key: &'a str) -> Self {
+    fn key(mut self, key: &'a str) -> Self {
         self.key = Some(key);
         self
     }
-    pub fn query(mut self, name: &'static str, value: &str) -> Self {
+    fn query(mut self, name: &'static str, value: &str) -> Self {
         self.query.push((name, value.to_owned()));
         self
     }
-    pub fn header(mut self, name: &'static str, value: String) -> Self {
+    fn header(mut self, name: &'static str, value: String) -> Self {
         self.headers.push((name, value));
         self
     }
-    pub fn payload(mut self, payload: Payload) -> Self {
+    fn headers(mut self, headers: &[(&'static str, String)]) -> Self {
+        self.headers.extend(headers.iter().cloned());
+        self
+    }
+    fn payload(mut self, payload: Payload) -> Self {
         self.payload = payload;
         self
     }
+    fn token(self, rdma: &Option<RdmaToken>) -> Self {
+        let Some(t) = rdma else { return self };
+        let spec = self.header(TOKEN_HEADER, t.token.clone());
+        match t.transport {
+            Some(m) => spec.header(TRANSPORT_HEADER, m.to_owned()),
+            None => spec,
+        }
+    }
 }
 
-impl ObjectStore {
-    /// Signs and sends `spec`; transport failures become retryable errors.
-    /// The caller checks the status.
-    pub(super) async fn send(&self, spec: Spec<'_>, request_id: &str) -> Result<reqwest::Response, S3Error> {
-        self.build(spec, request_id)?.send().await.map_err(S3Error::from_reqwest)
+/// Bytes read from a region per body chunk.
+const BODY_CHUNK: u64 = 1 << 20;
+
+/// A streamed body over `[offset, offset+len)` of a region.
+fn region_body(region: std::sync::Arc<dyn crate::hostmem::HostRegion>, offset: u64, len: u64) -> Payload {
+    let end = offset + len;
+    let stream = futures::stream::unfold(offset, move |pos| {
+        let region = region.clone();
+        async move {
+            if pos >= end {
+                return None;
+            }
+            let n = (end - pos).min(BODY_CHUNK) as usize;
+            let mut buf = bytes::BytesMut::zeroed(n);
+            let item = region
+                .read_at(pos, &mut buf)
+                .map(|()| bytes::Bytes::from(buf))
+                .map_err(|e| std::io::Error::other(e.to_string()));
+            Some((item, pos + n as u64))
+        }
+    });
+    Payload::Stream { body: reqwest::Body::wrap_stream(stream), len }
+}
+
+/// Builds the HTTP client shared by all namespaces (one connection pool).
+pub fn pool(tuning: &S3Tuning) -> Result<reqwest::Client, S3Error> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(tuning.connect_timeout_ms))
+        .read_timeout(Duration::from_millis(tuning.read_timeout_ms))
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(64)
+        .build()
+        .map_err(|e| S3Error::Protocol(format!("building HTTP client: {e}")))
+}
+
+/// SigV4 over HTTP(S) to one bucket, with one namespace's credentials.
+pub struct HttpClient {
+    http: reqwest::Client,
+    bucket: String,
+    signer: sigv4::Signer,
+}
+
+impl HttpClient {
+    pub fn new(http: reqwest::Client, bucket: String, access_key: String, secret_key: String, region: String) -> Self {
+        Self { http, bucket, signer: sigv4::Signer::new(access_key, secret_key, region) }
+    }
+
+    /// Signs and sends `spec`; transport failures become retryable errors,
+    /// a non-2xx status an error (see the [`S3Client`] contract).
+    async fn send(&self, spec: Spec<'_>, at: &Target<'_>) -> Result<reqwest::Response, S3Error> {
+        let rdma = spec.headers.iter().any(|(n, _)| *n == TOKEN_HEADER);
+        let resp = self.build(spec, at.request_id)?.send().await.map_err(S3Error::from_reqwest)?;
+        check(resp, Some(at.key), rdma).await
     }
 
     /// Signs `spec` into a request ready to send; it owns everything it
-    /// needs, so it can be sent from a task of its own (a cleanup started
-    /// while the request that needed it is being dropped).
-    pub(super) fn build(&self, spec: Spec<'_>, request_id: &str) -> Result<reqwest::RequestBuilder, S3Error> {
+    /// needs, so it can be sent from a task of its own.
+    fn build(&self, spec: Spec<'_>, request_id: &str) -> Result<reqwest::RequestBuilder, S3Error> {
         let p = self.prepare(&spec)?;
         let signed = self.sign(&spec.method, &p, SystemTime::now());
         let mut rb = self
@@ -127,6 +191,143 @@ impl ObjectStore {
     }
 }
 
+impl S3Client for HttpClient {
+    fn head<'a>(&'a self, at: Target<'a>) -> S3Future<'a, http::HeaderMap> {
+        Box::pin(async move {
+            let spec =
+                Spec::new(http::Method::HEAD, at.endpoint).key(at.key).header("x-amz-checksum-mode", "ENABLED".into());
+            Ok(self.send(spec, &at).await?.headers().clone())
+        })
+    }
+
+    fn get<'a>(&'a self, at: Target<'a>, req: RangedGet<'a>) -> S3Future<'a, Reply> {
+        Box::pin(async move {
+            let mut spec = Spec::new(http::Method::GET, at.endpoint)
+                .key(at.key)
+                .header("range", format!("bytes={}-{}", req.first, req.last));
+            if let Some(etag) = req.if_match {
+                spec = spec.header("if-match", etag.to_owned());
+            }
+            if req.checksum_mode {
+                spec = spec.header("x-amz-checksum-mode", "ENABLED".into());
+            }
+            let resp = self.send(spec.token(&req.rdma), &at).await?;
+            let (status, headers) = (resp.status(), resp.headers().clone());
+            let body = resp.bytes_stream().map_err(S3Error::from_reqwest).boxed();
+            Ok(Reply { status, headers, body })
+        })
+    }
+
+    fn list<'a>(&'a self, at: Target<'a>, q: ListQuery<'a>) -> S3Future<'a, ListPage> {
+        Box::pin(async move {
+            let mut spec = Spec::new(http::Method::GET, at.endpoint).query("list-type", "2").query("prefix", q.prefix);
+            if !q.continuation_token.is_empty() {
+                spec = spec.query("continuation-token", q.continuation_token);
+            }
+            if q.max_keys > 0 {
+                spec = spec.query("max-keys", &q.max_keys.to_string());
+            }
+            if !q.delimiter.is_empty() {
+                spec = spec.query("delimiter", q.delimiter);
+            }
+            let at = Target { key: "", ..at };
+            let body = self.send(spec, &at).await?.text().await.map_err(S3Error::from_reqwest)?;
+            xml::parse_list(&body)
+        })
+    }
+
+    fn delete<'a>(&'a self, at: Target<'a>) -> S3Future<'a, ()> {
+        Box::pin(async move {
+            self.send(Spec::new(http::Method::DELETE, at.endpoint).key(at.key), &at).await?;
+            Ok(())
+        })
+    }
+
+    fn put<'a>(
+        &'a self,
+        at: Target<'a>,
+        part: Option<PartOf<'a>>,
+        headers: &'a [(&'static str, String)],
+        body: PutBody,
+    ) -> S3Future<'a, http::HeaderMap> {
+        Box::pin(async move {
+            let mut spec = Spec::new(http::Method::PUT, at.endpoint).key(at.key).headers(headers);
+            if let Some(p) = part {
+                spec = spec.query("partNumber", &p.number.to_string()).query("uploadId", p.upload_id);
+            }
+            let spec = match body {
+                PutBody::Bytes(b) => spec.payload(Payload::Bytes(b)),
+                PutBody::Region { region, offset, len } => spec.payload(region_body(region, offset, len)),
+                PutBody::Rdma { token, .. } => spec.token(&Some(token)),
+            };
+            Ok(self.send(spec, &at).await?.headers().clone())
+        })
+    }
+
+    fn create_upload<'a>(&'a self, at: Target<'a>, headers: &'a [(&'static str, String)]) -> S3Future<'a, String> {
+        Box::pin(async move {
+            let spec = Spec::new(http::Method::POST, at.endpoint).key(at.key).query("uploads", "").headers(headers);
+            xml::parse_upload_id(&self.send(spec, &at).await?.text().await.map_err(S3Error::from_reqwest)?)
+        })
+    }
+
+    fn complete_upload<'a>(&'a self, at: Target<'a>, upload_id: &'a str, etags: &'a [String]) -> S3Future<'a, String> {
+        Box::pin(async move {
+            let spec = Spec::new(http::Method::POST, at.endpoint)
+                .key(at.key)
+                .query("uploadId", upload_id)
+                .header("content-type", "application/xml".into())
+                .payload(Payload::Bytes(xml::complete_body(etags).into()));
+            xml::parse_complete(&self.send(spec, &at).await?.text().await.map_err(S3Error::from_reqwest)?)
+        })
+    }
+
+    fn abort_upload(&self, at: Target<'_>, upload_id: &str) -> S3Future<'static, ()> {
+        // Signed now (the caller's strings are borrowed), sent later.
+        let spec = Spec::new(http::Method::DELETE, at.endpoint).key(at.key).query("uploadId", upload_id);
+        let (req, key) = (self.build(spec, at.request_id), at.key.to_owned());
+        Box::pin(async move {
+            let resp = req?.send().await.map_err(S3Error::from_reqwest)?;
+            match check(resp, Some(&key), false).await {
+                // NoSuchUpload: already gone (completed or aborted).
+                Ok(_) | Err(S3Error::NoSuchKey(_)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+}
+
+/// Passes a success response through; turns anything else into an
+/// [`S3Error`]. With a data path token, a declined token is
+/// [`S3Error::RdmaDeclined`].
+async fn check(resp: reqwest::Response, key: Option<&str>, rdma: bool) -> Result<reqwest::Response, S3Error> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    if rdma
+        && (status == http::StatusCode::NOT_IMPLEMENTED
+            || resp.headers().get(REPLY_HEADER).is_some_and(|v| v.as_bytes() == b"501"))
+    {
+        return Err(S3Error::RdmaDeclined(format!("the store declined RDMA (HTTP {status}, {REPLY_HEADER}: 501)")));
+    }
+    // Error bodies are small; cap what we read so a broken server cannot make us buffer much.
+    let body = read_capped(resp, 64 << 10).await;
+    Err(S3Error::from_response(status.as_u16(), &body, key))
+}
+
+async fn read_capped(resp: reqwest::Response, cap: usize) -> String {
+    let mut out = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(Ok(chunk)) = body.next().await {
+        out.extend_from_slice(&chunk[..chunk.len().min(cap - out.len())]);
+        if out.len() >= cap {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// A request's parts before signing.
 struct Prepared<'s> {
     url: String,
@@ -187,13 +388,8 @@ mod tests {
             "name = \"d\"\nendpoints = [\"http://127.0.0.1:9000\"]\nbucket = \"data\"\ncredentials = \"c\"\nregion = \"eu-west-3\"\n",
         )
         .unwrap();
-        let counters = super::super::S3Counters {
-            retries: prometheus::IntCounter::new("r", "r").unwrap(),
-            multipart_aborts: prometheus::IntCounterVec::new(prometheus::Opts::new("a", "a"), &["reason"]).unwrap(),
-        };
-        let http = super::super::http_client(&Default::default()).unwrap();
         let (ak, sk) = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY");
-        let store = ObjectStore::new(http, &ns, "t", ak.into(), sk.into(), Default::default(), counters, None);
+        let store = HttpClient::new(pool(&Default::default()).unwrap(), ns.bucket, ak.into(), sk.into(), ns.region);
         let creds = aws_credential_types::Credentials::new(ak, sk, None, None, "test");
         let identity = creds.into();
         let ep = "http://127.0.0.1:9000";

@@ -1,0 +1,433 @@
+//! The transfer logic of [`ObjectStore`] through the [`S3Client`] seam: an
+//! in-memory store ([`MockStore`]), and a wrapper that fails chosen requests
+//! ([`Failing`]). No network except the TCP one-sided transport of the RDMA
+//! tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_dataplane::{SharedRegion, TransportKind};
+
+use super::failing::{refused, slow_down, Failing, Failure};
+use super::mock::{MockStore, Op, RdmaMode};
+use super::rdma::RdmaPath;
+use super::{ObjectStore, S3Client, S3Counters, S3Error};
+use crate::config::{DataPathMode, NamespaceConfig, Placement, S3Tuning};
+use crate::hostmem::HostRegion;
+
+const PART: u64 = 64 << 10;
+
+fn tuning() -> S3Tuning {
+    S3Tuning {
+        get_part_size: PART,
+        multipart_threshold: 4 * PART,
+        put_part_size: PART,
+        max_concurrency: 4,
+        max_attempts: 3,
+        retry_base_ms: 1,
+        ..S3Tuning::default()
+    }
+}
+
+fn counters() -> S3Counters {
+    S3Counters {
+        retries: prometheus::IntCounter::new("retries", "r").unwrap(),
+        multipart_aborts: prometheus::IntCounterVec::new(prometheus::Opts::new("aborts", "a"), &["reason"]).unwrap(),
+    }
+}
+
+fn namespace() -> NamespaceConfig {
+    toml::from_str(
+        "name = \"d\"\nendpoints = [\"http://a:1\", \"http://b:2\", \"http://c:3\"]\nbucket = \"data\"\n\
+         credentials = \"c\"\nprefix = \"t/\"\n",
+    )
+    .unwrap()
+}
+
+fn store(client: Arc<dyn S3Client>, rdma: Option<RdmaPath>) -> ObjectStore {
+    ObjectStore::new(client, &namespace(), "tenant", tuning(), counters(), rdma)
+}
+
+fn region(len: u64) -> Arc<dyn HostRegion> {
+    Arc::new(SharedRegion::new(sluice_shm::MappedRegion::create("t", len).unwrap()))
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn contents(r: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Vec<u8> {
+    let mut out = vec![0u8; len as usize];
+    r.read_at(offset, &mut out).unwrap();
+    out
+}
+
+async fn get_all(s: &ObjectStore, key: &str, r: &Arc<dyn HostRegion>) -> Result<super::GetOutcome, S3Error> {
+    s.get_into(key, 0, None, r, 0, r.len(), "req", None).await
+}
+
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_large_get_is_split_into_ranged_parts_that_cover_it_once() {
+    let mock = MockStore::new();
+    let len = 10 * PART + 123;
+    let data = pattern(len as usize, 1);
+    mock.insert("t/big", data.clone());
+    let s = store(Arc::new(mock.clone()), None);
+    let r = region(len + 7);
+
+    let out = get_all(&s, "big", &r).await.unwrap();
+    assert_eq!((out.bytes, out.object_size, out.parts), (len, len, 11));
+    assert_eq!(contents(&r, 0, len), data);
+    let mut gets: Vec<_> = mock.calls().into_iter().filter(|c| c.op == Op::Get).collect();
+    gets.sort_by_key(|c| c.range);
+    let mut next = 0;
+    for g in &gets {
+        let (first, last) = g.range.unwrap();
+        assert_eq!(first, next, "parts are contiguous and do not overlap");
+        assert!(last - first < PART, "no part is over the part size");
+        assert_eq!(g.key, "t/big", "the namespace prefix is applied");
+        // The first part learns the ETag; every later one is bound to it.
+        assert_eq!(g.if_match.is_some(), first != 0, "{g:?}");
+        next = last + 1;
+    }
+    assert_eq!(next, len);
+    let endpoints: std::collections::BTreeSet<_> = gets.iter().map(|g| g.endpoint.as_str()).collect();
+    assert_eq!(endpoints.len(), 3, "parts are spread across the endpoints");
+
+    // A window: [start, start+length) lands at the offset, nothing else moves.
+    let r = region(3 * PART);
+    r.write_at(0, &[0xee; 16]).unwrap();
+    let out = s.get_into("big", PART - 5, Some(2 * PART), &r, 16, 2 * PART, "req", None).await.unwrap();
+    assert_eq!(out.bytes, 2 * PART);
+    assert_eq!(contents(&r, 16, 2 * PART), data[(PART - 5) as usize..(3 * PART - 5) as usize]);
+    assert_eq!(contents(&r, 0, 16), [0xee; 16], "bytes before the offset are untouched");
+}
+
+#[tokio::test]
+async fn a_get_that_does_not_fit_writes_nothing() {
+    let mock = MockStore::new();
+    mock.insert("t/k", pattern(3 * PART as usize, 2));
+    let s = store(Arc::new(mock.clone()), None);
+    let r = region(PART);
+    let e = get_all(&s, "k", &r).await.unwrap_err();
+    assert!(matches!(e, S3Error::DoesNotFit { needed, .. } if needed == 3 * PART), "{e}");
+    assert_eq!(contents(&r, 0, PART), vec![0; PART as usize]);
+    assert_eq!(mock.count(Op::Get), 1, "only the first part was asked for (it learns the size)");
+}
+
+#[tokio::test]
+async fn a_large_put_is_split_into_parts_and_completed_in_order() {
+    let mock = MockStore::new();
+    let s = store(Arc::new(mock.clone()), None);
+    let len = 5 * PART + 999;
+    let r = region(len);
+    let data = pattern(len as usize, 3);
+    r.write_at(0, &data).unwrap();
+
+    let out = s.put_from("up", &r, 0, len, "text/plain", "req", None).await.unwrap();
+    assert_eq!(out.parts, 6);
+    assert_eq!(mock.object("t/up").unwrap(), data);
+    assert_eq!((mock.count(Op::Create), mock.count(Op::UploadPart), mock.count(Op::Complete)), (1, 6, 1));
+    assert_eq!(mock.open_uploads(), 0);
+    assert!(mock.object_headers("t/up").contains(&("content-type".into(), "text/plain".into())));
+
+    // At the threshold: one PUT.
+    let out = s.put_from("small", &r, 0, 4 * PART, "", "req", None).await.unwrap();
+    assert_eq!(out.parts, 1);
+    assert_eq!(mock.object("t/small").unwrap(), data[..(4 * PART) as usize]);
+}
+
+#[tokio::test]
+async fn retries_move_to_the_next_endpoint_and_stop_at_max_attempts() {
+    let mock = MockStore::new();
+    mock.insert("t/k", vec![7u8; 10]);
+    let failing = Arc::new(Failing::new(Arc::new(mock.clone())).fail(Op::Head, 0, 2, Failure::Error(slow_down)));
+    let s = store(failing.clone(), None);
+    let counters = s.counters.clone();
+
+    let meta = s.head("k", "req").await.unwrap();
+    assert_eq!(meta.size, 10);
+    let eps = failing.endpoints(Op::Head);
+    assert_eq!(eps.len(), 3, "two throttled attempts, then one that worked");
+    let mut distinct = eps.clone();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "each retry went to the next endpoint: {eps:?}");
+    assert_eq!(counters.retries.get(), 2);
+
+    // Always refused: gives up after max_attempts, and says so.
+    let failing = Arc::new(Failing::new(Arc::new(mock.clone())).fail(Op::Delete, 0, 100, Failure::Error(refused)));
+    let s = store(failing.clone(), None);
+    let e = s.delete("k", "req").await.unwrap_err();
+    assert!(e.to_string().contains("after 3 attempts"), "{e}");
+    assert_eq!(e.code(), sluice_proto::common::ErrorCode::StoreUnavailable);
+    assert_eq!(failing.endpoints(Op::Delete).len(), 3);
+    assert!(mock.object("t/k").is_some(), "nothing was deleted");
+}
+
+#[tokio::test]
+async fn client_errors_are_never_retried() {
+    fn denied() -> S3Error {
+        S3Error::from_response(403, "<Error><Code>SignatureDoesNotMatch</Code></Error>", None)
+    }
+    let mock = MockStore::new();
+    mock.insert("t/k", pattern(3 * PART as usize, 4));
+    let failing = Arc::new(Failing::new(Arc::new(mock.clone())).fail(Op::Get, 1, 1, Failure::Error(denied)));
+    let s = store(failing.clone(), None);
+    let e = get_all(&s, "k", &region(3 * PART)).await.unwrap_err();
+    assert!(matches!(e, S3Error::AccessDenied { .. }), "{e}");
+    assert_eq!(s.counters.retries.get(), 0);
+}
+
+#[tokio::test]
+async fn a_broken_body_is_fetched_again_and_the_bytes_are_whole() {
+    let mock = MockStore::new();
+    let len = 4 * PART + 10;
+    let data = pattern(len as usize, 5);
+    mock.insert("t/k", data.clone());
+    // The first part's body and a later part's body both break midway.
+    let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 0, 1, Failure::BreakBody(1000)).fail(
+        Op::Get,
+        2,
+        1,
+        Failure::BreakBody(PART / 2),
+    );
+    let s = store(Arc::new(failing), None);
+    let r = region(len);
+    let out = get_all(&s, "k", &r).await.unwrap();
+    assert_eq!(out.bytes, len);
+    assert_eq!(contents(&r, 0, len), data);
+    assert_eq!(mock.count(Op::Get), 5 + 2, "each broken part was fetched once more");
+}
+
+#[tokio::test]
+async fn an_object_replaced_mid_read_fails_the_read() {
+    let len = 3 * PART;
+    // A whole read (also checked against the store's checksum at the end)
+    // and a window (only the parts' own checks stand guard).
+    for (start, length) in [(0, None), (1, Some(len - 2))] {
+        for store_ignores_if_match in [false, true] {
+            let mock = MockStore::new();
+            if store_ignores_if_match {
+                mock.ignore_if_match();
+            }
+            mock.insert("t/k", pattern(len as usize, 6));
+            let m = mock.clone();
+            let replace = Arc::new(move || m.insert("t/k", pattern(len as usize, 7)));
+            // After the first part, the object is overwritten (same size).
+            let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 1, 1, Failure::Before(replace));
+            let s = store(Arc::new(failing), None);
+            let r = region(len);
+            let e = s.get_into("k", start, length, &r, 0, len, "req", None).await.unwrap_err();
+            assert!(
+                matches!(e, S3Error::PreconditionFailed(_)),
+                "from {start}, the store ignores If-Match: {store_ignores_if_match}: {e}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn listing_strips_the_namespace_prefix_and_pages() {
+    let mock = MockStore::new();
+    for k in ["t/a/1", "t/a/2", "t/b", "t/c", "other/x"] {
+        mock.insert(k, vec![1u8; 3]);
+    }
+    let s = store(Arc::new(mock.clone()), None);
+    let page = s.list_page("", "", 2, "", "req").await.unwrap();
+    let keys: Vec<_> = page.objects.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(keys, ["a/1", "a/2"]);
+    let next = s.list_page("", &page.next_continuation_token, 10, "/", "req").await.unwrap();
+    let keys: Vec<_> = next.objects.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(keys, ["b", "c"], "another namespace's keys never show");
+    let grouped = s.list_page("", "", 10, "/", "req").await.unwrap();
+    assert_eq!(grouped.common_prefixes, ["a/"]);
+}
+
+/// A TCP one-sided transport (the agent's side), serving on loopback.
+async fn tcp_path(mode: DataPathMode) -> RdmaPath {
+    let (owner, listener) = sluice_dataplane::tcp::TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
+    tokio::spawn(owner.clone().serve(listener));
+    RdmaPath { transport: owner, kind: TransportKind::Tcp, mode, placement: Placement::Direct, min_bytes: 1 }
+}
+
+fn remote() -> sluice_dataplane::tcp::TcpRemote {
+    sluice_dataplane::tcp::TcpRemote::new(1 << 20)
+}
+
+#[tokio::test]
+async fn parts_move_one_sidedly_when_the_store_serves_the_token() {
+    let mock = MockStore::new();
+    mock.set_rdma(RdmaMode::Serve(remote()));
+    let len = 4 * PART + 1;
+    let data = pattern(len as usize, 8);
+    mock.insert("t/k", data.clone());
+    let s = store(Arc::new(mock.clone()), Some(tcp_path(DataPathMode::Auto).await));
+    let r = region(len);
+    let out = get_all(&s, "k", &r).await.unwrap();
+    assert_eq!(contents(&r, 0, len), data);
+    // Auto: the first part learns the size over HTTP, the rest is RDMA.
+    assert_eq!((out.parts, out.rdma_parts, out.fallbacks.len()), (5, 4, 0));
+
+    // PUT from the region: the store READs it.
+    let out = s.put_from("copy", &r, 0, 2 * PART, "", "req", None).await.unwrap();
+    assert_eq!((out.rdma_parts, out.fallbacks.len()), (1, 0));
+    assert_eq!(mock.object("t/copy").unwrap(), data[..(2 * PART) as usize]);
+    assert_eq!(mock.calls().iter().filter(|c| c.rdma).count(), 5, "4 GET parts and the PUT carried tokens");
+}
+
+#[tokio::test]
+async fn rdma_falls_back_to_http_per_part_and_says_why() {
+    let cases =
+        [(RdmaMode::Decline, "declined"), (RdmaMode::Ignore, "ignored"), (RdmaMode::Short(remote(), 1), "short")];
+    for (mode, kind) in cases {
+        let mock = MockStore::new();
+        mock.set_rdma(mode);
+        let len = 3 * PART;
+        let data = pattern(len as usize, 9);
+        mock.insert("t/k", data.clone());
+        let s = store(Arc::new(mock.clone()), Some(tcp_path(DataPathMode::Auto).await));
+        let r = region(len);
+        let out = get_all(&s, "k", &r).await.unwrap();
+        assert_eq!(contents(&r, 0, len), data, "{kind}");
+        assert_eq!(out.rdma_parts, 0, "{kind}");
+        assert_eq!(out.fallbacks.len(), 2, "{kind}");
+        assert!(out.fallbacks.iter().all(|f| f.kind == kind), "{kind}: {:?}", out.fallbacks);
+
+        // A PUT the store did not take by RDMA is sent again over HTTP, and
+        // what is stored is the region's bytes (never an empty object).
+        let out = s.put_from("up", &r, 0, PART, "", "req", None).await.unwrap();
+        assert_eq!(out.fallbacks.len(), 1, "{kind}");
+        assert_eq!(mock.object("t/up").unwrap(), data[..PART as usize], "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn a_transport_failure_falls_back_and_a_real_s3_error_does_not() {
+    let mock = MockStore::new();
+    mock.set_rdma(RdmaMode::Serve(remote()));
+    let len = 2 * PART;
+    mock.insert("t/k", pattern(len as usize, 10));
+    let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 1, 1, Failure::Error(refused));
+    let s = store(Arc::new(failing), Some(tcp_path(DataPathMode::Auto).await));
+    let out = get_all(&s, "k", &region(len)).await.unwrap();
+    assert_eq!(out.fallbacks.len(), 1);
+    assert_eq!(out.fallbacks[0].kind, "transport");
+
+    fn gone() -> S3Error {
+        S3Error::from_response(404, "<Error><Code>NoSuchKey</Code></Error>", Some("t/k"))
+    }
+    let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 1, 1, Failure::Error(gone));
+    let s = store(Arc::new(failing), Some(tcp_path(DataPathMode::Auto).await));
+    let e = get_all(&s, "k", &region(len)).await.unwrap_err();
+    assert!(matches!(e, S3Error::NoSuchKey(_)), "{e}");
+}
+
+fn qos(queue_timeout: Duration) -> sluice_qos::Qos {
+    let cfg = sluice_qos::QosConfig { global_slots: 1, queue_timeout, ..Default::default() };
+    let tenants = [("tenant".to_owned(), sluice_qos::Limits::default())].into_iter().collect();
+    sluice_qos::Qos::new(cfg, tenants).unwrap()
+}
+
+#[tokio::test]
+async fn parts_wait_for_the_tenants_scheduler_slot() {
+    let mock = MockStore::new();
+    let len = 3 * PART;
+    let data = pattern(len as usize, 11);
+    mock.insert("t/k", data.clone());
+    let q = qos(Duration::from_secs(30));
+    let held = q.slot("tenant", 1).await.unwrap();
+    let permit = q.admit("tenant", len).await.unwrap();
+    let s = Arc::new(store(Arc::new(mock.clone()), None));
+    let r = region(len);
+    let (s2, r2) = (s.clone(), r.clone());
+    let transfer =
+        tokio::spawn(
+            async move { s2.get_into("k", 0, None, &r2, 0, len, "req", Some(&permit)).await.map(|o| o.bytes) },
+        );
+    // The agent's only slot is taken: no request goes out.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(mock.count(Op::Get), 0);
+    drop(held);
+    assert_eq!(transfer.await.unwrap().unwrap(), len);
+    assert_eq!(contents(&r, 0, len), data);
+}
+
+#[tokio::test]
+async fn a_refused_slot_fails_the_transfer_and_moves_nothing() {
+    let mock = MockStore::new();
+    mock.insert("t/k", pattern(PART as usize, 12));
+    let q = qos(Duration::from_millis(50));
+    let _held = q.slot("tenant", 1).await.unwrap();
+    let permit = q.admit("tenant", PART).await.unwrap();
+    let s = store(Arc::new(mock.clone()), None);
+    let r = region(PART);
+    let e = s.get_into("k", 0, None, &r, 0, PART, "req", Some(&permit)).await.unwrap_err();
+    assert!(matches!(e, S3Error::Quota(_)), "{e}");
+    assert_eq!(e.code(), sluice_proto::common::ErrorCode::QuotaExceeded);
+    assert!(mock.calls().is_empty(), "nothing reached the store");
+    let e = s.put_from("new", &r, 0, PART, "", "req", Some(&permit)).await.unwrap_err();
+    assert!(matches!(e, S3Error::Quota(_)), "{e}");
+    assert!(mock.object("t/new").is_none());
+}
+
+fn aborts(s: &ObjectStore, reason: &str) -> u64 {
+    s.counters.multipart_aborts.with_label_values(&[reason]).get()
+}
+
+#[tokio::test]
+async fn a_failed_part_or_completion_aborts_the_upload() {
+    fn bad_digest() -> S3Error {
+        S3Error::from_response(400, "<Error><Code>BadDigest</Code></Error>", None)
+    }
+    for op in [Op::UploadPart, Op::Complete] {
+        let mock = MockStore::new();
+        let failing = Failing::new(Arc::new(mock.clone())).fail(op, 0, 1, Failure::Error(bad_digest));
+        let s = store(Arc::new(failing), None);
+        let len = 6 * PART;
+        let r = region(len);
+        let e = s.put_from("k", &r, 0, len, "", "req", None).await.unwrap_err();
+        assert!(matches!(&e, S3Error::Rejected { code, .. } if code == "BadDigest"), "{op:?}: {e}");
+        until("the abort", || mock.open_uploads() == 0).await;
+        assert_eq!(mock.count(Op::Abort), 1, "{op:?}");
+        assert_eq!(aborts(&s, "failed"), 1, "{op:?}");
+        assert!(mock.object("t/k").is_none(), "{op:?}: nothing was stored");
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_put_aborts_its_upload() {
+    let mock = MockStore::new();
+    // The second part never answers; the caller gives up (its deadline).
+    let failing = Failing::new(Arc::new(mock.clone())).fail(Op::UploadPart, 1, 1, Failure::Hang);
+    let s = store(Arc::new(failing), None);
+    let len = 6 * PART;
+    let r = region(len);
+    let put = s.put_from("k", &r, 0, len, "", "req", None);
+    assert!(tokio::time::timeout(Duration::from_millis(200), put).await.is_err());
+    until("the abort", || mock.open_uploads() == 0).await;
+    assert_eq!(aborts(&s, "cancelled"), 1);
+    assert!(mock.object("t/k").is_none());
+}
+
+#[tokio::test]
+async fn a_throttled_part_is_retried_and_the_upload_completes() {
+    let mock = MockStore::new();
+    let failing = Arc::new(Failing::new(Arc::new(mock.clone())).fail(Op::UploadPart, 3, 2, Failure::Error(slow_down)));
+    let s = store(failing.clone(), None);
+    let len = 6 * PART;
+    let r = region(len);
+    let data = pattern(len as usize, 13);
+    r.write_at(0, &data).unwrap();
+    s.put_from("k", &r, 0, len, "", "req", None).await.unwrap();
+    assert_eq!(mock.object("t/k").unwrap(), data);
+    assert_eq!(failing.endpoints(Op::UploadPart).len(), 8);
+    assert_eq!((mock.count(Op::Abort), aborts(&s, "failed")), (0, 0));
+}
