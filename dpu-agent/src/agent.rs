@@ -9,17 +9,17 @@ use std::time::{Duration, Instant};
 use tracing::{info, Instrument};
 
 use crate::config::{AgentConfig, Limits, Permission, Placement};
-use crate::dataplane::Dataplanes;
 use crate::error::{AgentError, StartupError};
 use crate::hostmem::{HostMemory, HostRegion, RegionExport};
 use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
-use crate::s3::rdma::Fallback;
 use crate::s3::setup::StoreParts;
+use crate::s3::token_path::Fallback;
 use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore, S3Counters};
 use crate::session::{Registered, Session, Sessions};
+use crate::transports::RunningTransports;
 
 struct Tenant {
     namespaces: HashMap<String, Arc<ObjectStore>>,
@@ -85,7 +85,7 @@ impl Agent {
         cfg: &AgentConfig,
         memory: Arc<dyn HostMemory>,
         metrics: Arc<Metrics>,
-        dataplanes: &Dataplanes,
+        transports: &RunningTransports,
     ) -> Result<Self, StartupError> {
         let counters =
             S3Counters { retries: metrics.s3_retries.clone(), multipart_aborts: metrics.multipart_aborts.clone() };
@@ -94,7 +94,7 @@ impl Agent {
         for t in &cfg.tenants {
             let mut namespaces = HashMap::new();
             for ns in &t.namespaces {
-                let chosen = dataplanes.choose(&t.name, ns)?;
+                let chosen = transports.choose(&t.name, ns)?;
                 let store = ObjectStore::for_namespace(&parts, cfg, &t.name, ns, chosen.transport, chosen.degraded)?;
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }

@@ -25,7 +25,7 @@ pub enum StartupError {
     #[error("tenant {tenant:?}: shim secret: {source}")]
     ShimSecret { tenant: String, source: sluice_proto::auth::SecretFileError },
     #[error(transparent)]
-    Transport(#[from] crate::dataplane::ChooseError),
+    Transport(#[from] crate::transports::ChooseError),
     #[error("quotas: {0}")]
     Quotas(#[from] sluice_qos::QosError),
 }

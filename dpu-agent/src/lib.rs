@@ -8,7 +8,6 @@
 pub mod agent;
 pub mod batch;
 pub mod config;
-pub mod dataplane;
 pub mod error;
 pub mod grpc;
 pub mod hostmem;
@@ -20,5 +19,6 @@ pub mod quota;
 pub mod s3;
 pub mod server;
 pub mod session;
+pub mod transports;
 
 pub use error::AgentError;

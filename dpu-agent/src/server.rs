@@ -12,7 +12,6 @@ use tracing::info;
 
 use crate::agent::Agent;
 use crate::config::AgentConfig;
-use crate::dataplane::{DataplaneError, Dataplanes};
 use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::hostmem::{BackendKind, HostMemory};
@@ -20,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::nic::ovs::{reconcile, Ofctl};
 use crate::nic::policy::{rules, RuleSet, TenantRules};
 use crate::nic::NicError;
+use crate::transports::{RunningTransports, TransportStartError};
 
 /// Errors starting the agent.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +36,7 @@ pub enum ServeError {
     #[error("gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error(transparent)]
-    Dataplane(#[from] DataplaneError),
+    Dataplane(#[from] TransportStartError),
     #[error("host memory backend: {0}")]
     HostMemory(String),
     #[error(transparent)]
@@ -115,8 +115,8 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::new()?);
     let (memory, colocated) = host_memory(&cfg)?;
-    let dataplanes = Dataplanes::start(&cfg, &metrics).await?;
-    let agent = Arc::new(Agent::new(&cfg, memory, metrics.clone(), &dataplanes)?);
+    let transports = RunningTransports::start(&cfg, &metrics).await?;
+    let agent = Arc::new(Agent::new(&cfg, memory, metrics.clone(), &transports)?);
     // Sessions of shims that died are closed within a lease.
     tokio::spawn(agent.clone().reap_sessions());
     // The NIC rules are in place before any listener opens.

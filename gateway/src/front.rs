@@ -1,7 +1,7 @@
 //! The gateway's S3 front: wraps any `s3s` backend (the local directory
 //! store or an upstream S3 endpoint). GetObject, PutObject and UploadPart
 //! that carry `x-amz-rdma-token` are served over the one-sided data path
-//! (`rdma.rs`); a local store's GET reads the very file it opened. Every
+//! (`token_path.rs`); a local store's GET reads the very file it opened. Every
 //! other request passes to the backend, and the backend's internal errors
 //! are named on the way out (`backend_errors.rs`).
 
@@ -16,8 +16,8 @@ use sluice_dataplane::tcp::TcpRemote;
 use sluice_dataplane::verbs::VerbsRemote;
 
 use crate::backend_errors::explain_internal;
-use crate::rdma::RdmaStats;
 use crate::store::DirStore;
+use crate::token_path::RdmaStats;
 
 /// The S3 front around the backend `S`.
 pub struct Front<S> {

@@ -1,7 +1,7 @@
 //! The Sluice storage-side gateway: an S3 server (built on `s3s`) in front of
 //! a local directory ([`store`]) or another S3 endpoint (`upstream`), with
 //! SigV4 verification always on and the S3-over-RDMA token data path
-//! ([`rdma`]).
+//! ([`token_path`]).
 //!
 //! It is Sluice's embedded default store and the peer that the agent's data
 //! paths are tested against.
@@ -11,8 +11,8 @@
 mod backend_errors;
 pub mod expiry;
 pub mod front;
-pub mod rdma;
 pub mod store;
+pub mod token_path;
 mod upstream;
 
 use std::net::SocketAddr;

@@ -19,7 +19,7 @@ use sluice_crypt::{CryptError, KeyProvider, Metadata, ObjectOpener, ObjectSealer
 use super::client::{header, Body, PartOf, PutBody, RangedGet};
 use super::get::GetOutcome;
 use super::put::PutOutcome;
-use super::rdma::Via;
+use super::token_path::Via;
 use super::{enter, xml, Gate, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
 

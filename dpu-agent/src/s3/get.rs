@@ -10,7 +10,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use super::client::{Body, RangedGet, Reply};
-use super::rdma::{Fallback, Via};
+use super::token_path::{Fallback, Via};
 use super::{enter, xml, Gate, ObjectStore, S3Error};
 use crate::config::DataPathMode;
 use crate::hostmem::HostRegion;
@@ -231,7 +231,7 @@ impl ObjectStore {
             for p in &done {
                 let c = match p.crc {
                     Some(c) => c,
-                    None => super::rdma::crc64nvme_of(region, p.dst, p.len).await?,
+                    None => super::token_path::crc64nvme_of(region, p.dst, p.len).await?,
                 };
                 got = Some(match got {
                     None => c,

@@ -14,9 +14,9 @@ pub mod http_client;
 #[cfg(test)]
 mod mock;
 mod put;
-pub mod rdma;
 pub mod setup;
 mod sigv4;
+pub mod token_path;
 #[cfg(test)]
 mod transfer_tests;
 mod xml;
@@ -95,8 +95,8 @@ pub struct ObjectStore {
     /// The tenant this store serves (descriptors are bound to it).
     tenant: String,
     /// The RDMA data path, when the namespace uses one.
-    rdma: Option<rdma::RdmaPath>,
-    degraded: Option<rdma::Fallback>,
+    rdma: Option<token_path::TokenPath>,
+    degraded: Option<token_path::Fallback>,
     access: Vec<crate::config::Permission>,
     /// Inline encryption, when the namespace has it.
     encryption: Option<crypto::Encryption>,
@@ -124,7 +124,7 @@ impl ObjectStore {
         tenant: &str,
         tuning: S3Tuning,
         counters: S3Counters,
-        rdma: Option<rdma::RdmaPath>,
+        rdma: Option<token_path::TokenPath>,
     ) -> Self {
         Self {
             client,
@@ -168,13 +168,13 @@ impl ObjectStore {
 
     /// Marks the namespace as running on a fallback transport (reported on
     /// every request).
-    pub fn with_degraded(mut self, degraded: Option<rdma::Fallback>) -> Self {
+    pub fn with_degraded(mut self, degraded: Option<token_path::Fallback>) -> Self {
         self.degraded = degraded;
         self
     }
 
     /// Why the configured transport is not the one in use, if it is not.
-    pub fn degraded(&self) -> Option<&rdma::Fallback> {
+    pub fn degraded(&self) -> Option<&token_path::Fallback> {
         self.degraded.as_ref()
     }
 
@@ -193,7 +193,7 @@ impl ObjectStore {
     }
 
     /// The RDMA path to use for a transfer of `len` bytes, if any.
-    fn rdma_for(&self, len: u64) -> Option<&rdma::RdmaPath> {
+    fn rdma_for(&self, len: u64) -> Option<&token_path::TokenPath> {
         self.rdma.as_ref().filter(|r| len > 0 && (r.mode == crate::config::DataPathMode::Rdma || len >= r.min_bytes))
     }
 

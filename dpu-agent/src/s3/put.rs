@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use super::client::{PartOf, PutBody};
-use super::rdma::{Fallback, Via};
+use super::token_path::{Fallback, Via};
 use super::{enter, Gate, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
 
@@ -72,7 +72,8 @@ impl ObjectStore {
         }
         // The store checks the bytes against it and keeps it as the
         // object's full-object checksum (returned on GET and HEAD).
-        let mut headers = vec![("x-amz-checksum-crc64nvme", super::rdma::crc64nvme_header(region, offset, len).await?)];
+        let mut headers =
+            vec![("x-amz-checksum-crc64nvme", super::token_path::crc64nvme_header(region, offset, len).await?)];
         if !content_type.is_empty() {
             headers.push(("content-type", content_type.to_owned()));
         }
@@ -121,7 +122,7 @@ impl ObjectStore {
                     }
                 }
             }
-            let headers = &[("x-amz-checksum-crc64nvme", super::rdma::crc64nvme_header(region, offset + from, n).await?)];
+            let headers = &[("x-amz-checksum-crc64nvme", super::token_path::crc64nvme_header(region, offset + from, n).await?)];
             let part = Some(PartOf { upload_id: upload, number: i + 1 });
             let etag = self
                 .retrying(|attempt| async move {

@@ -9,7 +9,7 @@ use sluice_dataplane::{Transport, TransportKind};
 
 use super::crypto::Encryption;
 use super::http_client::HttpClient;
-use super::rdma::{Fallback, RdmaPath};
+use super::token_path::{Fallback, TokenPath};
 use super::{ObjectStore, S3Counters};
 use crate::config::{AgentConfig, CipherEngine, EncryptionConfig, NamespaceConfig};
 use crate::error::StartupError;
@@ -53,7 +53,7 @@ impl ObjectStore {
         let secret = cred
             .load_secret()
             .map_err(|e| StartupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
-        let rdma = transport.map(|(transport, kind)| RdmaPath {
+        let rdma = transport.map(|(transport, kind)| TokenPath {
             transport,
             kind,
             mode: ns.data_path,

@@ -10,7 +10,7 @@ use sluice_dataplane::{SharedRegion, TransportKind};
 
 use super::failing::{refused, slow_down, Failing, Failure};
 use super::mock::{MockStore, Op, RdmaMode};
-use super::rdma::RdmaPath;
+use super::token_path::TokenPath;
 use super::{ObjectStore, S3Client, S3Counters, S3Error};
 use crate::config::{DataPathMode, NamespaceConfig, Placement, S3Tuning};
 use crate::hostmem::HostRegion;
@@ -44,7 +44,7 @@ fn namespace() -> NamespaceConfig {
     .unwrap()
 }
 
-fn store(client: Arc<dyn S3Client>, rdma: Option<RdmaPath>) -> ObjectStore {
+fn store(client: Arc<dyn S3Client>, rdma: Option<TokenPath>) -> ObjectStore {
     ObjectStore::new(client, &namespace(), "tenant", tuning(), counters(), rdma)
 }
 
@@ -252,10 +252,10 @@ async fn listing_strips_the_namespace_prefix_and_pages() {
 }
 
 /// A TCP one-sided transport (the agent's side), serving on loopback.
-async fn tcp_path(mode: DataPathMode) -> RdmaPath {
+async fn tcp_path(mode: DataPathMode) -> TokenPath {
     let (owner, listener) = sluice_dataplane::tcp::TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
     tokio::spawn(owner.clone().serve(listener));
-    RdmaPath { transport: owner, kind: TransportKind::Tcp, mode, placement: Placement::Direct, min_bytes: 1 }
+    TokenPath { transport: owner, kind: TransportKind::Tcp, mode, placement: Placement::Direct, min_bytes: 1 }
 }
 
 fn remote() -> sluice_dataplane::tcp::TcpRemote {

@@ -19,7 +19,7 @@ use crate::config::{DataPathMode, Placement};
 use crate::hostmem::HostRegion;
 
 /// A namespace's RDMA settings.
-pub struct RdmaPath {
+pub struct TokenPath {
     pub transport: Arc<dyn Transport>,
     pub kind: TransportKind,
     pub mode: DataPathMode,
@@ -88,7 +88,7 @@ pub(super) fn crc64nvme_u64(mem: &dyn HostRegion, offset: u64, len: u64) -> Resu
     Ok(digest.sum64())
 }
 
-impl RdmaPath {
+impl TokenPath {
     /// Where the store should place the bytes: the host region itself, or a
     /// fresh staging buffer.
     fn target(&self, region: &Arc<dyn HostRegion>, dst: u64, len: u64) -> Result<(Arc<dyn HostRegion>, u64), Fallback> {
@@ -132,7 +132,7 @@ impl ObjectStore {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn get_part_rdma(
         &self,
-        rdma: &RdmaPath,
+        rdma: &TokenPath,
         full: &str,
         from: u64,
         to: u64,
@@ -196,7 +196,7 @@ impl ObjectStore {
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn put_rdma(
         &self,
-        rdma: &RdmaPath,
+        rdma: &TokenPath,
         full: &str,
         part: Option<(u64, &str)>,
         region: &Arc<dyn HostRegion>,

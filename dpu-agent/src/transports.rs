@@ -24,12 +24,12 @@ use tracing::{info, warn};
 
 use crate::config::{AgentConfig, DataPathMode, NamespaceConfig};
 use crate::metrics::Metrics;
-use crate::s3::rdma::Fallback;
+use crate::s3::token_path::Fallback;
 
 /// Errors starting a transport the configuration requires.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum DataplaneError {
+pub enum TransportStartError {
     #[error("binding the tcp data plane at {at}: {source}")]
     Tcp { at: std::net::SocketAddr, source: std::io::Error },
     #[error("verbs RC transport for tenant {tenant:?}: {why}")]
@@ -56,7 +56,7 @@ pub struct Chosen {
 
 /// The running transports.
 #[derive(Default)]
-pub struct Dataplanes {
+pub struct RunningTransports {
     tcp: Option<Arc<TcpOwner>>,
     /// Per tenant.
     verbs: HashMap<String, Arc<VerbsOwner>>,
@@ -71,15 +71,15 @@ fn wants(cfg: &AgentConfig, transport: TransportKind) -> impl Iterator<Item = &s
         .map(|t| t.name.as_str())
 }
 
-impl Dataplanes {
+impl RunningTransports {
     /// Starts what the namespaces need (needs a tokio runtime).
-    pub async fn start(cfg: &AgentConfig, metrics: &Metrics) -> Result<Self, DataplaneError> {
+    pub async fn start(cfg: &AgentConfig, metrics: &Metrics) -> Result<Self, TransportStartError> {
         let mut me = Self::default();
         if wants(cfg, TransportKind::Tcp).next().is_some() {
             let at = cfg.dataplane.tcp_listen;
             let (owner, listener) = TcpOwner::bind(at, cfg.dataplane.tcp_advertise)
                 .await
-                .map_err(|source| DataplaneError::Tcp { at, source })?;
+                .map_err(|source| TransportStartError::Tcp { at, source })?;
             info!(addr = %owner.advertised(), "tcp data-plane transport listening");
             metrics.watch_rejections(owner.table().clone());
             tokio::spawn(owner.clone().serve(listener));
@@ -103,7 +103,7 @@ impl Dataplanes {
             let tenants: std::collections::BTreeSet<&str> = wants(cfg, TransportKind::VerbsRc).chain(dc_down).collect();
             for tenant in tenants {
                 let owner = VerbsOwner::bind(ip)
-                    .map_err(|e| DataplaneError::Verbs { tenant: tenant.to_owned(), why: e.to_string() })?;
+                    .map_err(|e| TransportStartError::Verbs { tenant: tenant.to_owned(), why: e.to_string() })?;
                 info!(tenant, ip = %ip, port = owner.port(), "verbs RC data-plane transport listening");
                 me.verbs.insert(tenant.to_owned(), owner);
             }
