@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod certs;
 mod demo;
 mod ops;
 mod stack;
@@ -87,6 +88,9 @@ enum Cmd {
     /// Restart one daemon of the local stack (gateway, agent or shim) from
     /// its config; the others keep serving.
     Restart(stack::RestartArgs),
+    /// Issue a private CA and the certificates of the shim↔agent control
+    /// channel (mutual TLS), for an agent on a BlueField or another host.
+    Certs(certs::CertsArgs),
     /// Stop the local stack started by `sluice up`.
     Down {
         /// State directory used by `sluice up`.
@@ -124,6 +128,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Up(args) => return stack::up(args, cli.json).await,
         Cmd::Down { dir } => return stack::down(dir),
         Cmd::Restart(args) => return stack::restart(args),
+        Cmd::Certs(args) => return certs::run(args, cli.json),
         _ => {}
     }
     let socket = socket_path(&cli);
@@ -147,6 +152,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Whoami => ops::whoami(&client, cli.json).await,
         Cmd::Demo(args) => demo::run(&client, &args, cli.json).await,
         Cmd::Bench(args) => bench::run(&client, &socket, &args, cli.json).await,
-        Cmd::Up(_) | Cmd::Down { .. } | Cmd::Restart(_) => Ok(()),
+        Cmd::Up(_) | Cmd::Down { .. } | Cmd::Restart(_) | Cmd::Certs(_) => Ok(()),
     }
 }

@@ -15,7 +15,7 @@ use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
-use crate::s3::setup::StoreParts;
+use crate::s3::setup::{Signers, StoreParts};
 use crate::s3::token_path::Fallback;
 use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore, S3Counters};
 use crate::session::{Registered, Session, Sessions};
@@ -76,6 +76,8 @@ pub struct Agent {
     auth: ShimAuth,
     /// Per-tenant quotas and the fair transfer scheduler.
     quotas: Quotas,
+    /// Every namespace's request signer (credentials rotate on SIGHUP).
+    signers: Signers,
 }
 
 impl Agent {
@@ -90,12 +92,15 @@ impl Agent {
         let counters =
             S3Counters { retries: metrics.s3_retries.clone(), multipart_aborts: metrics.multipart_aborts.clone() };
         let parts = StoreParts::from_config(cfg, counters)?;
+        let mut signers = Signers::default();
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let mut namespaces = HashMap::new();
             for ns in &t.namespaces {
                 let chosen = transports.choose(&t.name, ns)?;
-                let store = ObjectStore::for_namespace(&parts, cfg, &t.name, ns, chosen.transport, chosen.degraded)?;
+                let (store, client) =
+                    ObjectStore::for_namespace(&parts, cfg, &t.name, ns, chosen.transport, chosen.degraded)?;
+                signers.add(&ns.credentials, &format!("{}/{}", t.name, ns.name), client);
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });
@@ -104,7 +109,12 @@ impl Agent {
         let quotas = Quotas::new(cfg, metrics.quota_refusals.clone())?;
         let limits = cfg.limits.clone();
         let sessions = Sessions::new(Duration::from_millis(cfg.limits.session_lease_ms));
-        Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas })
+        Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas, signers })
+    }
+
+    /// The namespaces' signers (credential rotation: [`Signers::rotate`]).
+    pub fn signers(&self) -> &Signers {
+        &self.signers
     }
 
     /// The QoS layer (hot reload: [`Quotas::reload_from`]).

@@ -67,6 +67,9 @@ pub struct AgentConfig {
     /// rules are installed.
     #[serde(default)]
     pub nic: Option<crate::nic::config::NicConfig>,
+    /// `[tls]`: mutual TLS on the TCP gRPC listeners (or `insecure = true`).
+    #[serde(default)]
+    pub tls: crate::tls::TlsConfig,
 }
 
 fn default_socket_mode() -> u32 {
@@ -231,6 +234,21 @@ pub struct TenantConfig {
     /// (with `[nic]`).
     #[serde(default)]
     pub nic: Option<crate::nic::config::TenantNic>,
+    /// Names a shim's client certificate must carry (one of) to open this
+    /// tenant's sessions over TLS. Default: the tenant's name.
+    #[serde(default)]
+    pub tls_client_names: Vec<String>,
+}
+
+impl TenantConfig {
+    /// [`Self::tls_client_names`], defaulted.
+    pub fn tls_client_names(&self) -> Vec<String> {
+        if self.tls_client_names.is_empty() {
+            vec![self.name.clone()]
+        } else {
+            self.tls_client_names.clone()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -481,6 +499,7 @@ impl AgentConfig {
                 *d = base.join(&*d);
             }
         }
+        cfg.tls.resolve(base);
         for t in &mut cfg.tenants {
             if t.shim_secret_file.is_relative() {
                 t.shim_secret_file = base.join(&t.shim_secret_file);
@@ -499,6 +518,8 @@ impl AgentConfig {
         if self.tenants.is_empty() {
             return bad("no [[tenants]] configured".into());
         }
+        let tcp = self.grpc_listen.is_some() || self.tenants.iter().any(|t| t.nic.is_some());
+        self.tls.validate(tcp).map_err(ConfigError::Invalid)?;
         if self.socket_mode > 0o777 {
             return bad(format!("socket_mode {:o} is not a permission mode", self.socket_mode));
         }

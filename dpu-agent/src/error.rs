@@ -10,6 +10,8 @@ use crate::s3::S3Error;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartupError {
+    #[error("[tls]: {0}")]
+    Tls(String),
     #[error("building the HTTP client: {0}")]
     HttpClient(#[source] S3Error),
     #[error("[encryption] key_dir: {0}")]

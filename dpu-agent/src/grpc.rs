@@ -14,6 +14,7 @@ use crate::error::AgentError;
 use crate::hostmem::RegionExport;
 use crate::identity::{SessionRequest, ShimOrigin};
 use crate::s3::{DataPathUsed, ObjectMeta};
+use crate::tls::ClientCert;
 
 /// The tonic service over the domain agent.
 pub struct GrpcService {
@@ -34,12 +35,15 @@ impl GrpcService {
 
     /// Where a request came from: the binding point of sessions.
     fn origin_of<T>(&self, req: &Request<T>) -> ShimOrigin {
+        // The leaf of the chain TLS verified against the client CA.
+        let cert = req.peer_certs().and_then(|chain| chain.first().map(|c| ClientCert::from_der(c)));
         match (&self.listener, req.remote_addr()) {
             (Some(tenant), addr) => ShimOrigin::Listener {
                 tenant: tenant.clone(),
                 ip: addr.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip()),
+                cert,
             },
-            (None, Some(a)) => ShimOrigin::Network(a.ip()),
+            (None, Some(a)) => ShimOrigin::Network { ip: a.ip(), cert },
             (None, None) => ShimOrigin::Unix,
         }
     }

@@ -9,12 +9,13 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use sluice_proto::auth;
 
 use crate::config::AgentConfig;
 use crate::error::AgentError;
+use crate::tls::ClientCert;
 
 /// How far a proof's timestamp may be from the agent's clock.
 const MAX_SKEW_MS: u64 = 120_000;
@@ -25,23 +26,37 @@ const MAX_SKEW_MS: u64 = 120_000;
 /// connection claims. A tenant's own listener (`[tenants.nic]`) is more: the
 /// agent's NIC rules let only that tenant's host functions reach it, so the
 /// listener a connection arrived on names the tenant, from the wire.
+/// Over TLS, the shim's client certificate is part of the origin: a session
+/// opened with one certificate is refused with another.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShimOrigin {
     Unix,
-    Network(IpAddr),
+    Network {
+        ip: IpAddr,
+        cert: Option<Arc<ClientCert>>,
+    },
     /// Through tenant `tenant`'s own listener, from `ip`.
     Listener {
-        tenant: std::sync::Arc<str>,
+        tenant: Arc<str>,
         ip: IpAddr,
+        cert: Option<Arc<ClientCert>>,
     },
 }
 
 impl ShimOrigin {
+    /// The client certificate the connection was made with (TLS only).
+    pub fn cert(&self) -> Option<&ClientCert> {
+        match self {
+            Self::Unix => None,
+            Self::Network { cert, .. } | Self::Listener { cert, .. } => cert.as_deref(),
+        }
+    }
+
     fn allowed_by(&self, rules: &[String]) -> bool {
         rules.is_empty()
             || rules.iter().any(|r| match self {
                 Self::Unix => r == "unix",
-                Self::Network(ip) | Self::Listener { ip, .. } => r.parse::<IpAddr>().is_ok_and(|a| a == *ip),
+                Self::Network { ip, .. } | Self::Listener { ip, .. } => r.parse::<IpAddr>().is_ok_and(|a| a == *ip),
             })
     }
 }
@@ -62,6 +77,8 @@ struct TenantAuth {
     origins: Vec<String>,
     /// It has a listener of its own (`[tenants.nic]`): sessions only there.
     listener_only: bool,
+    /// Names its shims' client certificates must carry (one of).
+    cert_names: Vec<String>,
 }
 
 /// The agent's shim authenticator.
@@ -83,6 +100,7 @@ impl ShimAuth {
                 shims: t.shims.clone(),
                 origins: t.shim_origins.clone(),
                 listener_only: t.nic.is_some() && cfg.nic.is_some(),
+                cert_names: t.tls_client_names(),
             };
             tenants.insert(t.name.clone(), auth);
         }
@@ -112,6 +130,17 @@ impl ShimAuth {
                 return unauth("listener", format!("tenant {:?} opens sessions only on its own listener", req.tenant));
             }
             _ => {}
+        }
+        if let Some(cert) = origin.cert() {
+            if !cert.names_any(&t.cert_names) {
+                return denied(
+                    "certificate",
+                    format!(
+                        "the client certificate names {:?}; tenant {:?} accepts {:?}",
+                        cert.names, req.tenant, t.cert_names
+                    ),
+                );
+            }
         }
         if !origin.allowed_by(&t.origins) {
             return denied("origin", format!("tenant {:?} does not accept shims from {origin:?}", req.tenant));
@@ -148,8 +177,39 @@ mod tests {
             shims: shims.iter().map(|s| s.to_string()).collect(),
             origins: origins.iter().map(|s| s.to_string()).collect(),
             listener_only: false,
+            cert_names: vec!["alpha".to_owned()],
         };
         ShimAuth { tenants: HashMap::from([("alpha".to_owned(), t)]), seen: Mutex::default() }
+    }
+
+    #[test]
+    fn a_client_certificate_must_name_the_tenant() {
+        let a = auth_with(&[], &[]);
+        let now = 1_000_000_000;
+        let secret = b"alpha-secret-0123456789";
+        let cert = |names: &[&str]| {
+            Some(Arc::new(ClientCert {
+                names: names.iter().map(|n| n.to_string()).collect(),
+                fingerprint: names.join(","),
+            }))
+        };
+        let mut n = 0u8;
+        let mut check = |cert| {
+            n += 1;
+            let nonce = [n; 16];
+            let proof = auth::session_proof(secret, "alpha", "s", now, &nonce);
+            let r = SessionRequest { tenant: "alpha", shim_id: "s", timestamp_ms: now, nonce: &nonce, proof: &proof };
+            let origin = ShimOrigin::Network { ip: "10.0.0.7".parse().unwrap(), cert };
+            a.authenticate(&r, &origin, now).err().map(|(reason, _)| reason)
+        };
+        assert_eq!(check(cert(&["alpha"])), None);
+        assert_eq!(check(cert(&["node-1", "alpha"])), None, "any of its names");
+        assert_eq!(check(cert(&["beta"])), Some("certificate"), "another tenant's certificate");
+        assert_eq!(check(cert(&[])), Some("certificate"), "a certificate that names nothing");
+        assert_eq!(check(None), None, "no TLS (plaintext by configuration): the proof alone");
+        // A session is bound to the certificate it was opened with.
+        let with = |c| ShimOrigin::Network { ip: "10.0.0.7".parse().unwrap(), cert: c };
+        assert_ne!(with(cert(&["alpha"])), with(cert(&["alpha", "other"])));
     }
 
     #[test]
@@ -166,13 +226,17 @@ mod tests {
             a.authenticate(&r, &origin, now).err().map(|(reason, e)| (reason, e.code()))
         };
         let ip = "10.0.0.7".parse().unwrap();
-        let listener = |t: &str| ShimOrigin::Listener { tenant: t.into(), ip };
+        let listener = |t: &str| ShimOrigin::Listener { tenant: t.into(), ip, cert: None };
         assert_eq!(check(&a, listener("alpha")), None);
         let refused = Some(("listener", sluice_proto::common::ErrorCode::Unauthenticated));
         assert_eq!(check(&a, listener("beta")), refused, "alpha's secret on beta's listener");
-        assert_eq!(check(&a, ShimOrigin::Network(ip)), None, "no listener of its own: anywhere");
+        assert_eq!(check(&a, ShimOrigin::Network { ip, cert: None }), None, "no listener of its own: anywhere");
         a.tenants.get_mut("alpha").unwrap().listener_only = true;
-        assert_eq!(check(&a, ShimOrigin::Network(ip)), refused, "with a listener of its own: only there");
+        assert_eq!(
+            check(&a, ShimOrigin::Network { ip, cert: None }),
+            refused,
+            "with a listener of its own: only there"
+        );
         assert_eq!(check(&a, ShimOrigin::Unix), refused);
         assert_eq!(check(&a, listener("alpha")), None);
     }
@@ -194,9 +258,9 @@ mod tests {
         assert_eq!(check("alpha", "node-1", now, [1; 16], s, ShimOrigin::Unix), None);
         assert_eq!(check("alpha", "node-1", now, [1; 16], s, ShimOrigin::Unix), Some("replay"));
         assert_eq!(check("beta", "node-1", now, [2; 16], s, ShimOrigin::Unix), Some("unknown_tenant"));
-        let far = ShimOrigin::Network("10.0.0.2".parse().unwrap());
+        let far = ShimOrigin::Network { ip: "10.0.0.2".parse().unwrap(), cert: None };
         assert_eq!(check("alpha", "node-1", now, [3; 16], s, far), Some("origin"));
-        let near = ShimOrigin::Network("10.0.0.1".parse().unwrap());
+        let near = ShimOrigin::Network { ip: "10.0.0.1".parse().unwrap(), cert: None };
         assert_eq!(check("alpha", "node-1", now, [4; 16], s, near), None);
         assert_eq!(check("alpha", "node-2", now, [5; 16], s, ShimOrigin::Unix), Some("shim_id"));
         assert_eq!(check("alpha", "node-1", now - 200_000, [6; 16], s, ShimOrigin::Unix), Some("stale"));

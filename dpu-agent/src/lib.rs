@@ -19,6 +19,7 @@ pub mod quota;
 pub mod s3;
 pub mod server;
 pub mod session;
+pub mod tls;
 pub mod transports;
 
 pub use error::AgentError;

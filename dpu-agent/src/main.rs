@@ -54,8 +54,10 @@ async fn main() -> anyhow::Result<()> {
 }
 
 fn init_tracing(json: bool) {
+    // tonic reports refused TLS handshakes (a shim's expired or foreign
+    // certificate, a plaintext shim) only at debug level: show those.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tonic::transport::server::io_stream=debug"));
     // Colours only on a terminal: log files and journald get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);

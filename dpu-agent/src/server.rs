@@ -8,10 +8,11 @@ use std::sync::Arc;
 use sluice_proto::agent::agent_server::AgentServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::agent::Agent;
 use crate::config::AgentConfig;
+use crate::error::StartupError;
 use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::hostmem::{BackendKind, HostMemory};
@@ -32,7 +33,7 @@ pub enum ServeError {
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[error(transparent)]
-    Startup(#[from] crate::error::StartupError),
+    Startup(#[from] StartupError),
     #[error("gRPC server: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error(transparent)]
@@ -113,6 +114,7 @@ pub async fn run(
     config_path: Option<PathBuf>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    crate::tls::install_crypto_provider();
     let metrics = Arc::new(Metrics::new()?);
     let (memory, colocated) = host_memory(&cfg)?;
     let transports = RunningTransports::start(&cfg, &metrics).await?;
@@ -150,14 +152,27 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();
-    let serve_tcp = |servers: &mut tokio::task::JoinSet<_>, l: TcpListener, svc: GrpcService| {
+    // TCP listeners speak mutual TLS, or plaintext only when the config
+    // says `insecure = true`.
+    let tls = cfg.tls.acceptor()?;
+    if cfg.tls.insecure {
+        warn!("[tls] insecure = true: the TCP control channel is plaintext; use it only on a trusted link");
+    }
+    let serve_tcp = |servers: &mut tokio::task::JoinSet<_>, l: TcpListener, svc: GrpcService, tenant: &str| {
         let mut rx = stop_rx.clone();
-        servers.spawn(grpc_server().tcp_nodelay(true).add_service(AgentServer::new(svc)).serve_with_incoming_shutdown(
-            TcpListenerStream::new(l),
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            },
-        ));
+        let stop = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let server = grpc_server().tcp_nodelay(true).add_service(AgentServer::new(svc));
+        match &tls {
+            Some(acceptor) => {
+                let (m, tenant) = (metrics.clone(), tenant.to_owned());
+                let refused = move || m.auth_failures.with_label_values(&[&tenant, "tls"]).inc();
+                let incoming = crate::tls::incoming(l, acceptor.clone(), refused);
+                servers.spawn(server.serve_with_incoming_shutdown(incoming, stop))
+            }
+            None => servers.spawn(server.serve_with_incoming_shutdown(TcpListenerStream::new(l), stop)),
+        };
     };
     if let Some(addr) = cfg.grpc_listen {
         let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
@@ -166,7 +181,7 @@ pub async fn run(
             source,
         })?;
         bound.grpc = l.local_addr().ok();
-        serve_tcp(&mut servers, l, GrpcService::new(agent.clone()));
+        serve_tcp(&mut servers, l, GrpcService::new(agent.clone()), "");
     }
     // Each tenant's own listener: its sessions are bound to it.
     for (tenant, addr) in tenant_listeners(&cfg)? {
@@ -175,7 +190,7 @@ pub async fn run(
             at: format!("{addr} (tenant {tenant})"),
             source,
         })?;
-        serve_tcp(&mut servers, l, GrpcService::for_listener(agent.clone(), &tenant));
+        serve_tcp(&mut servers, l, GrpcService::for_listener(agent.clone(), &tenant), &tenant);
         info!(tenant, %addr, "tenant listener");
     }
     if let Some(path) = &cfg.grpc_socket {
@@ -288,17 +303,25 @@ async fn reload_on_sighup(
 ) {
     while hup.recv().await.is_some() {
         match AgentConfig::from_file(&path) {
-            Ok(cfg) => match apply_nic(&cfg).await {
-                Ok(()) => {}
-                Err(e @ NicError::Config(_)) => {
-                    tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules not changed")
+            Ok(cfg) => {
+                for change in agent.signers().rotate(&cfg) {
+                    match change {
+                        Ok(c) => info!(config = %path.display(), change = %c, "SIGHUP: credentials rotated"),
+                        Err(e) => tracing::error!(config = %path.display(), error = %e, "SIGHUP: credentials"),
+                    }
                 }
-                Err(e) => {
-                    tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules cannot be applied; stopping");
-                    let _ = fatal.send(e).await;
-                    return;
+                match apply_nic(&cfg).await {
+                    Ok(()) => {}
+                    Err(e @ NicError::Config(_)) => {
+                        tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules not changed")
+                    }
+                    Err(e) => {
+                        tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules cannot be applied; stopping");
+                        let _ = fatal.send(e).await;
+                        return;
+                    }
                 }
-            },
+            }
             Err(e) => tracing::error!(config = %path.display(), error = %e, "SIGHUP: config not re-read"),
         }
         match agent.quotas().reload_from(&path) {

@@ -169,7 +169,7 @@ mod tests {
     fn renewals_from_another_origin_do_not_count() {
         let t = Sessions::new(Duration::from_millis(10));
         t.open("a".into(), "alpha", &ShimOrigin::Unix);
-        let other = ShimOrigin::Network("10.0.0.9".parse().expect("ip"));
+        let other = ShimOrigin::Network { ip: "10.0.0.9".parse().expect("ip"), cert: None };
         assert_eq!(t.renew(&["a".into()], &other), ["a"]);
         std::thread::sleep(Duration::from_millis(25));
         assert_eq!(t.take_expired().len(), 1);

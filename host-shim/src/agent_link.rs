@@ -9,10 +9,10 @@ use sluice_proto::agent::agent_client::AgentClient;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::Mutex;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::config::AgentLink as LinkConfig;
-use crate::error::ShimError;
+use crate::config::{AgentLink as LinkConfig, AgentTls};
+use crate::error::{ShimError, StartupError};
 
 /// Longest one memfd hand-over may take (the agent answers at once).
 const HAND_OVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -27,6 +27,36 @@ fn endpoint(e: Endpoint) -> Endpoint {
         .keep_alive_while_idle(true)
 }
 
+/// How this shim reaches its agent, for error messages: 0 Unix socket,
+/// 1 plaintext TCP, 2 TLS.
+static LINK_KIND: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// What to add to an error of the link to the agent, by how it is made.
+pub fn link_hint() -> &'static str {
+    match LINK_KIND.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => " (if the agent's listener uses TLS, dial https:// with [agent.tls])",
+        2 => {
+            " (over TLS: the agent may have refused this shim's certificate, expired or not signed by its \
+             client_ca; the agent logs why)"
+        }
+        _ => "",
+    }
+}
+
+/// Mutual TLS to the agent: its certificate checked against `ca`, ours
+/// presented.
+fn client_tls(tls: &AgentTls) -> Result<ClientTlsConfig, StartupError> {
+    let read =
+        |p: &std::path::Path| std::fs::read(p).map_err(|e| StartupError::Tls(format!("reading {}: {e}", p.display())));
+    let mut c = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
+        .identity(Identity::from_pem(read(&tls.cert)?, read(&tls.key)?));
+    if let Some(name) = &tls.server_name {
+        c = c.domain_name(name.clone());
+    }
+    Ok(c)
+}
+
 /// Shared by all client connections of one shim.
 pub struct AgentLink {
     pub grpc: AgentClient<Channel>,
@@ -38,7 +68,10 @@ pub struct AgentLink {
 impl AgentLink {
     /// Builds the channel. Connection happens lazily, so the shim can start
     /// before the agent; calls fail with `AgentUnavailable` until it is up.
-    pub fn new(cfg: &LinkConfig) -> Result<Self, crate::error::StartupError> {
+    pub fn new(cfg: &LinkConfig) -> Result<Self, StartupError> {
+        // Two TLS crypto providers are linked in; rustls will not guess.
+        // (Err: one is installed already.)
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let channel = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
             // The URI is ignored by the connector; tonic needs a valid one.
@@ -49,12 +82,15 @@ impl AgentLink {
                 },
             ))
         } else {
-            endpoint(
-                Endpoint::from_shared(cfg.grpc.clone())
-                    .map_err(|source| crate::error::StartupError::AgentAddress { address: cfg.grpc.clone(), source })?,
-            )
-            .tcp_nodelay(true)
-            .connect_lazy()
+            let address_err = |source| StartupError::AgentAddress { address: cfg.grpc.clone(), source };
+            let mut e = endpoint(Endpoint::from_shared(cfg.grpc.clone()).map_err(address_err)?).tcp_nodelay(true);
+            if let Some(tls) = &cfg.tls {
+                e = e.tls_config(client_tls(tls)?).map_err(address_err)?;
+                LINK_KIND.store(2, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                LINK_KIND.store(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            e.connect_lazy()
         };
         Ok(Self { grpc: AgentClient::new(channel), memory_socket: cfg.memory_socket.clone(), memory: Mutex::new(None) })
     }

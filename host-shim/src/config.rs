@@ -85,12 +85,37 @@ fn default_mode() -> u32 {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentLink {
-    /// `unix:/path/to/agent.sock` or `http://host:port`.
+    /// `unix:/path/to/agent.sock`, `https://host:port` (mutual TLS, with
+    /// `[agent.tls]`) or `http://host:port` (plaintext, with `insecure`).
     pub grpc: String,
     /// The agent's memory socket (co-located mode): region memfds go here.
     /// Not used with `memory_backend = "doca"`.
     #[serde(default)]
     pub memory_socket: PathBuf,
+    /// `[agent.tls]`: this shim's certificate and the CA the agent's is
+    /// signed by (`sluice certs` issues them).
+    #[serde(default)]
+    pub tls: Option<AgentTls>,
+    /// Allows a plaintext `http://` agent address: only on a trusted link.
+    #[serde(default)]
+    pub insecure: bool,
+}
+
+/// `[agent.tls]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTls {
+    /// CA (PEM) that signed the agent's certificate.
+    pub ca: PathBuf,
+    /// This shim's client certificate (PEM); it must name the tenants it
+    /// serves (see the agent's `tls_client_names`).
+    pub cert: PathBuf,
+    /// Its private key (PEM); keep it 0600.
+    pub key: PathBuf,
+    /// The name to check the agent's certificate for (default: the host of
+    /// `grpc`).
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 /// What one client may hold in the shim. The shim is shared by every local
@@ -152,6 +177,13 @@ impl ShimConfig {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
         let mut cfg: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
         let base = path.parent().unwrap_or(Path::new("."));
+        if let Some(t) = &mut cfg.agent.tls {
+            for p in [&mut t.ca, &mut t.cert, &mut t.key] {
+                if p.is_relative() {
+                    *p = base.join(&*p);
+                }
+            }
+        }
         for f in cfg.tenant_secrets.values_mut() {
             if f.is_relative() {
                 *f = base.join(&*f);
@@ -162,14 +194,35 @@ impl ShimConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if !(self.agent.grpc.starts_with("unix:")
-            || self.agent.grpc.starts_with("http://")
-            || self.agent.grpc.starts_with("https://"))
-        {
-            return Err(ConfigError::Invalid(format!(
-                "agent.grpc {:?}: use unix:/path or http://host:port",
-                self.agent.grpc
-            )));
+        let a = &self.agent;
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if a.grpc.starts_with("https://") {
+            if a.tls.is_none() {
+                return invalid(format!(
+                    "agent.grpc {:?} is https:// but [agent.tls] is not set (ca, cert, key; `sluice certs`)",
+                    a.grpc
+                ));
+            }
+            if a.insecure {
+                return invalid("[agent] insecure = true with an https:// address: choose one".into());
+            }
+        } else if a.grpc.starts_with("http://") {
+            if !a.insecure {
+                return invalid(format!(
+                    "agent.grpc {:?} is plaintext: use https:// with [agent.tls], or set [agent] insecure = true \
+                     on a trusted link",
+                    a.grpc
+                ));
+            }
+            if a.tls.is_some() {
+                return invalid("[agent.tls] is set but agent.grpc is http://: use https://".into());
+            }
+        } else if a.grpc.starts_with("unix:") {
+            if a.tls.is_some() || a.insecure {
+                return invalid("[agent.tls] and insecure apply to TCP addresses, not unix:".into());
+            }
+        } else {
+            return invalid(format!("agent.grpc {:?}: use unix:/path, https://host:port or http://host:port", a.grpc));
         }
         if self.callers.iter().any(|c| c.tenant.is_empty()) {
             return Err(ConfigError::Invalid("every [[callers]] rule needs a tenant".into()));

@@ -11,6 +11,8 @@ pub enum StartupError {
     Socket { path: std::path::PathBuf, source: std::io::Error },
     #[error("[agent] grpc = {address:?}: {source}")]
     AgentAddress { address: String, source: tonic::transport::Error },
+    #[error("[agent.tls]: {0}")]
+    Tls(String),
     #[error("tenant {tenant:?}: shim secret: {source}")]
     TenantSecret { tenant: String, source: sluice_proto::auth::SecretFileError },
     #[error("memory_backend = \"doca\" needs a [doca] table")]
@@ -93,14 +95,27 @@ impl From<tonic::Status> for ShimError {
         if let Some(d) = sluice_proto::status::detail_of(&s) {
             return Self::Agent(d);
         }
-        match s.code() {
-            // Unknown/Cancelled: the connection broke mid-call (the agent
-            // died or restarted with the request in flight).
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled => {
-                Self::AgentUnavailable(s.message().to_owned())
+        // No error detail: the agent's code never answered. The link
+        // failed (connection refused or broken, TLS refused, a plaintext
+        // shim on a TLS listener, the deadline): say why, with the causes
+        // tonic keeps in the source chain ("operation was canceled" alone
+        // says nothing).
+        let mut why = s.message().to_owned();
+        let mut src = std::error::Error::source(&s);
+        while let Some(e) = src {
+            let m = e.to_string();
+            if !why.contains(&m) {
+                why.push_str(": ");
+                why.push_str(&m);
             }
-            tonic::Code::DeadlineExceeded => Self::AgentUnavailable(format!("deadline: {}", s.message())),
-            _ => Self::Agent(ErrorDetail::new(ErrorCode::Internal, format!("agent: {}", s.message()))),
+            src = e.source();
+        }
+        if s.code() != tonic::Code::DeadlineExceeded {
+            why.push_str(crate::agent_link::link_hint());
+        }
+        match s.code() {
+            tonic::Code::DeadlineExceeded => Self::AgentUnavailable(format!("deadline: {why}")),
+            _ => Self::AgentUnavailable(why),
         }
     }
 }

@@ -108,6 +108,11 @@ pub struct Options {
     pub gateway_extra: String,
     /// Key prefix of alpha's namespace "scoped" in bucket "data".
     pub scoped_prefix: String,
+    /// Mutual TLS on the agent's TCP listeners, with certificates `sluice
+    /// certs` issues into `<dir>/tls` (agent 127.0.0.1, shims "alpha" and
+    /// "beta"); a TCP shim then dials https://. Without it the TCP control
+    /// channel is plaintext (`insecure = true` on both sides).
+    pub tls: bool,
 }
 
 impl Default for Options {
@@ -133,6 +138,7 @@ impl Default for Options {
             agent_limits: String::new(),
             gateway_extra: String::new(),
             scoped_prefix: "tenants/alpha/".into(),
+            tls: false,
         }
     }
 }
@@ -147,6 +153,30 @@ struct Proc {
 
 /// Starts a shim (binary `sluice-shim`, log `{name}.log`) and waits until
 /// it accepts connections.
+/// Issues the stack's TLS certificates with `sluice certs` into `<d>/tls`.
+fn issue_certs(d: &Path) {
+    let out = Command::new(bin("sluice"))
+        .args(["certs", "--dir", d.join("tls").to_str().expect("utf8"), "--agent-name", "127.0.0.1"])
+        .args(["--shim", "alpha", "--shim", "beta"])
+        .output()
+        .expect("run sluice certs");
+    assert!(out.status.success(), "sluice certs failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The lines of a shim's `[agent]` table that reach the agent at `grpc`:
+/// plaintext TCP says `insecure`; https:// presents `shim`'s certificate.
+pub fn agent_link(grpc: &str, shim: &str) -> String {
+    if grpc.starts_with("https://") {
+        format!(
+            "grpc = \"{grpc}\"\ntls = {{ ca = \"tls/ca.crt\", cert = \"tls/shim-{shim}.crt\", key = \"tls/shim-{shim}.key\" }}"
+        )
+    } else if grpc.starts_with("http://") {
+        format!("grpc = \"{grpc}\"\ninsecure = true")
+    } else {
+        format!("grpc = \"{grpc}\"")
+    }
+}
+
 fn start_shim(d: &Path, name: &str, cfg: &Path, socket: &Path) -> Proc {
     let shim = spawn_as(d, "sluice-shim", name, &["--config", cfg.to_str().expect("utf8")]);
     let mut p = Proc { name: name.to_owned(), binary: "sluice-shim", config: cfg.to_owned(), child: shim };
@@ -303,10 +333,19 @@ impl Stack {
             std::fs::write(&f, format!("{t}-shim-secret-{}\n", std::process::id())).expect("write shim secret");
             std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod secret");
         }
+        if opts.tls {
+            issue_certs(&d);
+        }
+        let agent_tls = if opts.tls {
+            "[tls]\ncert = \"tls/agent.crt\"\nkey = \"tls/agent.key\"\nclient_ca = \"tls/ca.crt\"\n"
+        } else {
+            "[tls]\ninsecure = true\n"
+        };
         let cfg = d.join("agent.toml");
+        // `[tls]` goes last: keys after a table header belong to it.
         std::fs::write(&cfg, format!(
             "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"{scoped}\"\ncredentials = \"main\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
-            opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display(), scoped = opts.scoped_prefix)).expect("write config");
+            opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display(), scoped = opts.scoped_prefix) + agent_tls).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs
@@ -327,13 +366,15 @@ impl Stack {
         let callers = opts.callers.unwrap_or_else(|| format!("[[callers]]\nuid = {uid}\ntenant = \"alpha\"\n"));
         let socket = d.join("shim.sock");
         let cfg = d.join("shim.toml");
+        let grpc = match (&opts.shim_agent, opts.grpc_over_tcp) {
+            (Some(a), _) => a.clone(),
+            (None, true) if opts.tls => format!("https://{grpc_addr}"),
+            (None, true) => format!("http://{grpc_addr}"),
+            (None, false) => format!("unix:{}/agent.sock", d.display()),
+        };
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\ngrpc = \"{grpc}\"\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
-            socket.display(), opts.shim_extra, opts.shim_limits, d = d.display(), grpc = match (&opts.shim_agent, opts.grpc_over_tcp) {
-                (Some(a), _) => a.clone(),
-                (None, true) => format!("http://{grpc_addr}"),
-                (None, false) => format!("unix:{}/agent.sock", d.display()),
-            })).expect("write config");
+            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\n{}\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
+            socket.display(), opts.shim_extra, agent_link(&grpc, "alpha"), opts.shim_limits, d = d.display())).expect("write config");
         children.push(start_shim(&d, "sluice-shim", &cfg, &socket));
         let beta_socket = d.join("shim-beta.sock");
         if opts.beta_shim {
@@ -344,6 +385,30 @@ impl Stack {
             children.push(start_shim(&d, "sluice-shim-beta", &cfg, &beta_socket));
         }
         Self { dir, gateway_addr, metrics_addr, grpc_addr, socket, beta_socket, data_dir, children }
+    }
+
+    /// Starts one more shim `name` for tenant alpha whose `[agent]` table is
+    /// `agent` (e.g. from [`agent_link`] or hand-written TLS settings);
+    /// returns its socket, or the shim's log if it exited at start.
+    pub fn start_extra_shim(&mut self, name: &str, agent: &str) -> Result<PathBuf, String> {
+        let d = self.dir.path().to_owned();
+        let socket = d.join(format!("{name}.sock"));
+        let cfg = d.join(format!("{name}.toml"));
+        let uid = unsafe_free_uid();
+        std::fs::write(&cfg, format!(
+            "socket = \"{}\"\nsocket_mode = 0o600\nshim_id = \"{name}\"\n[agent]\n{agent}\nmemory_socket = \"{d}/mem.sock\"\n[[callers]]\nuid = {uid}\ntenant = \"alpha\"\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\n",
+            socket.display(), d = d.display())).expect("write config");
+        let mut child = spawn_as(&d, "sluice-shim", name, &["--config", cfg.to_str().expect("utf8")]);
+        let t0 = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(std::fs::read_to_string(d.join(format!("{name}.log"))).unwrap_or_default());
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "{name} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.children.push(Proc { name: name.to_owned(), binary: "sluice-shim", config: cfg, child });
+        Ok(socket)
     }
 
     /// Connects a client to the shim.

@@ -1,6 +1,7 @@
 //! The agent's [`S3Client`]: each request built, SigV4-signed with the
 //! namespace's credentials and sent over one shared HTTP(S) connection pool.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
@@ -109,12 +110,36 @@ pub fn pool(tuning: &S3Tuning) -> Result<reqwest::Client, S3Error> {
 pub struct HttpClient {
     http: reqwest::Client,
     bucket: String,
-    signer: sigv4::Signer,
+    /// Replaced whole when the credentials rotate; each request signs with
+    /// the signer current when it is built (a retry after a rotation signs
+    /// with the new keys).
+    signer: std::sync::RwLock<Arc<sigv4::Signer>>,
 }
 
 impl HttpClient {
     pub fn new(http: reqwest::Client, bucket: String, access_key: String, secret_key: String, region: String) -> Self {
-        Self { http, bucket, signer: sigv4::Signer::new(access_key, secret_key, region) }
+        let signer = Arc::new(sigv4::Signer::new(access_key, secret_key, region));
+        Self { http, bucket, signer: std::sync::RwLock::new(signer) }
+    }
+
+    fn signer(&self) -> Arc<sigv4::Signer> {
+        self.signer.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Signs from now on with these keys. `false`: they are the ones in use.
+    pub fn rotate(&self, access_key: &str, secret_key: &str) -> bool {
+        let mut signer = self.signer.write().unwrap_or_else(|p| p.into_inner());
+        if signer.has_keys(access_key, secret_key) {
+            return false;
+        }
+        let region = signer.region().to_owned();
+        *signer = Arc::new(sigv4::Signer::new(access_key.to_owned(), secret_key.to_owned(), region));
+        true
+    }
+
+    /// The access key requests are signed as.
+    pub fn access_key(&self) -> String {
+        self.signer().access_key().to_owned()
     }
 
     /// Signs and sends `spec`; transport failures become retryable errors,
@@ -151,7 +176,7 @@ impl HttpClient {
 
     fn sign(&self, method: &http::Method, p: &Prepared<'_>, now: SystemTime) -> sigv4::Signed {
         let headers: Vec<(&str, &str)> = p.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        self.signer.sign(method.as_str(), p.path(), p.query(), &headers, &p.payload_sha256, now)
+        self.signer().sign(method.as_str(), p.path(), p.query(), &headers, &p.payload_sha256, now)
     }
 
     /// The URL, signed headers and payload hash of `spec`.

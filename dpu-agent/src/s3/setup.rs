@@ -37,7 +37,8 @@ impl StoreParts {
 impl ObjectStore {
     /// Namespace `ns` of `tenant`, moving bytes over `transport` (`None`:
     /// HTTP); `degraded` when that is a fallback. Its secret is read here
-    /// and kept only in memory.
+    /// and kept only in memory. Also returns the client that signs its
+    /// requests, whose keys rotate on SIGHUP.
     pub fn for_namespace(
         parts: &StoreParts,
         cfg: &AgentConfig,
@@ -45,7 +46,7 @@ impl ObjectStore {
         ns: &NamespaceConfig,
         transport: Option<(Arc<dyn Transport>, TransportKind)>,
         degraded: Option<Fallback>,
-    ) -> Result<Self, StartupError> {
+    ) -> Result<(Self, Arc<HttpClient>), StartupError> {
         let cred = cfg.credentials.get(&ns.credentials).ok_or_else(|| StartupError::MissingCredentials {
             namespace: ns.name.clone(),
             name: ns.credentials.clone(),
@@ -62,8 +63,10 @@ impl ObjectStore {
         });
         let client =
             HttpClient::new(parts.http.clone(), ns.bucket.clone(), cred.access_key.clone(), secret, ns.region.clone());
-        let store = Self::new(Arc::new(client), ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
-        Ok(store.with_degraded(degraded).with_encryption(Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?))
+        let client = Arc::new(client);
+        let store = Self::new(client.clone(), ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
+        let encryption = Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?;
+        Ok((store.with_degraded(degraded).with_encryption(encryption), client))
     }
 }
 
@@ -123,4 +126,38 @@ fn doca_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, 
 #[cfg(not(feature = "doca"))]
 fn doca_cipher(_cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
     Err(StartupError::DocaCipher("this sluice-agent was built without the `doca` feature".into()))
+}
+
+/// The signing clients of every namespace, by the credentials they use:
+/// what a SIGHUP rotates.
+#[derive(Default)]
+pub struct Signers(Vec<(String, String, Arc<HttpClient>)>);
+
+impl Signers {
+    /// Records that namespace `ns` signs with credentials `credentials`.
+    pub fn add(&mut self, credentials: &str, ns: &str, client: Arc<HttpClient>) {
+        self.0.push((credentials.to_owned(), ns.to_owned(), client));
+    }
+
+    /// Gives every namespace the keys `cfg` now names (secret files are
+    /// read again). Transfers in flight carry on; their next request signs
+    /// with the new keys. Returns what changed; a credential whose secret
+    /// cannot be read keeps its old keys (and is reported).
+    pub fn rotate(&self, cfg: &AgentConfig) -> Vec<Result<String, String>> {
+        let mut out = Vec::new();
+        for (name, ns, client) in &self.0 {
+            let Some(cred) = cfg.credentials.get(name) else {
+                out.push(Err(format!("credentials {name:?} (namespace {ns:?}) are gone from the config; kept")));
+                continue;
+            };
+            match cred.load_secret() {
+                Ok(secret) if client.rotate(&cred.access_key, &secret) => {
+                    out.push(Ok(format!("namespace {ns:?} signs with {name:?} as {} now", cred.access_key)));
+                }
+                Ok(_) => {}
+                Err(e) => out.push(Err(format!("credentials {name:?}: {e}; kept the old keys"))),
+            }
+        }
+        out
+    }
 }

@@ -50,6 +50,21 @@ impl Signer {
         Self { access_key, secret_key, region, day_key: Mutex::new(None) }
     }
 
+    /// Whether it signs with these keys.
+    pub fn has_keys(&self, access_key: &str, secret_key: &str) -> bool {
+        self.access_key == access_key && self.secret_key == secret_key
+    }
+
+    /// The access key it signs as.
+    pub fn access_key(&self) -> &str {
+        &self.access_key
+    }
+
+    /// The region it signs for.
+    pub fn region(&self) -> &str {
+        &self.region
+    }
+
     /// Signs a request. `path` is the URI path exactly as sent (already
     /// percent-encoded); `query` the query string exactly as sent, its
     /// pairs sorted and encoded (all but unreserved characters); `headers`

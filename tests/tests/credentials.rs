@@ -1,0 +1,101 @@
+//! S3 credentials rotate on SIGHUP without dropping transfers: the agent
+//! re-reads its config (and secret files), every namespace signs from then
+//! on with the new keys, and requests in flight carry on.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_tests::{pattern, sha256, Options, Stack, ACCESS_KEY, SECRET_KEY};
+
+const NEW_KEY: &str = "rotated-access";
+const NEW_SECRET: &str = "rotated-secret-key-9876543210";
+
+#[tokio::test]
+async fn credentials_rotate_under_load_without_dropping_transfers() {
+    // The store accepts both keys while the agent moves from one to the other.
+    let both = format!("[[credentials]]\naccess_key = \"{NEW_KEY}\"\nsecret_key = \"{NEW_SECRET}\"\n");
+    let mut stack = Stack::with(Options { gateway_extra: both, ..Default::default() });
+    let c = Arc::new(stack.client().await);
+    let data = pattern((4 << 20) + 3, 21);
+    let r = Arc::new(c.register(data.len() as u64).await.unwrap());
+    r.write_at(0, &data).unwrap();
+    c.put("data/rotate.bin", &r, 0, data.len() as u64).await.unwrap();
+
+    // Readers keep going through the rotation; every read must be whole.
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU32::new(0));
+    let mut readers = Vec::new();
+    for _ in 0..2 {
+        let (c, stop, reads, want) = (c.clone(), stop.clone(), reads.clone(), sha256(&data));
+        readers.push(tokio::spawn(async move {
+            let r = c.register((4 << 20) + 3).await.unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let t = c.get("data/rotate.bin", &r, 0, None).await.unwrap();
+                assert_eq!(t.bytes, (4 << 20) + 3);
+                assert_eq!(sha256(r.as_slice()), want);
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = reads.load(Ordering::Relaxed);
+    let path = stack.dir.path().join("agent.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let old = format!("[credentials.main]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"");
+    assert!(config.contains(&old), "the harness's agent config changed shape");
+    // The new secret from a file, as in production.
+    std::fs::write(stack.dir.path().join("main.secret"), format!("{NEW_SECRET}\n")).unwrap();
+    let new = format!("[credentials.main]\naccess_key = \"{NEW_KEY}\"\nsecret_key_file = \"main.secret\"");
+    std::fs::write(&path, config.replace(&old, &new)).unwrap();
+    stack.signal("sluice-agent", "HUP");
+    let t0 = std::time::Instant::now();
+    while !stack.log("sluice-agent").contains("SIGHUP: credentials rotated") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no rotation logged:\n{}", stack.log("sluice-agent"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in readers {
+        t.await.unwrap();
+    }
+    let after = reads.load(Ordering::Relaxed);
+    assert!(before > 0 && after > before, "reads went on through the rotation ({before} then {after})");
+    assert!(stack.log("sluice-agent").contains(NEW_KEY), "the log names the new access key");
+    assert!(!stack.log("sluice-agent").contains(NEW_SECRET), "never the secret");
+
+    // The store now forgets the old key: the agent's requests still work,
+    // so they are signed with the new one.
+    let gw = stack.dir.path().join("gateway.toml");
+    let gw_config = std::fs::read_to_string(&gw).unwrap();
+    let old_gw = format!("[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n");
+    assert!(gw_config.contains(&old_gw));
+    std::fs::write(&gw, gw_config.replace(&old_gw, "")).unwrap();
+    stack.restart("sluice-gateway");
+    r.write_at(0, &vec![0; data.len()]).unwrap();
+    c.get("data/rotate.bin", &r, 0, None).await.unwrap();
+    assert_eq!(sha256(r.as_slice()), sha256(&data));
+}
+
+#[tokio::test]
+async fn an_unreadable_new_secret_keeps_the_old_keys() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let path = stack.dir.path().join("agent.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let old = format!("[credentials.main]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"");
+    let new = format!("[credentials.main]\naccess_key = \"{NEW_KEY}\"\nsecret_key_file = \"missing.secret\"");
+    std::fs::write(&path, config.replace(&old, &new)).unwrap();
+    stack.signal("sluice-agent", "HUP");
+    let t0 = std::time::Instant::now();
+    let refused = |log: String| log.contains("kept the old keys") || log.contains("SIGHUP: config not re-read");
+    while !refused(stack.log("sluice-agent")) {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", stack.log("sluice-agent"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Still signing with the keys the store knows.
+    let r = c.register(10).await.unwrap();
+    r.write_at(0, b"still here").unwrap();
+    c.put("data/kept", &r, 0, 10).await.unwrap();
+}
