@@ -6,6 +6,7 @@
 mod bench;
 mod certs;
 mod demo;
+mod doctor;
 mod ops;
 mod stack;
 
@@ -88,6 +89,9 @@ enum Cmd {
     /// Restart one daemon of the local stack (gateway, agent or shim) from
     /// its config; the others keep serving.
     Restart(stack::RestartArgs),
+    /// Check this node end to end (shim, tenant, agent, each namespace's
+    /// store and data path) and say what to fix.
+    Doctor(doctor::DoctorArgs),
     /// Issue a private CA and the certificates of the shim↔agent control
     /// channel (mutual TLS), for an agent on a BlueField or another host.
     Certs(certs::CertsArgs),
@@ -129,6 +133,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Down { dir } => return stack::down(dir),
         Cmd::Restart(args) => return stack::restart(args),
         Cmd::Certs(args) => return certs::run(args, cli.json),
+        Cmd::Doctor(args) => return doctor::run(&socket_path(&cli), args, cli.json).await,
         _ => {}
     }
     let socket = socket_path(&cli);
@@ -152,6 +157,6 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Whoami => ops::whoami(&client, cli.json).await,
         Cmd::Demo(args) => demo::run(&client, &args, cli.json).await,
         Cmd::Bench(args) => bench::run(&client, &socket, &args, cli.json).await,
-        Cmd::Up(_) | Cmd::Down { .. } | Cmd::Restart(_) | Cmd::Certs(_) => Ok(()),
+        Cmd::Up(_) | Cmd::Down { .. } | Cmd::Restart(_) | Cmd::Certs(_) | Cmd::Doctor(_) => Ok(()),
     }
 }
