@@ -112,6 +112,17 @@ impl Agent {
         Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas, signers })
     }
 
+    /// Every namespace's store, as `tenant/namespace` (readiness probes).
+    pub fn stores(&self) -> Vec<(String, Arc<ObjectStore>)> {
+        let mut out: Vec<_> = self
+            .tenants
+            .iter()
+            .flat_map(|(t, tenant)| tenant.namespaces.iter().map(move |(n, s)| (format!("{t}/{n}"), s.clone())))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// The namespaces' signers (credential rotation: [`Signers::rotate`]).
     pub fn signers(&self) -> &Signers {
         &self.signers

@@ -10,6 +10,7 @@ pub mod batch;
 pub mod config;
 pub mod error;
 pub mod grpc;
+pub mod health;
 pub mod hostmem;
 pub mod identity;
 pub mod ids;

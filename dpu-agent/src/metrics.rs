@@ -1,16 +1,10 @@
 //! Prometheus metrics, labelled by tenant, namespace, operation and data path,
-//! served on `GET /metrics`.
+//! served on `GET /metrics` (with `GET /ready`, see `health.rs`).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
-use prometheus::{
-    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
-};
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::net::TcpListener;
 
 /// All agent metrics.
@@ -189,69 +183,29 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        let (fds, rss) = process_usage();
+        let (fds, rss) = sluice_telemetry::process_usage();
         self.open_fds.set(fds);
         self.resident_bytes.set(rss);
-        TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|e| format!("# encode error: {e}\n"))
+        sluice_telemetry::render(&self.registry)
     }
 }
 
-/// Open descriptors and resident bytes of this process (0 where /proc is
-/// unreadable).
-pub fn process_usage() -> (i64, i64) {
-    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as i64);
-    // "VmRSS:    12345 kB" (in kB whatever the page size).
-    let rss_kb = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()?.parse().ok()))
-        })
-        .unwrap_or(0i64);
-    (fds, rss_kb * 1024)
-}
-
-/// How long a metrics scraper may take to send its request headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Serves `GET /metrics` on `listener` forever.
-pub async fn serve(metrics: std::sync::Arc<Metrics>, listener: TcpListener) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let metrics = metrics.clone();
-                async move {
-                    let resp = if req.uri().path() == "/metrics" {
-                        hyper::Response::builder()
-                            .header("content-type", "text/plain; version=0.0.4")
-                            .body(Full::new(Bytes::from(metrics.render())))
-                    } else {
-                        hyper::Response::builder().status(404).body(Full::new(Bytes::from_static(b"try /metrics\n")))
-                    };
-                    Ok::<_, Infallible>(resp.unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new()))))
-                }
-            });
-            // A connection that never finishes its headers is dropped.
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), svc)
-                .await;
-        });
-    }
-}
-
-/// Binds the metrics listener.
+/// Binds the operations endpoint (`/metrics`, `/ready`).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+/// What the agent's operations endpoint shows.
+pub struct AgentEndpoints {
+    pub metrics: std::sync::Arc<Metrics>,
+    pub health: std::sync::Arc<crate::health::Health>,
+}
+
+impl sluice_telemetry::Endpoints for AgentEndpoints {
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+    fn readiness(&self) -> sluice_telemetry::Readiness {
+        self.health.readiness()
+    }
 }

@@ -147,7 +147,10 @@ pub async fn run(
             source,
         })?;
         bound.metrics = l.local_addr().ok();
-        tokio::spawn(crate::metrics::serve(metrics.clone(), l));
+        let health = Arc::new(crate::health::Health::default());
+        tokio::spawn(health.clone().probe_forever(agent.clone()));
+        let endpoints = crate::metrics::AgentEndpoints { metrics: metrics.clone(), health };
+        tokio::spawn(sluice_telemetry::serve(Arc::new(endpoints), l));
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -38,6 +38,10 @@ pub struct ShimConfig {
     /// to listed shims). Default: the host name.
     #[serde(default)]
     pub shim_id: Option<String>,
+    /// The operations endpoint: `/metrics` (Prometheus) and `/ready` (the
+    /// agent answers). Off when absent.
+    #[serde(default)]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// How the agent reaches registered regions: `colocated` (memfds over
     /// the agent's memory socket; the agent runs on this host) or `doca`
     /// (regions exported over PCIe to the agent on this host's BlueField;

@@ -108,6 +108,14 @@ pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
             return;
         }
     };
+    shared.metrics.connections.inc();
+    struct Open<'a>(&'a prometheus::IntGauge);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            self.0.dec();
+        }
+    }
+    let _open = Open(&shared.metrics.connections);
     let _slot = match shared.connections.admit(uid, &shared.config.limits) {
         Ok(slot) => slot,
         Err(e) => {
@@ -304,6 +312,7 @@ async fn read_loop(
             ms => Duration::from_millis(u64::from(ms)) + DEADLINE_GRACE,
         };
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
+        let (op_name, started) = (crate::metrics::op_label(&op), std::time::Instant::now());
         tokio::spawn(
             async move {
                 if let Op::GetBatch(b) = op {
@@ -315,6 +324,8 @@ async fn read_loop(
                         Ok(Err(e)) => Some(e),
                         Err(_) => Some(ShimError::DeadlineExceeded(limit)),
                     };
+                    let code = failed.as_ref().map(|e| e.code().as_str_name());
+                    shared.metrics.observe(op_name, code, started.elapsed());
                     if let Some(e) = failed {
                         debug!(error = %e, "batch failed");
                         open.fail_rest(&mut out, &e).await;
@@ -323,16 +334,21 @@ async fn read_loop(
                     return;
                 }
                 let work = crate::handlers::handle(&shared, &s, op, fd, &request_id, timeout_ms);
-                let out = match tokio::time::timeout(limit, work).await {
-                    Ok(Ok((result, fd))) => {
+                let result = match tokio::time::timeout(limit, work).await {
+                    Ok(r) => r,
+                    Err(_) => Err(ShimError::DeadlineExceeded(limit)),
+                };
+                let code = result.as_ref().err().map(|e| e.code().as_str_name());
+                shared.metrics.observe(op_name, code, started.elapsed());
+                let out = match result {
+                    Ok((result, fd)) => {
                         let resp = pb::Response { id, request_id, result: Some(result), item: 0 };
                         Outgoing { frame: encode_frame(&resp), fd }
                     }
-                    Ok(Err(e)) => {
+                    Err(e) => {
                         debug!(error = %e, "request failed");
                         error_frame(id, request_id, &e)
                     }
-                    Err(_) => error_frame(id, request_id, &ShimError::DeadlineExceeded(limit)),
                 };
                 let _ = tx.send(out).await;
                 drop(permit);

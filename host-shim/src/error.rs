@@ -13,6 +13,10 @@ pub enum StartupError {
     AgentAddress { address: String, source: tonic::transport::Error },
     #[error("[agent.tls]: {0}")]
     Tls(String),
+    #[error("binding {what} at {at}: {source}")]
+    Bind { what: &'static str, at: String, source: std::io::Error },
+    #[error("metrics: {0}")]
+    Metrics(String),
     #[error("tenant {tenant:?}: shim secret: {source}")]
     TenantSecret { tenant: String, source: sluice_proto::auth::SecretFileError },
     #[error("memory_backend = \"doca\" needs a [doca] table")]
@@ -63,8 +67,23 @@ pub enum ShimError {
 }
 
 impl ShimError {
+    /// The typed code clients get.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Agent(d) => ErrorCode::try_from(d.code).unwrap_or(ErrorCode::Internal),
+            other => other.own_code(),
+        }
+    }
+
     pub fn detail(&self) -> ErrorDetail {
-        let code = match self {
+        match self {
+            Self::Agent(d) => d.clone(),
+            other => ErrorDetail::new(other.own_code(), self.to_string()),
+        }
+    }
+
+    fn own_code(&self) -> ErrorCode {
+        match self {
             Self::BadRequest(_) => ErrorCode::BadRequest,
             Self::Protocol(_) => ErrorCode::Protocol,
             Self::UnknownCaller { .. } => ErrorCode::UnknownTenant,
@@ -79,9 +98,8 @@ impl ShimError {
             Self::Refused(_) => ErrorCode::ResourceExhausted,
             Self::Unsupported(_) => ErrorCode::Unsupported,
             Self::Backend(_) => ErrorCode::Internal,
-            Self::Agent(d) => return d.clone(),
-        };
-        ErrorDetail::new(code, self.to_string())
+            Self::Agent(_) => ErrorCode::Internal,
+        }
     }
 }
 

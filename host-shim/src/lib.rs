@@ -12,6 +12,7 @@ pub mod connection;
 pub mod error;
 pub mod handlers;
 pub mod memory;
+pub mod metrics;
 pub mod path;
 pub mod server;
 pub mod session;

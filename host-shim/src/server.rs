@@ -23,6 +23,8 @@ pub struct Shared {
     pub sessions: crate::session::Registry,
     /// Open client connections per uid (the limits are in `config`).
     pub connections: crate::connection::ConnectionCounts,
+    /// Served on `metrics_listen` with the shim's readiness.
+    pub metrics: Arc<crate::metrics::ShimMetrics>,
 }
 
 /// Binds the socket (replacing a stale one) with the configured mode.
@@ -52,6 +54,15 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         secrets.insert(tenant.clone(), secret);
     }
     let memory = crate::memory::MemoryBackend::open(&cfg)?;
+    let metrics = Arc::new(crate::metrics::ShimMetrics::new().map_err(|e| StartupError::Metrics(e.to_string()))?);
+    let ops_listener = match cfg.metrics_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|source| StartupError::Bind {
+            what: "metrics_listen",
+            at: addr.to_string(),
+            source,
+        })?),
+        None => None,
+    };
     let socket = cfg.socket.clone();
     let shared = Arc::new(Shared {
         config: cfg,
@@ -61,8 +72,15 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         memory,
         sessions: Default::default(),
         connections: Default::default(),
+        metrics,
     });
     let renew = tokio::spawn(crate::session::Registry::renew_loop(shared.clone()));
+    let mut ops = Vec::new();
+    if let Some(l) = ops_listener {
+        info!(metrics = ?l.local_addr().ok(), "operations endpoint: /metrics, /ready");
+        ops.push(tokio::spawn(crate::metrics::ShimMetrics::check_agent_forever(shared.clone())));
+        ops.push(tokio::spawn(sluice_telemetry::serve(shared.metrics.clone(), l)));
+    }
     info!(socket = %socket.display(), agent = %shared.config.agent.grpc, memory = shared.memory.name(), "shim ready");
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -81,6 +99,9 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
     }
     info!("shim shutting down");
     renew.abort();
+    for t in ops {
+        t.abort();
+    }
     let _ = std::fs::remove_file(&socket);
     Ok(())
 }

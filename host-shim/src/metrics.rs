@@ -1,0 +1,108 @@
+//! The shim's operations endpoint (`metrics_listen`): Prometheus metrics
+//! (`sluice_shim_*`: requests by operation and outcome, latency, open client
+//! connections, descriptors, memory) and readiness: the agent answers a
+//! call over the configured link (its TLS included), checked in the
+//! background every few seconds.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use sluice_proto::shim::request::Op;
+use sluice_telemetry::Readiness;
+
+use crate::server::Shared;
+
+/// Time between checks of the agent.
+const CHECK_EVERY: Duration = Duration::from_secs(5);
+
+pub struct ShimMetrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+    /// Open client connections.
+    pub connections: IntGauge,
+    open_fds: IntGauge,
+    resident_bytes: IntGauge,
+    /// The last check of the agent: `None` before the first.
+    agent: Mutex<Option<Result<(), String>>>,
+}
+
+/// The metrics label of an operation.
+pub fn op_label(op: &Op) -> &'static str {
+    match op {
+        Op::Hello(_) => "hello",
+        Op::Register(_) => "register",
+        Op::Release(_) => "release",
+        Op::Get(_) => "get",
+        Op::GetBatch(_) => "get_batch",
+        Op::Put(_) => "put",
+        Op::Head(_) => "head",
+        Op::List(_) => "list",
+        Op::Delete(_) => "delete",
+        Op::Stats(_) => "stats",
+    }
+}
+
+impl ShimMetrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new_custom(Some("sluice_shim".into()), None)?;
+        let requests = IntCounterVec::new(
+            Opts::new("requests_total", "Client requests, by operation and outcome (ok or the error code)"),
+            &["op", "outcome"],
+        )?;
+        let latency = HistogramVec::new(
+            HistogramOpts::new("request_duration_seconds", "Client request latency in the shim").buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0,
+            ]),
+            &["op"],
+        )?;
+        let connections = IntGauge::new("connections", "Open client connections")?;
+        let open_fds = IntGauge::new("open_fds", "Open file descriptors of the shim")?;
+        let resident_bytes = IntGauge::new("resident_bytes", "Resident memory of the shim")?;
+        for c in [&connections, &open_fds, &resident_bytes] {
+            registry.register(Box::new(c.clone()))?;
+        }
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        Ok(Self { registry, requests, latency, connections, open_fds, resident_bytes, agent: Mutex::new(None) })
+    }
+
+    /// Counts a finished request; `error` is its error code name, if any.
+    pub fn observe(&self, op: &str, error: Option<&str>, elapsed: Duration) {
+        self.requests.with_label_values(&[op, error.unwrap_or("ok")]).inc();
+        self.latency.with_label_values(&[op]).observe(elapsed.as_secs_f64());
+    }
+
+    /// Checks the agent every few seconds, for as long as the shim runs.
+    pub async fn check_agent_forever(shared: Arc<Shared>) {
+        loop {
+            let mut agent = shared.agent.grpc.clone();
+            let ping = agent.renew(sluice_proto::agent::RenewRequest { session_ids: Vec::new() });
+            let r = match tokio::time::timeout(CHECK_EVERY, ping).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(crate::error::ShimError::from(e).to_string()),
+                Err(_) => Err(format!("the agent did not answer within {CHECK_EVERY:?}")),
+            };
+            *shared.metrics.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            tokio::time::sleep(CHECK_EVERY).await;
+        }
+    }
+}
+
+impl sluice_telemetry::Endpoints for ShimMetrics {
+    fn metrics(&self) -> String {
+        let (fds, rss) = sluice_telemetry::process_usage();
+        self.open_fds.set(fds);
+        self.resident_bytes.set(rss);
+        sluice_telemetry::render(&self.registry)
+    }
+
+    fn readiness(&self) -> Readiness {
+        match &*self.agent.lock().unwrap_or_else(|p| p.into_inner()) {
+            None => Readiness::not_ready("checking the agent"),
+            Some(Ok(())) => Readiness::ready("agent: answers"),
+            Some(Err(e)) => Readiness::not_ready(format!("agent: {e}")),
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The operations endpoint every Sluice daemon serves on its
+//! `metrics_listen` address: `GET /metrics` (Prometheus text) and
+//! `GET /ready` (200 when the daemon can serve, 503 with the reason when it
+//! cannot), for Prometheus, the packaged units and the pod's probes.
+
+#![forbid(unsafe_code)]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+/// Whether a daemon can serve, and why (a line per thing checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    pub ready: bool,
+    pub detail: String,
+}
+
+impl Readiness {
+    pub fn ready(detail: impl Into<String>) -> Self {
+        Self { ready: true, detail: detail.into() }
+    }
+    pub fn not_ready(detail: impl Into<String>) -> Self {
+        Self { ready: false, detail: detail.into() }
+    }
+}
+
+/// What a daemon exposes.
+pub trait Endpoints: Send + Sync + 'static {
+    /// The Prometheus text exposition of its metrics.
+    fn metrics(&self) -> String;
+    /// Whether it can serve now.
+    fn readiness(&self) -> Readiness;
+}
+
+/// Open descriptors and resident bytes of this process (0 where /proc is
+/// unreadable).
+pub fn process_usage() -> (i64, i64) {
+    let fds = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as i64);
+    // "VmRSS:    12345 kB" (in kB whatever the page size).
+    let rss_kb = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        })
+        .unwrap_or(0i64);
+    (fds, rss_kb * 1024)
+}
+
+/// The text exposition of `registry`.
+pub fn render(registry: &prometheus::Registry) -> String {
+    prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap_or_else(|e| format!("# encode error: {e}\n"))
+}
+
+/// How long a scraper may take to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn answer(endpoints: &dyn Endpoints, path: &str) -> hyper::Response<Full<Bytes>> {
+    let r = match path {
+        "/metrics" => hyper::Response::builder()
+            .header("content-type", "text/plain; version=0.0.4")
+            .body(Full::new(Bytes::from(endpoints.metrics()))),
+        "/ready" => {
+            let r = endpoints.readiness();
+            let line = format!("{}\n{}\n", if r.ready { "ready" } else { "not ready" }, r.detail.trim_end());
+            hyper::Response::builder()
+                .status(if r.ready { 200 } else { 503 })
+                .header("content-type", "text/plain")
+                .body(Full::new(Bytes::from(line)))
+        }
+        _ => hyper::Response::builder().status(404).body(Full::new(Bytes::from_static(b"try /metrics or /ready\n"))),
+    };
+    r.unwrap_or_else(|_| hyper::Response::new(Full::new(Bytes::new())))
+}
+
+/// Serves `/metrics` and `/ready` on `listener` until the task is dropped.
+pub async fn serve(endpoints: Arc<dyn Endpoints>, listener: TcpListener) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "operations endpoint: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let endpoints = endpoints.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let resp = answer(&*endpoints, req.uri().path());
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            // A connection that never finishes its headers is dropped.
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixed(bool);
+    impl Endpoints for Fixed {
+        fn metrics(&self) -> String {
+            "x_total 1\n".into()
+        }
+        fn readiness(&self) -> Readiness {
+            Readiness { ready: self.0, detail: "store: ok".into() }
+        }
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(answer(&Fixed(true), "/ready").status(), 200);
+        assert_eq!(answer(&Fixed(false), "/ready").status(), 503);
+        assert_eq!(answer(&Fixed(true), "/metrics").status(), 200);
+        assert_eq!(answer(&Fixed(true), "/other").status(), 404);
+        let (fds, _) = process_usage();
+        assert!(fds > 0);
+    }
+}
