@@ -118,30 +118,42 @@ fn shim_file(name: &str) -> anyhow::Result<String> {
     Ok(format!("shim-{name}"))
 }
 
+/// Issues what is asked into `dir` (the CA first, if absent); returns the
+/// files written and whether the CA was created.
+pub fn issue_all(
+    dir: &Path,
+    agent_names: &[String],
+    shims: &[String],
+    days: u32,
+) -> anyhow::Result<(Vec<PathBuf>, bool)> {
+    let names: Vec<String> = shims.iter().map(|s| shim_file(s)).collect::<anyhow::Result<_>>()?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let (issuer, created) = ca(dir, days)?;
+    let mut written = vec![dir.join(CA_CERT)];
+    if !agent_names.is_empty() {
+        let (cert, key) = issue(&issuer, agent_names, ExtendedKeyUsagePurpose::ServerAuth, days)?;
+        write(&dir.join("agent.key"), &key, 0o600)?;
+        write(&dir.join("agent.crt"), &cert, 0o644)?;
+        written.extend([dir.join("agent.crt"), dir.join("agent.key")]);
+    }
+    for (shim, file) in shims.iter().zip(&names) {
+        let (cert, key) = issue(&issuer, std::slice::from_ref(shim), ExtendedKeyUsagePurpose::ClientAuth, days)?;
+        write(&dir.join(format!("{file}.key")), &key, 0o600)?;
+        write(&dir.join(format!("{file}.crt")), &cert, 0o644)?;
+        written.extend([dir.join(format!("{file}.crt")), dir.join(format!("{file}.key"))]);
+    }
+    Ok((written, created))
+}
+
 pub fn run(args: &CertsArgs, json: bool) -> anyhow::Result<()> {
     if args.agent_names.is_empty() && args.shims.is_empty() {
         bail!("nothing to issue: give --agent-name and/or --shim (see `sluice certs --help`)");
     }
-    let names: Vec<String> = args.shims.iter().map(|s| shim_file(s)).collect::<anyhow::Result<_>>()?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&args.dir)
-        .with_context(|| format!("creating {}", args.dir.display()))?;
-    let (issuer, created) = ca(&args.dir, args.days)?;
-    let mut written = vec![args.dir.join(CA_CERT)];
-    if !args.agent_names.is_empty() {
-        let (cert, key) = issue(&issuer, &args.agent_names, ExtendedKeyUsagePurpose::ServerAuth, args.days)?;
-        write(&args.dir.join("agent.key"), &key, 0o600)?;
-        write(&args.dir.join("agent.crt"), &cert, 0o644)?;
-        written.extend([args.dir.join("agent.crt"), args.dir.join("agent.key")]);
-    }
-    for (shim, file) in args.shims.iter().zip(&names) {
-        let (cert, key) = issue(&issuer, std::slice::from_ref(shim), ExtendedKeyUsagePurpose::ClientAuth, args.days)?;
-        write(&args.dir.join(format!("{file}.key")), &key, 0o600)?;
-        write(&args.dir.join(format!("{file}.crt")), &cert, 0o644)?;
-        written.extend([args.dir.join(format!("{file}.crt")), args.dir.join(format!("{file}.key"))]);
-    }
+    let (written, created) = issue_all(&args.dir, &args.agent_names, &args.shims, args.days)?;
     if json {
         let files: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
         println!("{}", serde_json::json!({ "ca_created": created, "files": files }));

@@ -106,6 +106,25 @@ async fn namespace_checks(c: &Client, ns: &str, write: bool, out: &mut Vec<Check
     });
 }
 
+/// Whether the shim and the agent agree on some region memory (from the
+/// capabilities exchanged at the handshake).
+fn memory_check(caps: &sluice_client::Capabilities) -> Check {
+    let name = |k: sluice_client::MemoryKind| k.as_str_name().to_ascii_lowercase().replace('_', "-");
+    let both: Vec<String> = caps.agent_memory().filter(|k| caps.shim_memory().any(|s| s == *k)).map(name).collect();
+    let agent: Vec<String> = caps.agent_memory().map(name).collect();
+    let shim: Vec<String> = caps.shim_memory().map(name).collect();
+    if both.is_empty() {
+        Check::fail(
+            "region memory",
+            format!("the agent reaches {} but the shim registers {}", agent.join(", "), shim.join(", ")),
+            "co-located agent: memory_backend = \"colocated\" in shim.toml; agent on a BlueField: \
+             memory_backend = \"doca\" in shim.toml and [host_memory] backend = \"doca\" in agent.toml",
+        )
+    } else {
+        Check::pass("region memory", both.join(", "))
+    }
+}
+
 fn path_of(t: &sluice_client::Transfer) -> String {
     if t.fallback_reason.is_empty() {
         format!("{} bytes via {}", t.bytes, t.data_path)
@@ -167,7 +186,18 @@ pub async fn run(socket: &Path, args: &DoctorArgs, json: bool) -> anyhow::Result
                     "add [[tenants.namespaces]] to the tenant in the agent config",
                 ));
             }
+            checks.push(memory_check(c.capabilities()));
             for ns in c.namespaces() {
+                if let Some(n) = c.capabilities().namespaces.iter().find(|n| n.name == *ns) {
+                    if !n.degraded_reason.is_empty() {
+                        checks.push(Check::fail(
+                            format!("namespace {ns}: transport"),
+                            format!("the configured transport is not running: {}", n.degraded_reason),
+                            "bytes move, but over the fallback: check the agent's [dataplane] (device, \
+                             verbs_listen, [dataplane.dc]) and its startup log",
+                        ));
+                    }
+                }
                 namespace_checks(&c, ns, args.write, &mut checks).await;
             }
         }

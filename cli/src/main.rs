@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod caps;
 mod certs;
 mod demo;
 mod doctor;
@@ -77,10 +78,16 @@ enum Cmd {
         /// namespace/key
         path: String,
     },
-    /// Show an object's size, ETag and modification time.
+    /// Show an object's size, ETag and modification time; with --caps,
+    /// what this connection can do (region memory, and per namespace the
+    /// access, data path, transport, placement, encryption and limits).
     Stat {
-        /// namespace/key
-        path: String,
+        /// namespace/key (with --caps: a namespace, or nothing for all)
+        #[arg(required_unless_present = "caps")]
+        path: Option<String>,
+        /// Show the capabilities the shim and agent agreed at the handshake.
+        #[arg(long)]
+        caps: bool,
     },
     /// Show this connection's tenant, namespaces and the session counters.
     Whoami,
@@ -153,7 +160,20 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Put { src, path, content_type } => ops::put(&client, &src, &path, &content_type, cli.json).await,
         Cmd::Ls { path, delimiter } => ops::ls(&client, &path, &delimiter, cli.json).await,
         Cmd::Rm { path } => ops::rm(&client, &path, cli.json).await,
-        Cmd::Stat { path } => ops::stat(&client, &path, cli.json).await,
+        Cmd::Stat { path, caps: true } => {
+            let ns = path.as_deref().map(|p| p.split('/').next().unwrap_or(p));
+            if let Some(ns) = ns.filter(|ns| !client.namespaces().iter().any(|n| n == ns)) {
+                anyhow::bail!("namespace {ns:?} is not one of this tenant's: {}", client.namespaces().join(", "));
+            }
+            let c = client.capabilities();
+            if cli.json {
+                println!("{}", caps::to_json(c, ns));
+            } else {
+                print!("{}", caps::to_text(c, ns));
+            }
+            Ok(())
+        }
+        Cmd::Stat { path, caps: false } => ops::stat(&client, path.as_deref().unwrap_or_default(), cli.json).await,
         Cmd::Whoami => ops::whoami(&client, cli.json).await,
         Cmd::Demo(args) => demo::run(&client, &args, cli.json).await,
         Cmd::Bench(args) => bench::run(&client, &socket, &args, cli.json).await,

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, Instrument};
 
+use crate::capabilities::Capabilities;
 use crate::config::{AgentConfig, Limits, Permission, Placement};
 use crate::error::{AgentError, StartupError};
-use crate::hostmem::{HostMemory, HostRegion, RegionExport};
+use crate::hostmem::{HostMemory, HostRegion, MemoryKind, RegionExport};
 use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
@@ -52,6 +53,15 @@ pub struct TransferReport {
     pub etag: String,
     /// GET only: size of the whole object.
     pub object_size: u64,
+}
+
+/// A session the agent opened, and what it can do.
+#[derive(Debug, Clone)]
+pub struct OpenedSession {
+    pub id: String,
+    /// The tenant's namespaces, sorted.
+    pub namespaces: Vec<String>,
+    pub capabilities: Capabilities,
 }
 
 /// A snapshot of a session's counters.
@@ -186,12 +196,34 @@ impl Agent {
             .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))
     }
 
-    /// Opens a session for a shim that proved it may act for the tenant.
+    /// The host memory this agent reaches.
+    pub fn memory_capabilities(&self) -> crate::hostmem::MemoryCaps {
+        self.memory.capabilities()
+    }
+
+    /// What a session of `tenant` can do, for a shim that registers
+    /// `shim_memory` (capability exchange).
+    pub fn capabilities(&self, tenant: &str, shim_memory: &[MemoryKind]) -> Result<Capabilities, AgentError> {
+        let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
+        let mut namespaces: Vec<_> = t.namespaces.iter().map(|(name, store)| store.capabilities(name)).collect();
+        namespaces.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Capabilities {
+            memory: self.memory.capabilities(),
+            shim_memory: shim_memory.to_vec(),
+            max_batch_items: crate::batch::MAX_BATCH_ITEMS as u32,
+            max_registered_bytes: self.limits.max_registered_bytes_per_session,
+            namespaces,
+        })
+    }
+
+    /// Opens a session for a shim that proved it may act for the tenant,
+    /// and tells it what the session can do.
     pub fn open_session(
         &self,
         req: &SessionRequest<'_>,
         origin: &ShimOrigin,
-    ) -> Result<(String, Vec<String>), AgentError> {
+        shim_memory: &[MemoryKind],
+    ) -> Result<OpenedSession, AgentError> {
         let (tenant, shim_id) = (req.tenant, req.shim_id);
         if let Err((reason, e)) = self.auth.authenticate(req, origin, sluice_proto::auth::now_ms()) {
             let label = if self.tenants.contains_key(tenant) { tenant } else { "-" };
@@ -199,14 +231,19 @@ impl Agent {
             tracing::warn!(tenant, shim_id, ?origin, reason, "session refused");
             return Err(e);
         }
-        let t = self.tenants.get(tenant).ok_or_else(|| AgentError::UnknownTenant(tenant.to_owned()))?;
+        let capabilities = self.capabilities(tenant, shim_memory)?;
+        if !shim_memory.is_empty() && capabilities.usable_memory().is_empty() {
+            // Object calls without regions (HEAD, LIST, DELETE) still work;
+            // every registration will be refused, so say why once here.
+            tracing::warn!(tenant, shim_id, shim = ?shim_memory, agent = ?capabilities.memory.kinds,
+                "this shim registers no memory this agent can reach: its regions will be refused");
+        }
         let id = random_id();
         self.sessions.open(id.clone(), tenant, origin);
         self.metrics.sessions.inc();
         info!(tenant, shim_id, "session opened");
-        let mut names: Vec<String> = t.namespaces.keys().cloned().collect();
-        names.sort();
-        Ok((id, names))
+        let namespaces = capabilities.namespaces.iter().map(|n| n.name.clone()).collect();
+        Ok(OpenedSession { id, namespaces, capabilities })
     }
 
     /// Refuses a session id presented from another origin than the one it
@@ -493,6 +530,15 @@ impl Agent {
             let region = self.region(&s, region_id)?;
             check_key(key)?;
             region.check(offset, length)?;
+            // Refused before an upload starts, not at part 10,001.
+            if length > store.max_object_bytes() {
+                return Err(AgentError::Unsupported(format!(
+                    "a {length}-byte object exceeds the {} bytes a PUT can write to namespace {namespace:?} \
+                     (at most {} multipart parts; the agent's [s3] put_part_size sets the part size)",
+                    store.max_object_bytes(),
+                    crate::capabilities::MAX_PARTS,
+                )));
+            }
             let t0 = Instant::now();
             // Admitted for its length; each part is paced and scheduled
             // fairly inside the S3 client.

@@ -189,6 +189,8 @@ impl Default for S3Tuning {
 }
 
 /// An S3 access key; the secret comes inline or from a file (preferred).
+/// Temporary credentials (STS) add their session token, also inline or
+/// from a file; all of them are read again on SIGHUP.
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialConfig {
@@ -197,6 +199,10 @@ pub struct CredentialConfig {
     pub secret_key: Option<String>,
     #[serde(default)]
     pub secret_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub session_token: Option<String>,
+    #[serde(default)]
+    pub session_token_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for CredentialConfig {
@@ -205,6 +211,8 @@ impl std::fmt::Debug for CredentialConfig {
             .field("access_key", &self.access_key)
             .field("secret_key", &self.secret_key.as_ref().map(|_| "<redacted>"))
             .field("secret_key_file", &self.secret_key_file)
+            .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .field("session_token_file", &self.session_token_file)
             .finish()
     }
 }
@@ -488,7 +496,7 @@ impl AgentConfig {
         // Relative secret files are relative to the config file.
         let base = path.parent().unwrap_or(Path::new("."));
         for c in cfg.credentials.values_mut() {
-            if let Some(f) = &mut c.secret_key_file {
+            for f in [&mut c.secret_key_file, &mut c.session_token_file].into_iter().flatten() {
                 if f.is_relative() {
                     *f = base.join(&*f);
                 }
@@ -606,6 +614,9 @@ impl AgentConfig {
             if c.secret_key.is_some() == c.secret_key_file.is_some() {
                 return bad(format!("credentials {name:?}: set exactly one of secret_key and secret_key_file"));
             }
+            if c.session_token.is_some() && c.session_token_file.is_some() {
+                return bad(format!("credentials {name:?}: set at most one of session_token and session_token_file"));
+            }
         }
         if self.limits.session_lease_ms < 100 {
             return bad("limits: session_lease_ms must be >= 100".into());
@@ -619,6 +630,12 @@ impl AgentConfig {
         }
         if s.multipart_threshold < s.put_part_size {
             return bad("s3: multipart_threshold must be >= put_part_size".into());
+        }
+        // S3 refuses single PUTs and parts above 5 GiB: the store would
+        // refuse them only once the bytes were on the wire.
+        let max_put = crate::capabilities::MAX_SINGLE_PUT_BYTES;
+        if s.multipart_threshold > max_put || s.put_part_size > max_put {
+            return bad(format!("s3: multipart_threshold and put_part_size must be <= {max_put} (S3's largest PUT)"));
         }
         // One descriptor describes at most 4 GiB - 64 KiB: RDMA parts and
         // single PUTs must fit, larger objects go as a series of parts.
@@ -642,6 +659,20 @@ impl CredentialConfig {
                 .map(|s| s.trim().to_owned())
                 .map_err(|source| ConfigError::Read { path: path.clone(), source }),
             (None, None) => Err(ConfigError::Invalid("credential without a secret".into())),
+        }
+    }
+
+    /// The session token of temporary credentials, read from its file if
+    /// configured that way; `None` for long-term keys.
+    pub fn load_session_token(&self) -> Result<Option<String>, ConfigError> {
+        match (&self.session_token, &self.session_token_file) {
+            (Some(t), _) => Ok(Some(t.clone())),
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(t) if !t.trim().is_empty() => Ok(Some(t.trim().to_owned())),
+                Ok(_) => Err(ConfigError::Invalid(format!("{} holds no session token", path.display()))),
+                Err(source) => Err(ConfigError::Read { path: path.clone(), source }),
+            },
+            (None, None) => Ok(None),
         }
     }
 }
@@ -729,7 +760,14 @@ mod tests {
 
     #[test]
     fn debug_redacts_secret() {
-        let c = CredentialConfig { access_key: "AK".into(), secret_key: Some("S3CR3T".into()), secret_key_file: None };
-        assert!(!format!("{c:?}").contains("S3CR3T"));
+        let c = CredentialConfig {
+            access_key: "AK".into(),
+            secret_key: Some("S3CR3T".into()),
+            secret_key_file: None,
+            session_token: Some("T0K3N".into()),
+            session_token_file: None,
+        };
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("S3CR3T") && !shown.contains("T0K3N"), "{shown}");
     }
 }

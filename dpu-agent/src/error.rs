@@ -55,6 +55,10 @@ pub enum AgentError {
     AccessDenied(String),
     #[error("limit reached: {0}")]
     ResourceExhausted(String),
+    /// Outside what the session's capabilities offer (refused before any
+    /// byte moves).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     /// A tenant quota (requests/s, in-flight bytes, registered memory, or
     /// waiting too long for the fair scheduler) refused the request. Rate
     /// refusals carry `retry_after` in the message.
@@ -82,6 +86,7 @@ impl AgentError {
             Self::Unauthenticated(_) => ErrorCode::Unauthenticated,
             Self::AccessDenied(_) => ErrorCode::AccessDenied,
             Self::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
+            Self::Unsupported(_) => ErrorCode::Unsupported,
             Self::Quota(sluice_qos::QosError::UnknownTenant { .. }) => ErrorCode::UnknownTenant,
             Self::Quota(sluice_qos::QosError::InvalidLimits { .. }) => ErrorCode::Internal,
             Self::Quota(_) => ErrorCode::QuotaExceeded,

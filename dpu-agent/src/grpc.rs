@@ -11,10 +11,96 @@ use tonic::{Request, Response, Status};
 use crate::agent::{self, Agent};
 use crate::batch::BatchItem;
 use crate::error::AgentError;
-use crate::hostmem::RegionExport;
+use crate::hostmem::{MemoryKind, RegionExport};
 use crate::identity::{SessionRequest, ShimOrigin};
 use crate::s3::{DataPathUsed, ObjectMeta};
 use crate::tls::ClientCert;
+
+/// Capabilities to and from protobuf.
+mod caps {
+    use sluice_proto::common as pb;
+    use sluice_proto::common::Capabilities as PbCaps;
+
+    use crate::capabilities::{Capabilities, NamespaceCaps};
+    use crate::config::{DataPathMode, Permission, Placement};
+    use crate::hostmem::MemoryKind;
+    use sluice_dataplane::TransportKind;
+
+    pub fn memory_from_pb(k: pb::MemoryKind) -> Option<MemoryKind> {
+        match k {
+            pb::MemoryKind::Memfd => Some(MemoryKind::Memfd),
+            pb::MemoryKind::DocaHost => Some(MemoryKind::DocaHost),
+            pb::MemoryKind::GpuDmabuf => Some(MemoryKind::GpuDmabuf),
+            pb::MemoryKind::Unspecified => None,
+        }
+    }
+
+    fn memory(k: MemoryKind) -> i32 {
+        (match k {
+            MemoryKind::Memfd => pb::MemoryKind::Memfd,
+            MemoryKind::DocaHost => pb::MemoryKind::DocaHost,
+            MemoryKind::GpuDmabuf => pb::MemoryKind::GpuDmabuf,
+        }) as i32
+    }
+
+    fn namespace(n: &NamespaceCaps) -> pb::NamespaceCapabilities {
+        let access = n
+            .access
+            .iter()
+            .map(|a| {
+                (match a {
+                    Permission::Read => pb::Access::Read,
+                    Permission::Write => pb::Access::Write,
+                    Permission::List => pb::Access::List,
+                    Permission::Delete => pb::Access::Delete,
+                }) as i32
+            })
+            .collect();
+        let data_path = match n.data_path {
+            DataPathMode::Http => pb::DataPathMode::Http,
+            DataPathMode::Rdma => pb::DataPathMode::Rdma,
+            DataPathMode::Auto => pb::DataPathMode::Auto,
+        };
+        let transport = match n.transport {
+            None => pb::Transport::HttpOnly,
+            Some(TransportKind::Tcp) => pb::Transport::Tcp,
+            Some(TransportKind::VerbsRc) => pb::Transport::VerbsRc,
+            Some(TransportKind::Dc) => pb::Transport::Dc,
+        };
+        let placement = match n.placement {
+            Placement::Direct => pb::Placement::Direct,
+            Placement::Staged => pb::Placement::Staged,
+        };
+        let encryption = if n.encrypted { pb::Encryption::Aes256Gcm } else { pb::Encryption::None };
+        pb::NamespaceCapabilities {
+            name: n.name.clone(),
+            access,
+            data_path: data_path as i32,
+            transport: transport as i32,
+            degraded_reason: n.degraded.clone().unwrap_or_default(),
+            placement: placement as i32,
+            encryption: encryption as i32,
+            max_object_bytes: n.max_object_bytes,
+            max_window_bytes: n.max_window_bytes,
+            get_part_bytes: n.get_part_bytes,
+            put_part_bytes: n.put_part_bytes,
+            rdma_min_bytes: n.rdma_min_bytes,
+            request_timeout_ms: u32::try_from(n.request_timeout.as_millis()).unwrap_or(u32::MAX),
+        }
+    }
+
+    pub fn to_pb(c: &Capabilities) -> PbCaps {
+        PbCaps {
+            agent_memory: c.memory.kinds.iter().copied().map(memory).collect(),
+            shim_memory: c.shim_memory.iter().copied().map(memory).collect(),
+            max_batch_items: c.max_batch_items,
+            max_region_bytes: 0,
+            max_registered_bytes: c.max_registered_bytes,
+            namespaces: c.namespaces.iter().map(namespace).collect(),
+            gpu_staging: c.memory.gpu_staging.clone().unwrap_or_default(),
+        }
+    }
+}
 
 /// The tonic service over the domain agent.
 pub struct GrpcService {
@@ -128,9 +214,16 @@ impl AgentRpc for GrpcService {
             nonce: &r.nonce,
             proof: &r.proof,
         };
-        let (session_id, namespaces) = self.agent.open_session(&ask, &origin)?;
+        // Unknown kinds (a newer shim) are left out: they cannot be served.
+        let shim_memory: Vec<MemoryKind> = r.shim_memory().filter_map(caps::memory_from_pb).collect();
+        let opened = self.agent.open_session(&ask, &origin, &shim_memory)?;
         let lease_ms = u32::try_from(self.agent.session_lease().as_millis()).unwrap_or(u32::MAX);
-        Ok(Response::new(pb::OpenSessionReply { session_id, namespaces, lease_ms }))
+        Ok(Response::new(pb::OpenSessionReply {
+            session_id: opened.id,
+            namespaces: opened.namespaces,
+            lease_ms,
+            capabilities: Some(caps::to_pb(&opened.capabilities)),
+        }))
     }
 
     async fn renew(&self, req: Request<pb::RenewRequest>) -> Result<Response<pb::RenewReply>, Status> {

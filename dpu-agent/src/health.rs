@@ -2,8 +2,9 @@
 //! when every namespace's store answers a one-key listing signed with the
 //! namespace's credentials (reachable, signature accepted, bucket there).
 //! Its transports and DOCA devices were opened at start, or it would not
-//! have started. Stores are probed in the background, so a probe scrape
-//! never waits on S3.
+//! have started; the answer also says which host memory it reaches and
+//! each namespace's transport (and why, when it runs on a fallback).
+//! Stores are probed in the background, so a probe scrape never waits on S3.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -22,12 +23,33 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Default)]
 pub struct Health {
     stores: Mutex<Option<BTreeMap<String, Result<(), String>>>>,
+    /// What was opened at start: host memory, each namespace's transport.
+    opened: String,
 }
 
 impl Health {
+    /// The readiness of `agent`, whose devices and transports are open.
+    pub fn new(agent: &Agent) -> Self {
+        let mut opened = match &agent.memory_capabilities().gpu_staging {
+            Some(gpu) => format!("host memory: DOCA exports of host and GPU memory ({gpu})\n"),
+            None => "host memory: co-located memfds\n".to_owned(),
+        };
+        for (name, store) in agent.stores() {
+            let c = store.capabilities(&name);
+            let transport = c.transport.map_or("none (HTTP)", |t| t.as_str());
+            match c.degraded {
+                Some(why) => opened.push_str(&format!("{name}: transport {transport}, degraded: {why}\n")),
+                None => opened.push_str(&format!("{name}: transport {transport}\n")),
+            }
+        }
+        Self { stores: Mutex::default(), opened }
+    }
+
     pub fn readiness(&self) -> Readiness {
         let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(stores) = stores.as_ref() else { return Readiness::not_ready("probing the stores") };
+        let Some(stores) = stores.as_ref() else {
+            return Readiness::not_ready(format!("probing the stores\n{}", self.opened));
+        };
         let mut detail = String::new();
         for (ns, r) in stores {
             match r {
@@ -35,6 +57,7 @@ impl Health {
                 Err(e) => detail.push_str(&format!("{ns}: {e}\n")),
             }
         }
+        detail.push_str(&self.opened);
         Readiness { ready: stores.values().all(Result::is_ok), detail }
     }
 
@@ -55,6 +78,7 @@ impl Health {
                 stores.insert(name, r);
             }
             *self.stores.lock().unwrap_or_else(|p| p.into_inner()) = Some(stores);
+            sluice_telemetry::notify_status(&self.readiness());
             tokio::time::sleep(PROBE_EVERY).await;
         }
     }

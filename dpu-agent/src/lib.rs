@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod batch;
+pub mod capabilities;
 pub mod config;
 pub mod error;
 pub mod grpc;

@@ -34,8 +34,7 @@ pub struct Metrics {
     /// its shim died or its deadline passed).
     pub multipart_aborts: IntCounterVec,
     /// This process's open descriptors and resident memory, read at scrape.
-    pub open_fds: IntGauge,
-    pub resident_bytes: IntGauge,
+    process: sluice_telemetry::ProcessGauges,
 }
 
 impl Metrics {
@@ -87,12 +86,9 @@ impl Metrics {
             Opts::new("multipart_aborts_total", "Multipart uploads aborted by the agent"),
             &["reason"],
         )?;
-        let open_fds = IntGauge::new("open_fds", "Open file descriptors of the agent process")?;
-        let resident_bytes = IntGauge::new("resident_bytes", "Resident memory of the agent process")?;
+        let process = sluice_telemetry::ProcessGauges::register(&registry, "agent process")?;
         registry.register(Box::new(sessions_expired.clone()))?;
         registry.register(Box::new(multipart_aborts.clone()))?;
-        registry.register(Box::new(open_fds.clone()))?;
-        registry.register(Box::new(resident_bytes.clone()))?;
         registry.register(Box::new(quota_refusals.clone()))?;
         registry.register(Box::new(auth_failures.clone()))?;
         registry.register(Box::new(access_denied.clone()))?;
@@ -121,8 +117,7 @@ impl Metrics {
             quota_refusals,
             sessions_expired,
             multipart_aborts,
-            open_fds,
-            resident_bytes,
+            process,
         })
     }
 
@@ -183,10 +178,7 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn render(&self) -> String {
-        let (fds, rss) = sluice_telemetry::process_usage();
-        self.open_fds.set(fds);
-        self.resident_bytes.set(rss);
-        sluice_telemetry::render(&self.registry)
+        self.process.render(&self.registry)
     }
 }
 

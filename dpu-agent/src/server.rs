@@ -147,7 +147,7 @@ pub async fn run(
             source,
         })?;
         bound.metrics = l.local_addr().ok();
-        let health = Arc::new(crate::health::Health::default());
+        let health = Arc::new(crate::health::Health::new(&agent));
         tokio::spawn(health.clone().probe_forever(agent.clone()));
         let endpoints = crate::metrics::AgentEndpoints { metrics: metrics.clone(), health };
         tokio::spawn(sluice_telemetry::serve(Arc::new(endpoints), l));
@@ -221,6 +221,7 @@ pub async fn run(
     }
     info!(grpc = ?bound.grpc, grpc_socket = ?cfg.grpc_socket, metrics = ?bound.metrics,
           memory_socket = %cfg.memory_socket.display(), "agent ready");
+    sluice_telemetry::notify_ready();
 
     tokio::select! {
         () = shutdown => {}

@@ -11,6 +11,7 @@
 mod backend_errors;
 pub mod expiry;
 pub mod front;
+pub mod metrics;
 pub mod store;
 pub mod token_path;
 mod upstream;
@@ -43,6 +44,8 @@ pub enum GatewayError {
     Store(String),
     #[error("binding {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
     #[error("writing the bound address to {path}: {source}")]
     AddrFile { path: PathBuf, source: std::io::Error },
 }
@@ -92,6 +95,11 @@ pub struct GatewayConfig {
     /// Incomplete multipart uploads (directory backend).
     #[serde(default)]
     pub multipart: MultipartConfig,
+    /// The operations endpoint: `/metrics` (Prometheus) and `/ready` (the
+    /// bucket directories are there, or the upstream store accepts
+    /// connections). Off when absent.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 fn default_header_timeout_ms() -> u64 {
@@ -309,7 +317,9 @@ impl GatewayConfig {
 /// A bound, ready-to-serve gateway.
 pub struct Gateway {
     listener: TcpListener,
-    service: s3s::service::S3Service,
+    service: metrics::Measured,
+    /// The operations endpoint, when `metrics_listen` is set.
+    ops: Option<(TcpListener, std::sync::Arc<metrics::GatewayMetrics>)>,
     header_timeout: std::time::Duration,
     /// The directory store's root and the expiry settings (none upstream:
     /// an S3 store expires uploads with its own lifecycle rules).
@@ -363,6 +373,23 @@ impl Gateway {
             }
         };
 
+        let ops = match cfg.metrics_listen {
+            None => None,
+            Some(addr) => {
+                let backing = match &cfg.backend {
+                    BackendConfig::Directory => {
+                        metrics::Backing::Directory(cfg.buckets.iter().map(|b| cfg.data_dir.join(b)).collect())
+                    }
+                    BackendConfig::Upstream { endpoint, .. } => metrics::Backing::Upstream(host_port(endpoint)),
+                };
+                let m = std::sync::Arc::new(metrics::GatewayMetrics::new(backing)?);
+                let l = TcpListener::bind(addr).await.map_err(|source| GatewayError::Bind { addr, source })?;
+                info!(addr = %l.local_addr().map_err(|source| GatewayError::Bind { addr, source })?,
+                      "operations endpoint (/metrics, /ready)");
+                Some((l, m))
+            }
+        };
+        let service = metrics::Measured { inner: service, metrics: ops.as_ref().map(|(_, m)| m.clone()) };
         let listener =
             TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
         let local = listener.local_addr().map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
@@ -373,7 +400,7 @@ impl Gateway {
         info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, backend = ?cfg.backend,
               rdma_tcp = cfg.rdma.tcp, "gateway listening");
         let header_timeout = std::time::Duration::from_millis(cfg.header_timeout_ms);
-        Ok(Self { listener, service, header_timeout, sweep })
+        Ok(Self { listener, service, ops, header_timeout, sweep })
     }
 
     /// The address the gateway is listening on.
@@ -383,6 +410,10 @@ impl Gateway {
 
     /// Serves until `shutdown` resolves, then drains connections (up to 10 s).
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
+        let ops = self.ops.map(|(listener, m)| {
+            let endpoints: std::sync::Arc<dyn sluice_telemetry::Endpoints> = m.clone();
+            (tokio::spawn(sluice_telemetry::serve(endpoints, listener)), tokio::spawn(m.check_upstream()))
+        });
         let sweeper = self.sweep.clone().map(|(root, m)| {
             let (expire, every) = (Duration::from_secs(m.expire_after_secs), Duration::from_secs(m.sweep_every_secs));
             tokio::spawn(expiry::run(root, expire, every))
@@ -394,6 +425,7 @@ impl Gateway {
         http.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(self.header_timeout);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        sluice_telemetry::notify_ready();
         loop {
             let socket = tokio::select! {
                 res = self.listener.accept() => match res {
@@ -406,20 +438,38 @@ impl Gateway {
                 () = shutdown.as_mut() => break,
             };
             let _ = socket.set_nodelay(true);
+            let open = metrics::ConnectionGuard::new(&self.service.metrics);
             let conn = http.serve_connection(TokioIo::new(socket), self.service.clone());
             let conn = graceful.watch(conn.into_owned());
             tokio::spawn(async move {
                 let _ = conn.await;
+                drop(open);
             });
         }
         info!("gateway shutting down");
         if let Some(s) = sweeper {
             s.abort();
         }
+        if let Some((serve, check)) = ops {
+            serve.abort();
+            check.abort();
+        }
         tokio::select! {
             () = graceful.shutdown() => {}
             () = tokio::time::sleep(std::time::Duration::from_secs(10)) => warn!("connections still open after 10 s; closing"),
         }
+    }
+}
+
+/// `host:port` of an endpoint URL (`http://h:p/...`), for connection checks.
+fn host_port(endpoint: &str) -> String {
+    let (scheme, rest) = endpoint.split_once("://").unwrap_or(("http", endpoint));
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let has_port = authority.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok());
+    match (has_port, scheme) {
+        (true, _) => authority.to_owned(),
+        (false, "https") => format!("{authority}:443"),
+        (false, _) => format!("{authority}:80"),
     }
 }
 
@@ -434,6 +484,13 @@ pub fn write_atomically(path: &Path, contents: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_endpoints_to_host_and_port() {
+        assert_eq!(host_port("http://10.0.0.5:9000"), "10.0.0.5:9000");
+        assert_eq!(host_port("https://s3.example.com/"), "s3.example.com:443");
+        assert_eq!(host_port("http://minio"), "minio:80");
+    }
 
     #[test]
     fn config_requires_credentials() {

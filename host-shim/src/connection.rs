@@ -376,10 +376,10 @@ async fn hello(
     if !shared.secrets.contains_key(&tenant) {
         return Err(ShimError::UnknownCaller { uid, gid });
     }
-    let (s, namespaces) = tokio::time::timeout(OPEN_TIMEOUT, Session::open(shared, &tenant))
+    let (s, namespaces, caps) = tokio::time::timeout(OPEN_TIMEOUT, Session::open(shared, &tenant))
         .await
         .map_err(|_| ShimError::AgentUnavailable("the agent did not open a session in time".into()))??;
     tracing::info!(tenant = %tenant, client = %h.client, "client connected");
     *session = Some(s);
-    Ok(pb::HelloOk { version: SHIM_PROTOCOL_VERSION, tenant, namespaces })
+    Ok(pb::HelloOk { version: SHIM_PROTOCOL_VERSION, tenant, namespaces, capabilities: Some((*caps).clone()) })
 }

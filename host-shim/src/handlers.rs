@@ -6,6 +6,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 
 use sluice_proto::agent as apb;
+use sluice_proto::common::MemoryKind;
 use sluice_proto::shim::{self as pb, request::Op, response::Result as Res};
 
 use crate::error::ShimError;
@@ -176,6 +177,13 @@ async fn register(
     let gpu = r.kind == pb::RegionKind::GpuDmabuf as i32;
     if r.kind != pb::RegionKind::SharedMemory as i32 && !gpu {
         return Err(ShimError::BadRequest(format!("unknown region kind {}", r.kind)));
+    }
+    // Before anything is exported: memory the agent cannot reach is refused
+    // (memory this shim cannot register is refused below, with its reason).
+    let ours = shared.memory.kinds();
+    let kind = if gpu { MemoryKind::GpuDmabuf } else { ours.first().copied().unwrap_or(MemoryKind::Memfd) };
+    if ours.contains(&kind) {
+        crate::capabilities::check_region(&s.capabilities(), kind)?;
     }
     let (source, guard, give_back) = if gpu {
         let fd = fd.ok_or_else(|| ShimError::BadRequest("a GPU region needs its dma-buf fd attached".into()))?;

@@ -7,6 +7,7 @@
 
 pub mod agent_link;
 pub mod batch;
+pub mod capabilities;
 pub mod config;
 pub mod connection;
 pub mod error;

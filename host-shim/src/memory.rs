@@ -12,6 +12,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use sluice_proto::agent::register_region_request::Export;
+use sluice_proto::common::MemoryKind;
 
 use crate::agent_link::AgentLink;
 use crate::config::{MemoryBackendKind, ShimConfig};
@@ -54,6 +55,15 @@ impl MemoryBackend {
              (cargo build -p sluice-shim --features doca; the Debian package has it)"
                 .into(),
         ))
+    }
+
+    /// Region memory this backend registers (the capability exchange).
+    pub fn kinds(&self) -> Vec<MemoryKind> {
+        match self {
+            Self::Colocated => vec![MemoryKind::Memfd],
+            #[cfg(feature = "doca")]
+            Self::Doca(_) => vec![MemoryKind::DocaHost, MemoryKind::GpuDmabuf],
+        }
     }
 
     pub fn name(&self) -> &'static str {

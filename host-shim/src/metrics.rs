@@ -22,8 +22,7 @@ pub struct ShimMetrics {
     latency: HistogramVec,
     /// Open client connections.
     pub connections: IntGauge,
-    open_fds: IntGauge,
-    resident_bytes: IntGauge,
+    process: sluice_telemetry::ProcessGauges,
     /// The last check of the agent: `None` before the first.
     agent: Mutex<Option<Result<(), String>>>,
 }
@@ -58,14 +57,11 @@ impl ShimMetrics {
             &["op"],
         )?;
         let connections = IntGauge::new("connections", "Open client connections")?;
-        let open_fds = IntGauge::new("open_fds", "Open file descriptors of the shim")?;
-        let resident_bytes = IntGauge::new("resident_bytes", "Resident memory of the shim")?;
-        for c in [&connections, &open_fds, &resident_bytes] {
-            registry.register(Box::new(c.clone()))?;
-        }
+        registry.register(Box::new(connections.clone()))?;
+        let process = sluice_telemetry::ProcessGauges::register(&registry, "shim")?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
-        Ok(Self { registry, requests, latency, connections, open_fds, resident_bytes, agent: Mutex::new(None) })
+        Ok(Self { registry, requests, latency, connections, process, agent: Mutex::new(None) })
     }
 
     /// Counts a finished request; `error` is its error code name, if any.
@@ -85,6 +81,7 @@ impl ShimMetrics {
                 Err(_) => Err(format!("the agent did not answer within {CHECK_EVERY:?}")),
             };
             *shared.metrics.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            sluice_telemetry::notify_status(&sluice_telemetry::Endpoints::readiness(&*shared.metrics));
             tokio::time::sleep(CHECK_EVERY).await;
         }
     }
@@ -92,10 +89,7 @@ impl ShimMetrics {
 
 impl sluice_telemetry::Endpoints for ShimMetrics {
     fn metrics(&self) -> String {
-        let (fds, rss) = sluice_telemetry::process_usage();
-        self.open_fds.set(fds);
-        self.resident_bytes.set(rss);
-        sluice_telemetry::render(&self.registry)
+        self.process.render(&self.registry)
     }
 
     fn readiness(&self) -> Readiness {

@@ -75,13 +75,14 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         metrics,
     });
     let renew = tokio::spawn(crate::session::Registry::renew_loop(shared.clone()));
-    let mut ops = Vec::new();
+    // The agent check feeds /ready and `systemctl status`.
+    let mut ops = vec![tokio::spawn(crate::metrics::ShimMetrics::check_agent_forever(shared.clone()))];
     if let Some(l) = ops_listener {
         info!(metrics = ?l.local_addr().ok(), "operations endpoint: /metrics, /ready");
-        ops.push(tokio::spawn(crate::metrics::ShimMetrics::check_agent_forever(shared.clone())));
         ops.push(tokio::spawn(sluice_telemetry::serve(shared.metrics.clone(), l)));
     }
     info!(socket = %socket.display(), agent = %shared.config.agent.grpc, memory = shared.memory.name(), "shim ready");
+    sluice_telemetry::notify_ready();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use sluice_proto::agent as apb;
 use sluice_proto::auth;
-use sluice_proto::common::ErrorCode;
+use sluice_proto::common::{Capabilities, ErrorCode};
 use tracing::{debug, info, warn};
 
 use crate::error::{agent_code, ShimError};
@@ -53,6 +53,10 @@ struct Region {
 
 struct Inner {
     agent_session: String,
+    /// What the agent answered for the current agent session, with the
+    /// shim's part filled in (the agent's config may change across its
+    /// restarts).
+    capabilities: Arc<Capabilities>,
     /// Bumped each time the agent session is replaced.
     generation: u64,
     regions: HashMap<String, Region>,
@@ -94,31 +98,62 @@ pub(crate) fn session_gone(status: &tonic::Status) -> bool {
     agent_code(status) == Some(ErrorCode::Unauthenticated)
 }
 
-/// Opens an agent session for `tenant`, proving the tenant's secret.
-async fn open_agent_session(shared: &Shared, tenant: &str) -> Result<(String, Vec<String>), ShimError> {
+/// An agent session as the agent opened it.
+struct AgentSession {
+    id: String,
+    namespaces: Vec<String>,
+    capabilities: Arc<Capabilities>,
+}
+
+/// Opens an agent session for `tenant`, proving the tenant's secret and
+/// saying which region memory this shim registers.
+async fn open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSession, ShimError> {
     let secret = shared.secrets.get(tenant).ok_or_else(|| ShimError::BadRequest(format!("no secret for {tenant}")))?;
     let (shim_id, timestamp_ms, nonce) = (shared.shim_id.clone(), auth::now_ms(), auth::new_nonce());
     let proof = auth::session_proof(secret, tenant, &shim_id, timestamp_ms, &nonce);
-    let req =
-        apb::OpenSessionRequest { tenant: tenant.to_owned(), shim_id, timestamp_ms, nonce: nonce.to_vec(), proof };
+    let shim_memory = shared.memory.kinds().into_iter().map(|k| k as i32).collect();
+    let req = apb::OpenSessionRequest {
+        tenant: tenant.to_owned(),
+        shim_id,
+        timestamp_ms,
+        nonce: nonce.to_vec(),
+        proof,
+        shim_memory,
+    };
     let reply = shared.agent.grpc.clone().open_session(req).await?.into_inner();
     if reply.lease_ms > 0 {
         shared.sessions.lease_ms.store(u64::from(reply.lease_ms), Ordering::Relaxed);
     }
-    Ok((reply.session_id, reply.namespaces))
+    // An agent that sends none (older) offers nothing checkable: every
+    // region kind is then refused here rather than half-served there.
+    let agent = reply.capabilities.unwrap_or_default();
+    let capabilities = Arc::new(crate::capabilities::for_clients(agent, &shared.memory, &shared.config));
+    Ok(AgentSession { id: reply.session_id, namespaces: reply.namespaces, capabilities })
 }
 
 impl Session {
-    /// Opens the agent session for a client that completed Hello.
-    pub async fn open(shared: &Shared, tenant: &str) -> Result<(Arc<Self>, Vec<String>), ShimError> {
-        let (id, namespaces) = open_agent_session(shared, tenant).await?;
+    /// Opens the agent session for a client that completed Hello; returns
+    /// the tenant's namespaces and what the session can do.
+    pub async fn open(shared: &Shared, tenant: &str) -> Result<(Arc<Self>, Vec<String>, Arc<Capabilities>), ShimError> {
+        let opened = open_agent_session(shared, tenant).await?;
         let s = Arc::new(Self {
             tenant: tenant.to_owned(),
-            inner: Mutex::new(Inner { agent_session: id, generation: 0, regions: HashMap::new(), closed: false }),
+            inner: Mutex::new(Inner {
+                agent_session: opened.id,
+                capabilities: opened.capabilities.clone(),
+                generation: 0,
+                regions: HashMap::new(),
+                closed: false,
+            }),
             reopen: tokio::sync::Mutex::new(()),
         });
         shared.sessions.add(&s);
-        Ok((s, namespaces))
+        Ok((s, opened.namespaces, opened.capabilities))
+    }
+
+    /// What the current agent session can do.
+    pub fn capabilities(&self) -> Arc<Capabilities> {
+        self.inner().capabilities.clone()
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -259,7 +294,8 @@ impl Session {
             }
             inner.regions.iter().map(|(id, r)| (id.clone(), r.len, r.source.clone())).collect()
         };
-        let (session_id, _) = open_agent_session(shared, &self.tenant).await?;
+        let opened = open_agent_session(shared, &self.tenant).await?;
+        let session_id = opened.id;
         let mut again = Vec::with_capacity(todo.len());
         let mut lost = 0usize;
         for (id, len, source) in todo {
@@ -278,6 +314,7 @@ impl Session {
         }
         let mut inner = self.inner();
         inner.agent_session = session_id;
+        inner.capabilities = opened.capabilities;
         inner.generation += 1;
         let n = again.len();
         for (id, agent_id) in again {

@@ -30,6 +30,31 @@ impl Readiness {
     }
 }
 
+impl Readiness {
+    /// One line for `systemctl status`: the verdict and the first reason.
+    pub fn summary(&self) -> String {
+        let first = self.detail.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+        format!("{}{}{first}", if self.ready { "ready" } else { "not ready" }, if first.is_empty() { "" } else { ": " })
+    }
+}
+
+/// Tells systemd (a `Type=notify` unit) that the daemon is up: its
+/// listeners are bound. Nothing happens outside systemd.
+pub fn notify_ready() {
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        tracing::debug!(error = %e, "sd_notify READY failed");
+    }
+}
+
+/// Puts the daemon's readiness in `systemctl status` (STATUS=); called by
+/// the daemons' background checks whenever they finish one.
+pub fn notify_status(r: &Readiness) {
+    let line = r.summary();
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Status(&line)]) {
+        tracing::debug!(error = %e, "sd_notify STATUS failed");
+    }
+}
+
 /// What a daemon exposes.
 pub trait Endpoints: Send + Sync + 'static {
     /// The Prometheus text exposition of its metrics.
@@ -50,6 +75,33 @@ pub fn process_usage() -> (i64, i64) {
         })
         .unwrap_or(0i64);
     (fds, rss_kb * 1024)
+}
+
+/// This process's open descriptors and resident memory as the gauges
+/// `open_fds` and `resident_bytes` of a daemon's registry, read from /proc
+/// at each scrape.
+pub struct ProcessGauges {
+    open_fds: prometheus::IntGauge,
+    resident_bytes: prometheus::IntGauge,
+}
+
+impl ProcessGauges {
+    /// Registers both gauges; `process` names the daemon in their help.
+    pub fn register(registry: &prometheus::Registry, process: &str) -> Result<Self, prometheus::Error> {
+        let open_fds = prometheus::IntGauge::new("open_fds", format!("Open file descriptors of the {process}"))?;
+        let resident_bytes = prometheus::IntGauge::new("resident_bytes", format!("Resident memory of the {process}"))?;
+        registry.register(Box::new(open_fds.clone()))?;
+        registry.register(Box::new(resident_bytes.clone()))?;
+        Ok(Self { open_fds, resident_bytes })
+    }
+
+    /// Reads the process's usage into the gauges, then renders `registry`.
+    pub fn render(&self, registry: &prometheus::Registry) -> String {
+        let (fds, rss) = process_usage();
+        self.open_fds.set(fds);
+        self.resident_bytes.set(rss);
+        render(registry)
+    }
 }
 
 /// The text exposition of `registry`.
@@ -129,5 +181,34 @@ mod tests {
         assert_eq!(answer(&Fixed(true), "/other").status(), 404);
         let (fds, _) = process_usage();
         assert!(fds > 0);
+    }
+
+    #[test]
+    fn the_status_line_is_the_verdict_and_the_first_reason() {
+        assert_eq!(
+            Readiness::not_ready("\nalpha/data: store down\nbeta/x: ok").summary(),
+            "not ready: alpha/data: store down"
+        );
+        assert_eq!(Readiness::ready("").summary(), "ready");
+    }
+
+    #[test]
+    fn notify_reaches_the_service_manager_socket() {
+        // What systemd does for a Type=notify unit: a datagram socket named
+        // in NOTIFY_SOCKET.
+        let dir = std::env::temp_dir().join(format!("sluice-notify-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("notify");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
+        std::env::set_var("NOTIFY_SOCKET", &path);
+        notify_ready();
+        notify_status(&Readiness::not_ready("agent: no answer"));
+        std::env::remove_var("NOTIFY_SOCKET");
+        let mut buf = [0u8; 256];
+        let n = sock.recv(&mut buf).expect("READY");
+        assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "READY=1");
+        let n = sock.recv(&mut buf).expect("STATUS");
+        assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STATUS=not ready: agent: no answer");
+        let _ = std::fs::remove_dir_all(dir);
     }
 }

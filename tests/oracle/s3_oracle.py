@@ -8,6 +8,7 @@ usage: s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY sha256 BUCKET KEY
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY put BUCKET KEY FILE
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY count BUCKET PREFIX
        s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY exists BUCKET KEY
+       s3_oracle.py ENDPOINT ACCESS_KEY SECRET_KEY uploads BUCKET PREFIX
 """
 import hashlib
 import json
@@ -78,6 +79,9 @@ def main() -> int:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key):
             n += len(page.get("Contents", []))
         print(n)
+    elif cmd == "uploads":
+        # uploads BUCKET PREFIX: multipart uploads in progress under PREFIX.
+        print(len(s3.list_multipart_uploads(Bucket=bucket, Prefix=key).get("Uploads", [])))
     else:
         print(f"unknown command {cmd}", file=sys.stderr)
         return 2

@@ -366,6 +366,9 @@ impl Stack {
         let callers = opts.callers.unwrap_or_else(|| format!("[[callers]]\nuid = {uid}\ntenant = \"alpha\"\n"));
         let socket = d.join("shim.sock");
         let cfg = d.join("shim.toml");
+        // 4 GiB regions unless the test sets its own limit.
+        let region_limit =
+            if opts.shim_limits.contains("max_region_bytes") { "" } else { "max_region_bytes = 4294967296\n" };
         let grpc = match (&opts.shim_agent, opts.grpc_over_tcp) {
             (Some(a), _) => a.clone(),
             (None, true) if opts.tls => format!("https://{grpc_addr}"),
@@ -373,7 +376,7 @@ impl Stack {
             (None, false) => format!("unix:{}/agent.sock", d.display()),
         };
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\n{}\nmemory_socket = \"{d}/mem.sock\"\n[limits]\nmax_region_bytes = 4294967296\n{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
+            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\n{}\nmemory_socket = \"{d}/mem.sock\"\n[limits]\n{region_limit}{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
             socket.display(), opts.shim_extra, agent_link(&grpc, "alpha"), opts.shim_limits, d = d.display())).expect("write config");
         children.push(start_shim(&d, "sluice-shim", &cfg, &socket));
         let beta_socket = d.join("shim-beta.sock");

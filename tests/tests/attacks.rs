@@ -195,6 +195,7 @@ async fn open_session(
         timestamp_ms: ts,
         nonce: nonce.to_vec(),
         proof,
+        ..Default::default()
     };
     grpc.open_session(req).await.map(|r| r.into_inner().session_id)
 }
@@ -244,6 +245,7 @@ async fn forged_shim_identities_are_refused_and_counted() {
         timestamp_ms: ts,
         nonce: nonce.to_vec(),
         proof: auth::session_proof(b"not-the-secret-at-all", "alpha", "alpha-shim", ts, &nonce),
+        ..Default::default()
     };
     assert_eq!(sluice_agent_code(&grpc.open_session(forged).await.unwrap_err()), Code::Unauthenticated);
     let proof = auth::session_proof(&alpha_secret, "beta", "alpha-shim", ts, &nonce);
@@ -253,6 +255,7 @@ async fn forged_shim_identities_are_refused_and_counted() {
         timestamp_ms: ts,
         nonce: nonce.to_vec(),
         proof,
+        ..Default::default()
     };
     // Over TCP beta is refused on origin before the proof is even checked.
     assert_eq!(sluice_agent_code(&grpc.open_session(as_beta).await.unwrap_err()), Code::AccessDenied);
@@ -264,6 +267,7 @@ async fn forged_shim_identities_are_refused_and_counted() {
         timestamp_ms: ts,
         nonce: nonce.to_vec(),
         proof: auth::session_proof(&alpha_secret, "alpha", "alpha-shim", ts, &nonce),
+        ..Default::default()
     };
     assert!(grpc.open_session(good.clone()).await.is_ok());
     assert_eq!(sluice_agent_code(&grpc.open_session(good).await.unwrap_err()), Code::Unauthenticated);
@@ -276,6 +280,7 @@ async fn forged_shim_identities_are_refused_and_counted() {
         timestamp_ms: old,
         nonce: nonce.to_vec(),
         proof: auth::session_proof(&alpha_secret, "alpha", "alpha-shim", old, &nonce),
+        ..Default::default()
     };
     assert_eq!(sluice_agent_code(&grpc.open_session(stale).await.unwrap_err()), Code::Unauthenticated);
     assert_eq!(

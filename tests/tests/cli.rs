@@ -150,3 +150,44 @@ fn bench_reads_every_object_with_and_without_batches() {
         }
     }
 }
+
+/// `sluice up --tcp`: the DPU layout on one machine — the shim reaches the
+/// agent over TCP with mutual TLS, certificates issued into `<dir>/tls`
+/// (keys 0600) and reused by the next `up`.
+#[test]
+fn up_over_tcp_speaks_mutual_tls() {
+    let tmp = tempfile::Builder::new().prefix("cli").tempdir_in("/tmp").unwrap();
+    let dir = tmp.path().join("stack");
+    let _down = Down(&dir);
+    let up = |tcp: &[&str]| {
+        let out = Command::new(bin("sluice"))
+            .args(["up", "--dir", dir.to_str().unwrap(), "--bin-dir", bin_dir().to_str().unwrap(), "--json"])
+            .args(tcp)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "sluice up failed: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    up(&["--tcp"]);
+    for key in ["ca.key", "agent.key", "shim-default.key"] {
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.join("tls").join(key)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    let shim = std::fs::read_to_string(dir.join("shim.toml")).unwrap();
+    assert!(shim.contains("grpc = \"https://127.0.0.1:"), "{shim}");
+    let src = tmp.path().join("f.bin");
+    let data = pattern((1 << 20) + 7, 9);
+    std::fs::write(&src, &data).unwrap();
+    sluice(&dir, &["put", src.to_str().unwrap(), "data/tls.bin"]);
+    let dst = tmp.path().join("back.bin");
+    sluice(&dir, &["get", "data/tls.bin", dst.to_str().unwrap()]);
+    assert_eq!(sha256(&std::fs::read(&dst).unwrap()), sha256(&data));
+    // Down and up again: the CA is reused, the data is still readable.
+    let ca = std::fs::read(dir.join("tls/ca.crt")).unwrap();
+    let down = Command::new(bin("sluice")).args(["down", "--dir", dir.to_str().unwrap()]).output().unwrap();
+    assert!(down.status.success());
+    up(&["--tcp"]);
+    assert_eq!(std::fs::read(dir.join("tls/ca.crt")).unwrap(), ca, "the CA is kept");
+    assert!(sluice(&dir, &["ls", "data"]).contains("data/tls.bin"));
+}

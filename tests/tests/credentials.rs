@@ -99,3 +99,77 @@ async fn an_unreadable_new_secret_keeps_the_old_keys() {
     r.write_at(0, b"still here").unwrap();
     c.put("data/kept", &r, 0, 10).await.unwrap();
 }
+
+/// Temporary credentials (STS): the agent signs with the session token
+/// (`x-amz-security-token`), reads keys and token again on SIGHUP, and a
+/// store that issued them (moto, signature checks on) accepts them. The
+/// same keys without their token are refused: the token is what is sent.
+#[tokio::test]
+async fn temporary_credentials_with_a_session_token_rotate_on_sighup() {
+    let moto = sluice_tests::moto::start();
+    let first = moto.assume_role("sluice-1");
+    assert!(first.access_key.starts_with("ASIA"), "temporary keys: {first:?}");
+    let addr = format!("127.0.0.1:{}", moto.port);
+    let stack = Stack::with(Options {
+        endpoints: vec![format!("http://{addr}")],
+        agent_credentials: (moto.access_key.clone(), moto.secret_key.clone()),
+        gateway: false,
+        ..Default::default()
+    });
+    let c = stack.client().await;
+    let data = pattern((6 << 20) + 5, 31); // multipart: 2 parts
+    let r = c.register(data.len() as u64).await.unwrap();
+    r.write_at(0, &data).unwrap();
+
+    let path = stack.dir.path().join("agent.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let long_term =
+        format!("[credentials.main]\naccess_key = \"{}\"\nsecret_key = \"{}\"", moto.access_key, moto.secret_key);
+    assert!(config.contains(&long_term), "the harness's agent config changed shape");
+    let use_keys = |keys: &sluice_tests::moto::TemporaryKeys, token_file: Option<&str>| {
+        std::fs::write(stack.dir.path().join("sts.secret"), &keys.secret_key).unwrap();
+        let mut table =
+            format!("[credentials.main]\naccess_key = \"{}\"\nsecret_key_file = \"sts.secret\"", keys.access_key);
+        if let Some(f) = token_file {
+            std::fs::write(stack.dir.path().join(f), format!("{}\n", keys.session_token)).unwrap();
+            table.push_str(&format!("\nsession_token_file = \"{f}\""));
+        }
+        std::fs::write(&path, config.replace(&long_term, &table)).unwrap();
+        stack.signal("sluice-agent", "HUP");
+    };
+    // The rotation's log line names the access key, and a token if any.
+    let wait = |line: String| {
+        let stack = &stack;
+        async move {
+            let t0 = std::time::Instant::now();
+            while !stack.log("sluice-agent").contains(&line) {
+                assert!(t0.elapsed() < Duration::from_secs(10), "no {line:?} in:\n{}", stack.log("sluice-agent"));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    // 1. The temporary keys with their token: every kind of request works.
+    use_keys(&first, Some("sts.token"));
+    wait(format!("as {} with a session token now", first.access_key)).await;
+    c.put("data/sts.bin", &r, 0, data.len() as u64).await.unwrap();
+    r.write_at(0, &vec![0; data.len()]).unwrap();
+    c.get("data/sts.bin", &r, 0, None).await.unwrap();
+    assert_eq!(sha256(r.as_slice()), sha256(&data));
+    assert_eq!(c.head("data/sts.bin").await.unwrap().size, data.len() as u64);
+    assert!(!stack.log("sluice-agent").contains(&first.session_token), "never the token in the log");
+
+    // 2. The same keys without the token: the store does not know them.
+    use_keys(&first, None);
+    wait(format!("as {} now", first.access_key)).await;
+    let e = c.head("data/sts.bin").await.unwrap_err();
+    assert_eq!(e.code(), Some(sluice_client::Code::AccessDenied), "{e}");
+
+    // 3. Fresh temporary credentials (a refresh): written, SIGHUP, in use.
+    let second = moto.assume_role("sluice-2");
+    assert_ne!(second.session_token, first.session_token);
+    use_keys(&second, Some("sts2.token"));
+    wait(format!("as {} with a session token now", second.access_key)).await;
+    c.get("data/sts.bin", &r, 0, None).await.unwrap();
+    assert_eq!(sha256(r.as_slice()), sha256(&data));
+}

@@ -99,6 +99,144 @@ async fn encrypted_namespaces_run_on_the_doca_aes_gcm_engine() {
     assert_eq!(sha256(&opened), sha256(&data));
 }
 
+/// What a shim on a GPU node does for a GPU region, played by this test
+/// against the stack's agent: a session opened with the tenant's secret,
+/// and a region exported with DOCA as GPU memory. The model has no GPU, so
+/// the memory behind the export is this process's host memory, which the
+/// envelope calls GPU memory (the agent goes by the envelope: that is what
+/// decides how it handles the region).
+struct GpuShim {
+    grpc: sluice_proto::agent::agent_client::AgentClient<tonic::transport::Channel>,
+    session: String,
+    region: String,
+    memory: std::sync::Arc<sluice_shm::MappedRegion>,
+    _export: std::sync::Arc<sluice_doca::Mmap>,
+}
+
+impl GpuShim {
+    async fn open(stack: &sluice_tests::Stack, len: u64) -> Self {
+        use sluice_proto::agent as apb;
+        use sluice_proto::auth;
+        let mut grpc = apb::agent_client::AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+        let secret = auth::read_secret_file(&stack.dir.path().join("alpha.shim-secret")).unwrap();
+        let (ts, nonce) = (auth::now_ms(), auth::new_nonce());
+        let gpu = sluice_proto::common::MemoryKind::GpuDmabuf as i32;
+        let opened = grpc
+            .open_session(apb::OpenSessionRequest {
+                tenant: "alpha".into(),
+                shim_id: "gpu-shim".into(),
+                timestamp_ms: ts,
+                nonce: nonce.to_vec(),
+                proof: auth::session_proof(&secret, "alpha", "gpu-shim", ts, &nonce),
+                shim_memory: vec![sluice_proto::common::MemoryKind::DocaHost as i32, gpu],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let caps = opened.capabilities.unwrap();
+        assert!(caps.agent_memory.contains(&gpu), "the DOCA agent reaches GPU memory: {caps:?}");
+        assert!(caps.gpu_staging.contains("DOCA DMA"), "{caps:?}");
+
+        let dev = sluice_doca::Device::open(&sluice_doca::model::load(), "mlx5_0").unwrap();
+        let memory = std::sync::Arc::new(sluice_shm::MappedRegion::create("gpu", len).unwrap());
+        let pinned: std::sync::Arc<dyn sluice_rdma::PinnedMemory> = memory.clone();
+        let access = sluice_doca::Access(sluice_doca::Access::PCI_READ_WRITE.0 | sluice_doca::Access::RDMA_WRITE.0);
+        let export = sluice_doca::Mmap::pinned(&dev, pinned, access).unwrap();
+        let envelope = sluice_doca::ExportEnvelope {
+            kind: sluice_doca::MemoryKind::GpuDmabuf,
+            len,
+            host_addr: export.addr() as u64,
+            pci: dev.info().pci.clone(),
+            descriptor: export.export_pci().unwrap(),
+        };
+        let region = grpc
+            .register_region(apb::RegisterRegionRequest {
+                session_id: opened.session_id.clone(),
+                length: len,
+                export: Some(apb::register_region_request::Export::DocaExport(envelope.encode().unwrap())),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .region_id;
+        Self { grpc, session: opened.session_id, region, memory, _export: export }
+    }
+
+    /// GETs `path` ("namespace/key") into the region at 0; the data path.
+    async fn get(&mut self, path: &str) -> String {
+        let (namespace, key) = path.split_once('/').unwrap();
+        let reply = self
+            .grpc
+            .get(sluice_proto::agent::GetRequest {
+                session_id: self.session.clone(),
+                request_id: format!("gpu-get-{key}"),
+                namespace: namespace.into(),
+                key: key.into(),
+                region_id: self.region.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("GET {path} into GPU memory: {e}"))
+            .into_inner();
+        let report = reply.report.unwrap();
+        report.data_path().as_str_name().to_owned() + if report.fallback_reason.is_empty() { "" } else { "+fallback" }
+    }
+
+    /// PUTs the region's first `len` bytes as `path`.
+    async fn put(&mut self, path: &str, len: u64) -> String {
+        let (namespace, key) = path.split_once('/').unwrap();
+        let reply = self
+            .grpc
+            .put(sluice_proto::agent::PutRequest {
+                session_id: self.session.clone(),
+                request_id: format!("gpu-put-{key}"),
+                namespace: namespace.into(),
+                key: key.into(),
+                region_id: self.region.clone(),
+                length: len,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("PUT {path} from GPU memory: {e}"))
+            .into_inner();
+        reply.report.unwrap().data_path().as_str_name().to_owned()
+    }
+}
+
+/// GPU regions never half-work: every path that cannot place bytes
+/// directly (HTTP, the HTTP parts of `auto`, the tcp transport, decrypted
+/// objects, every PUT, the checksum read-back) reaches the GPU memory with
+/// DOCA DMA through DPU memory, and the bytes are right.
+#[tokio::test]
+async fn gpu_regions_are_served_on_every_path() {
+    // "data": auto over the tcp transport, 1 MiB parts; parts of 1 MiB go
+    // one-sided, the last, shorter one over HTTP. "plain": HTTP.
+    let e = doca_stack("data_path = \"auto\"\nrdma_min_bytes = 1048576");
+    let n = (2 << 20) + (300 << 10);
+    let data = pattern(n, 33);
+    let mut gpu = GpuShim::open(&e.stack, n as u64).await;
+    for (path, want) in [("plain/gpu-http", "HTTP"), ("data/gpu-auto", "RDMA")] {
+        gpu.memory.write_at(0, &data).unwrap();
+        let how = gpu.put(path, n as u64).await;
+        assert_eq!(how, want, "{path}: PUT");
+        let key = path.split_once('/').unwrap().1;
+        assert_eq!(std::fs::read(e.stack.stored_file("data", key)).unwrap(), data, "{path} stored via {how}");
+        gpu.memory.write_at(0, &vec![0; n]).unwrap();
+        let how = gpu.get(path).await;
+        assert_eq!(how, want, "{path}: GET (auto: two parts one-sided, the last over HTTP)");
+        assert_eq!(sha256(&gpu.memory.as_slice()[..n]), sha256(&data), "{path} read via {how}");
+    }
+
+    // Decrypted objects are staged by the agent, then copied in with DMA.
+    let e = doca_stack("encryption = \"aes-256-gcm\"\nencryption_chunk_bytes = 65536");
+    let mut gpu = GpuShim::open(&e.stack, n as u64).await;
+    gpu.memory.write_at(0, &data).unwrap();
+    gpu.put("data/gpu-secret", n as u64).await;
+    gpu.memory.write_at(0, &vec![0; n]).unwrap();
+    gpu.get("data/gpu-secret").await;
+    assert_eq!(sha256(&gpu.memory.as_slice()[..n]), sha256(&data));
+}
+
 /// Runs `bin` with `config` until it exits (it must fail at start-up) and
 /// returns its stderr.
 fn start_fails(bin: &str, config: &str, doca_lib_dir: &std::path::Path) -> String {

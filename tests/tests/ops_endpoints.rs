@@ -40,11 +40,18 @@ fn free_port() -> SocketAddr {
 
 #[tokio::test]
 async fn ready_when_the_stores_and_the_agent_answer_with_metrics_for_each_daemon() {
-    let shim_ops = free_port();
-    let mut stack =
-        Stack::with(Options { shim_extra: format!("metrics_listen = \"{shim_ops}\"\n"), ..Default::default() });
+    let (shim_ops, gateway_ops) = (free_port(), free_port());
+    let mut stack = Stack::with(Options {
+        shim_extra: format!("metrics_listen = \"{shim_ops}\"\n"),
+        gateway_extra: format!("metrics_listen = \"{gateway_ops}\"\n"),
+        ..Default::default()
+    });
     let body = ready_becomes(stack.metrics_addr, 200);
     assert!(body.contains("alpha/data: store ok") && body.contains("beta/other: store ok"), "{body}");
+    // What the agent opened: its host memory and each namespace's transport.
+    assert!(body.contains("host memory: co-located memfds") && body.contains("alpha/data: transport none"), "{body}");
+    let body = ready_becomes(gateway_ops, 200);
+    assert!(body.contains("store: 2 bucket directories present"), "{body}");
     let body = ready_becomes(shim_ops, 200);
     assert!(body.contains("agent: answers"), "{body}");
 
@@ -64,6 +71,24 @@ async fn ready_when_the_stores_and_the_agent_answer_with_metrics_for_each_daemon
         assert!(m.contains(line), "{line} missing:\n{m}");
     }
     assert!(m.contains("sluice_shim_open_fds ") && m.contains("sluice_shim_request_duration_seconds_bucket"), "{m}");
+    // The gateway counted the agent's S3 requests and the object bytes.
+    let (status, m) = get(gateway_ops, "/metrics");
+    assert_eq!(status, 200);
+    for line in [
+        "sluice_gateway_requests_total{op=\"put\",status=\"200\"} 1",
+        // The agent's GET asks for a range: 206.
+        "sluice_gateway_requests_total{op=\"get\",status=\"206\"} 1",
+        "sluice_gateway_requests_total{op=\"head\",status=\"404\"} 1",
+        "sluice_gateway_bytes_total{data_path=\"http\",direction=\"in\"} 100",
+        "sluice_gateway_bytes_total{data_path=\"http\",direction=\"out\"} 100",
+    ] {
+        assert!(m.contains(line), "{line} missing:\n{m}");
+    }
+    assert!(m.contains("sluice_gateway_connections ") && m.contains("sluice_gateway_open_fds "), "{m}");
+    // A bucket directory gone: the gateway is not ready, and says which.
+    std::fs::remove_dir_all(stack.data_dir.join("other")).unwrap();
+    let body = ready_becomes(gateway_ops, 503);
+    assert!(body.contains("bucket directories missing") && body.contains("other"), "{body}");
 
     // The agent goes away: the shim is not ready, and says why.
     stack.kill("sluice-agent");

@@ -27,6 +27,12 @@ print(json.dumps({
     "schema": {m: {str(n): list(f) for n, f in fields.items()} for m, fields in _wire.SCHEMA.items()},
     "error_codes": {c.name: int(c) for c in errors.ErrorCode},
     "data_paths": {str(k): v for k, v in types.DATA_PATHS.items()},
+    "capability_names": {
+        name: {str(k): v for k, v in table.items()}
+        for name, table in [("MemoryKind", types.MEMORY_KINDS), ("DataPathMode", types.DATA_PATH_MODES),
+            ("Transport", types.TRANSPORTS), ("Placement", types.PLACEMENTS),
+            ("Encryption", types.ENCRYPTIONS), ("Access", types.ACCESS)]
+    },
     "protocol_version": _wire.PROTOCOL_VERSION,
     "max_frame_len": _wire.MAX_FRAME_LEN,
     "region_kinds": {"SHARED_MEMORY": _wire.REGION_KIND_SHARED_MEMORY, "GPU_DMABUF": _wire.REGION_KIND_GPU_DMABUF},
@@ -140,6 +146,30 @@ fn the_python_wire_schema_matches_the_protos() {
         let label = if *number == 0 { "unknown".to_owned() } else { name.to_lowercase().replace('_', "-") };
         if py["data_paths"][number.to_string()] != label.as_str() {
             mismatches.push(format!("types.DATA_PATHS[{number}] should be {label:?} (DataPath.{name})"));
+        }
+    }
+    // The capability enums' names, as config files spell them: the enum's
+    // prefix dropped, lower case, `-` for `_`; 0 is "unknown".
+    for (name, prefix) in [
+        ("MemoryKind", ""),
+        ("DataPathMode", "DATA_PATH_MODE_"),
+        ("Transport", "TRANSPORT_"),
+        ("Placement", "PLACEMENT_"),
+        ("Encryption", "ENCRYPTION_"),
+        ("Access", "ACCESS_"),
+    ] {
+        let table = &py["capability_names"][name];
+        for (value, number) in &protos.enums[name] {
+            let label = match number {
+                0 => "unknown".to_owned(),
+                _ => value.strip_prefix(prefix).unwrap_or(value).to_lowercase().replace('_', "-"),
+            };
+            if table[number.to_string()] != label.as_str() {
+                mismatches.push(format!("the Python name of {name}.{value} ({number}) should be {label:?}"));
+            }
+        }
+        if table.as_object().map_or(0, |t| t.len()) != protos.enums[name].len() {
+            mismatches.push(format!("the Python table of {name} names other values than the proto"));
         }
     }
     let kinds: BTreeMap<String, i32> = serde_json::from_value(py["region_kinds"].clone()).unwrap();

@@ -161,6 +161,11 @@ impl ColocatedMemory {
 }
 
 impl HostMemory for ColocatedMemory {
+    fn capabilities(&self) -> super::MemoryCaps {
+        // GPU memory is not mappable from the host CPU side this way.
+        super::MemoryCaps { kinds: vec![super::MemoryKind::Memfd], gpu_staging: None }
+    }
+
     fn discard(&self, export: &RegionExport) {
         if let RegionExport::Colocated { ticket } = export {
             self.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(ticket);

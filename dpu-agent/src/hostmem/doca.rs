@@ -11,12 +11,18 @@
 //!   RDMA WRITEs land in host (or GPU) memory without touching the DPU;
 //! * staged placement (HTTP fallback, tcp transport, decrypted bytes):
 //!   `write_at`/`read_at` copy through a DPU staging buffer with DOCA DMA.
+//!
+//! GPU memory (a CUDA dma-buf the shim exported) is reached the same two
+//! ways: the DMA engine copies to and from any memory exported over PCIe,
+//! so a GPU region works on every path (HTTP parts, `auto`, the tcp
+//! transport, decrypted objects, PUTs, checksum read-back) instead of only
+//! on direct RDMA.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use sluice_dataplane::{MemError, NicWindow};
-use sluice_doca::{Access, Device, DmaEngine, ExportEnvelope, Inventory, Lib, MemoryKind, Mmap, Staging};
+use sluice_doca::{Access, Device, DmaEngine, ExportEnvelope, Inventory, Lib, Mmap, Staging};
 use sluice_rdma::ProtectionDomain;
 
 use super::{DocaBackendConfig, HostMemory, HostRegion, RegionExport};
@@ -126,6 +132,14 @@ pub(crate) fn check_envelope(blob: &[u8], len: u64, allowed: &[String]) -> Resul
 }
 
 impl HostMemory for DocaMemory {
+    fn capabilities(&self) -> super::MemoryCaps {
+        let staging = self.stager.lock().unwrap_or_else(|p| p.into_inner()).staging.len();
+        super::MemoryCaps {
+            kinds: vec![super::MemoryKind::DocaHost, super::MemoryKind::GpuDmabuf],
+            gpu_staging: Some(format!("DOCA DMA through {staging} bytes of DPU memory on {}", self.dev.info().pci)),
+        }
+    }
+
     fn import(&self, export: RegionExport, len: u64) -> Result<Arc<dyn HostRegion>, MemError> {
         let blob = match export {
             RegionExport::Doca { blob } => blob,
@@ -207,17 +221,6 @@ impl DocaRegion {
         map.insert(key, b.clone());
         Ok(b)
     }
-
-    fn gpu_refusal(&self) -> Result<(), MemError> {
-        // DMA into GPU memory works in DOCA, but Sluice has not validated it
-        // on hardware; refuse rather than guess until it has been.
-        if self.env.kind == MemoryKind::GpuDmabuf {
-            return Err(MemError::Unsupported(
-                "GPU (dma-buf) regions take direct RDMA placement only; staged copies into GPU memory are not supported yet".into(),
-            ));
-        }
-        Ok(())
-    }
 }
 
 impl HostRegion for DocaRegion {
@@ -227,7 +230,6 @@ impl HostRegion for DocaRegion {
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
         self.check(offset, data.len() as u64)?;
-        self.gpu_refusal()?;
         blocking(|| {
             let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
             let step = st.staging.len();
@@ -243,7 +245,6 @@ impl HostRegion for DocaRegion {
 
     fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         self.check(offset, out.len() as u64)?;
-        self.gpu_refusal()?;
         blocking(|| {
             let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
             let step = st.staging.len();
@@ -289,6 +290,7 @@ impl HostRegion for DocaRegion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_doca::MemoryKind;
     use sluice_rdma::{Buffer, PinnedMemory};
 
     fn backend(staging_bytes: usize) -> Arc<DocaMemory> {
@@ -298,12 +300,18 @@ mod tests {
 
     /// What the shim's DOCA exporter does for a region.
     fn export(host: &Arc<Buffer>) -> (Arc<Mmap>, Vec<u8>) {
+        export_as(host, MemoryKind::Host)
+    }
+
+    /// The same, labelled as memory of `kind` (the model has no GPU: GPU
+    /// memory is stood in for by host memory the envelope calls GPU memory).
+    fn export_as(host: &Arc<Buffer>, kind: MemoryKind) -> (Arc<Mmap>, Vec<u8>) {
         let lib = sluice_doca::model::load();
         let dev = Device::open(&lib, "mlx5_0").expect("device");
         let pinned: Arc<dyn PinnedMemory> = host.clone();
         let mmap = Mmap::pinned(&dev, pinned, Access::PCI_READ_WRITE).expect("mmap");
         let env = ExportEnvelope {
-            kind: MemoryKind::Host,
+            kind,
             len: host.len() as u64,
             host_addr: mmap.addr() as u64,
             pci: dev.info().pci.clone(),
@@ -329,6 +337,25 @@ mod tests {
         assert_eq!(back, data);
         // Bounds are the region's, whatever DOCA would allow.
         assert!(matches!(region.write_at((1 << 20) - 1, b"ab"), Err(MemError::OutOfBounds { .. })));
+    }
+
+    #[test]
+    fn gpu_regions_take_staged_copies_through_dma() {
+        let mem = backend(4096);
+        let caps = mem.capabilities();
+        assert!(caps.kinds.contains(&super::super::MemoryKind::GpuDmabuf), "{caps:?}");
+        assert!(caps.gpu_staging.as_deref().is_some_and(|s| s.contains("4096 bytes")), "{caps:?}");
+        let gpu = Buffer::zeroed(1 << 16);
+        let (_keep, blob) = export_as(&gpu, MemoryKind::GpuDmabuf);
+        let region = mem.import(RegionExport::Doca { blob }, 1 << 16).expect("import");
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        region.write_at(100, &data).expect("staged write into GPU memory");
+        let mut got = vec![0u8; data.len()];
+        gpu.read_at(100, &mut got).expect("gpu");
+        assert_eq!(got, data);
+        let mut back = vec![0u8; data.len()];
+        region.read_at(100, &mut back).expect("staged read from GPU memory");
+        assert_eq!(back, data);
     }
 
     #[test]

@@ -147,9 +147,32 @@ pub enum RegionExport {
     Doca { blob: Vec<u8> },
 }
 
+/// Memory a region can live in, by how it reaches the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Host RAM in a memfd, handed to a co-located agent.
+    Memfd,
+    /// Host RAM exported with DOCA over PCIe.
+    DocaHost,
+    /// GPU memory (a CUDA dma-buf) exported with DOCA.
+    GpuDmabuf,
+}
+
+/// What a backend can reach, for the capability exchange.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryCaps {
+    pub kinds: Vec<MemoryKind>,
+    /// How bytes reach GPU memory when a transfer cannot place them
+    /// directly; `None` when the backend cannot reach GPU memory.
+    pub gpu_staging: Option<String>,
+}
+
 /// A way of importing host regions.
 pub trait HostMemory: Send + Sync {
     fn import(&self, export: RegionExport, len: u64) -> Result<Arc<dyn HostRegion>, MemError>;
+
+    /// The region memory this backend reaches.
+    fn capabilities(&self) -> MemoryCaps;
 
     /// Lets go of an export that will not be imported (its registration
     /// was refused), so whatever it holds is released now.

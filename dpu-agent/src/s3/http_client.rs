@@ -9,6 +9,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sluice_dataplane::s3_names::{REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
 
 use super::client::{ListQuery, PartOf, PutBody, RangedGet, RdmaToken, Reply, S3Client, S3Future, Target};
+use super::sigv4::Keys;
 use super::{sigv4, xml, ListPage, S3Error};
 use crate::config::S3Tuning;
 
@@ -117,8 +118,8 @@ pub struct HttpClient {
 }
 
 impl HttpClient {
-    pub fn new(http: reqwest::Client, bucket: String, access_key: String, secret_key: String, region: String) -> Self {
-        let signer = Arc::new(sigv4::Signer::new(access_key, secret_key, region));
+    pub fn new(http: reqwest::Client, bucket: String, keys: Keys, region: String) -> Self {
+        let signer = Arc::new(sigv4::Signer::new(keys, region));
         Self { http, bucket, signer: std::sync::RwLock::new(signer) }
     }
 
@@ -126,14 +127,15 @@ impl HttpClient {
         self.signer.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Signs from now on with these keys. `false`: they are the ones in use.
-    pub fn rotate(&self, access_key: &str, secret_key: &str) -> bool {
+    /// Signs from now on with these keys (a new session token included).
+    /// `false`: they are the ones in use.
+    pub fn rotate(&self, keys: &Keys) -> bool {
         let mut signer = self.signer.write().unwrap_or_else(|p| p.into_inner());
-        if signer.has_keys(access_key, secret_key) {
+        if signer.has_keys(keys) {
             return false;
         }
         let region = signer.region().to_owned();
-        *signer = Arc::new(sigv4::Signer::new(access_key.to_owned(), secret_key.to_owned(), region));
+        *signer = Arc::new(sigv4::Signer::new(keys.clone(), region));
         true
     }
 
@@ -162,6 +164,9 @@ impl HttpClient {
             .header("x-amz-date", signed.amz_date)
             .header("x-amz-content-sha256", p.payload_sha256)
             .header("authorization", signed.authorization);
+        if let Some(token) = signed.security_token {
+            rb = rb.header("x-amz-security-token", token);
+        }
         for (n, v) in p.headers {
             if n != "host" {
                 rb = rb.header(n, v);
@@ -405,17 +410,25 @@ mod tests {
     /// keys and values that need encoding.
     #[test]
     fn signatures_match_aws_sigv4() {
-        use aws_sigv4::http_request::{
-            sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
-            UriPathNormalizationMode,
-        };
         let ns: crate::config::NamespaceConfig = toml::from_str(
             "name = \"d\"\nendpoints = [\"http://127.0.0.1:9000\"]\nbucket = \"data\"\ncredentials = \"c\"\nregion = \"eu-west-3\"\n",
         )
         .unwrap();
         let (ak, sk) = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY");
-        let store = HttpClient::new(pool(&Default::default()).unwrap(), ns.bucket, ak.into(), sk.into(), ns.region);
-        let creds = aws_credential_types::Credentials::new(ak, sk, None, None, "test");
+        // Long-term keys, and temporary ones with a session token.
+        for token in [None, Some("FwoGZXIvYXdzEJr//////////wEaDH+token/with=chars")] {
+            signatures_match_for(ak, sk, token, &ns);
+        }
+    }
+
+    fn signatures_match_for(ak: &str, sk: &str, token: Option<&str>, ns: &crate::config::NamespaceConfig) {
+        use aws_sigv4::http_request::{
+            sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+            UriPathNormalizationMode,
+        };
+        let keys = Keys { access_key: ak.into(), secret_key: sk.into(), session_token: token.map(str::to_owned) };
+        let store = HttpClient::new(pool(&Default::default()).unwrap(), ns.bucket.clone(), keys, ns.region.clone());
+        let creds = aws_credential_types::Credentials::new(ak, sk, token.map(str::to_owned), None, "test");
         let identity = creds.into();
         let ep = "http://127.0.0.1:9000";
         let odd_key = "dir/a b+ü~.txt=&%?#[x]";
@@ -484,6 +497,7 @@ mod tests {
                 let (instructions, _) = sign(req, &params).unwrap().into_parts();
                 let theirs: std::collections::HashMap<&str, &str> = instructions.headers().collect();
                 assert_eq!(theirs["authorization"], ours.authorization, "request {i} at {t}");
+                assert_eq!(theirs.get("x-amz-security-token").copied(), ours.security_token.as_deref());
                 assert_eq!(theirs["x-amz-date"], ours.amz_date, "request {i} at {t}");
                 assert_eq!(theirs["x-amz-content-sha256"], p.payload_sha256, "request {i} at {t}");
             }

@@ -31,6 +31,7 @@ use client::Target;
 pub use error::S3Error;
 pub use get::GetOutcome;
 pub use put::PutOutcome;
+pub use sigv4::Keys;
 pub use xml::{ListPage, ObjectMeta};
 
 use crate::config::{NamespaceConfig, S3Tuning};
@@ -189,6 +190,41 @@ impl ObjectStore {
             DataPathUsed::Rdma
         } else {
             DataPathUsed::Http
+        }
+    }
+
+    /// Largest object a PUT can write here (see
+    /// [`crate::capabilities::max_object_bytes`]): encrypted objects go in
+    /// parts of whole chunks.
+    pub fn max_object_bytes(&self) -> u64 {
+        let part = match &self.encryption {
+            Some(enc) => {
+                let chunk = u64::from(enc.chunk_size);
+                (self.tuning.put_part_size / chunk).max(1) * chunk
+            }
+            None => self.tuning.put_part_size,
+        };
+        crate::capabilities::max_object_bytes(self.tuning.multipart_threshold, part)
+    }
+
+    /// What this namespace offers, as told to shims (capability exchange).
+    pub fn capabilities(&self, name: &str) -> crate::capabilities::NamespaceCaps {
+        use crate::config::DataPathMode;
+        let caps = self.rdma.as_ref().map(|r| r.transport.capabilities());
+        crate::capabilities::NamespaceCaps {
+            name: name.to_owned(),
+            access: self.access.clone(),
+            data_path: self.rdma.as_ref().map_or(DataPathMode::Http, |r| r.mode),
+            transport: caps.as_ref().map(|c| c.kind),
+            degraded: self.degraded.as_ref().map(|d| format!("{}: {}", d.kind, d.message)),
+            placement: self.placement(),
+            encrypted: self.encryption.is_some(),
+            max_object_bytes: self.max_object_bytes(),
+            max_window_bytes: caps.map_or(0, |c| c.max_window_bytes),
+            get_part_bytes: self.tuning.get_part_size,
+            put_part_bytes: self.tuning.put_part_size,
+            rdma_min_bytes: self.rdma.as_ref().map_or(0, |r| r.min_bytes),
+            request_timeout: self.request_timeout,
         }
     }
 

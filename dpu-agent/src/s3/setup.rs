@@ -10,7 +10,7 @@ use sluice_dataplane::{Transport, TransportKind};
 use super::crypto::Encryption;
 use super::http_client::HttpClient;
 use super::token_path::{Fallback, TokenPath};
-use super::{ObjectStore, S3Counters};
+use super::{Keys, ObjectStore, S3Counters};
 use crate::config::{AgentConfig, CipherEngine, EncryptionConfig, NamespaceConfig};
 use crate::error::StartupError;
 
@@ -51,9 +51,8 @@ impl ObjectStore {
             namespace: ns.name.clone(),
             name: ns.credentials.clone(),
         })?;
-        let secret = cred
-            .load_secret()
-            .map_err(|e| StartupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
+        let keys =
+            keys(cred).map_err(|e| StartupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
         let rdma = transport.map(|(transport, kind)| TokenPath {
             transport,
             kind,
@@ -61,8 +60,7 @@ impl ObjectStore {
             placement: ns.placement,
             min_bytes: ns.rdma_min_bytes,
         });
-        let client =
-            HttpClient::new(parts.http.clone(), ns.bucket.clone(), cred.access_key.clone(), secret, ns.region.clone());
+        let client = HttpClient::new(parts.http.clone(), ns.bucket.clone(), keys, ns.region.clone());
         let client = Arc::new(client);
         let store = Self::new(client.clone(), ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
         let encryption = Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?;
@@ -128,6 +126,15 @@ fn doca_cipher(_cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>,
     Err(StartupError::DocaCipher("this sluice-agent was built without the `doca` feature".into()))
 }
 
+/// The keys `cred` names now (secret and session token files read).
+fn keys(cred: &crate::config::CredentialConfig) -> Result<Keys, crate::config::ConfigError> {
+    Ok(Keys {
+        access_key: cred.access_key.clone(),
+        secret_key: cred.load_secret()?,
+        session_token: cred.load_session_token()?,
+    })
+}
+
 /// The signing clients of every namespace, by the credentials they use:
 /// what a SIGHUP rotates.
 #[derive(Default)]
@@ -150,9 +157,10 @@ impl Signers {
                 out.push(Err(format!("credentials {name:?} (namespace {ns:?}) are gone from the config; kept")));
                 continue;
             };
-            match cred.load_secret() {
-                Ok(secret) if client.rotate(&cred.access_key, &secret) => {
-                    out.push(Ok(format!("namespace {ns:?} signs with {name:?} as {} now", cred.access_key)));
+            match keys(cred) {
+                Ok(keys) if client.rotate(&keys) => {
+                    let token = if keys.session_token.is_some() { " with a session token" } else { "" };
+                    out.push(Ok(format!("namespace {ns:?} signs with {name:?} as {}{token} now", cred.access_key)));
                 }
                 Ok(_) => {}
                 Err(e) => out.push(Err(format!("credentials {name:?}: {e}; kept the old keys"))),

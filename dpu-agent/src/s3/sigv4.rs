@@ -22,10 +22,28 @@ pub(super) const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e46
 /// The payload hash of a streamed body.
 pub(super) const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
 
+/// The keys a request is signed with: an access key and its secret, and
+/// for temporary credentials (STS) the session token that goes with them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Keys {
+    pub access_key: String,
+    pub secret_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keys")
+            .field("access_key", &self.access_key)
+            .field("secret_key", &"<redacted>")
+            .field("session_token", &self.session_token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
 /// One credential's signer for one region (service `s3`).
 pub(super) struct Signer {
-    access_key: String,
-    secret_key: String,
+    keys: Keys,
     region: String,
     /// The key of the day it was derived for (days since the epoch, UTC).
     day_key: Mutex<Option<(u64, hmac::Key)>>,
@@ -37,27 +55,29 @@ pub(super) struct Signed {
     pub amz_date: String,
     /// `authorization`.
     pub authorization: String,
+    /// `x-amz-security-token`, signed, for temporary credentials.
+    pub security_token: Option<String>,
 }
 
 impl std::fmt::Debug for Signer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Signer").field("access_key", &self.access_key).field("region", &self.region).finish()
+        f.debug_struct("Signer").field("keys", &self.keys).field("region", &self.region).finish()
     }
 }
 
 impl Signer {
-    pub fn new(access_key: String, secret_key: String, region: String) -> Self {
-        Self { access_key, secret_key, region, day_key: Mutex::new(None) }
+    pub fn new(keys: Keys, region: String) -> Self {
+        Self { keys, region, day_key: Mutex::new(None) }
     }
 
     /// Whether it signs with these keys.
-    pub fn has_keys(&self, access_key: &str, secret_key: &str) -> bool {
-        self.access_key == access_key && self.secret_key == secret_key
+    pub fn has_keys(&self, keys: &Keys) -> bool {
+        self.keys == *keys
     }
 
     /// The access key it signs as.
     pub fn access_key(&self) -> &str {
-        &self.access_key
+        &self.keys.access_key
     }
 
     /// The region it signs for.
@@ -86,10 +106,13 @@ impl Signer {
 
         // Canonical headers: sorted by name, values trimmed with inner runs
         // of spaces collapsed; repeated names joined with ','.
-        let mut all: Vec<(&str, &str)> = Vec::with_capacity(headers.len() + 2);
+        let mut all: Vec<(&str, &str)> = Vec::with_capacity(headers.len() + 3);
         all.extend_from_slice(headers);
         all.push(("x-amz-content-sha256", payload_sha256));
         all.push(("x-amz-date", &amz_date));
+        if let Some(token) = &self.keys.session_token {
+            all.push(("x-amz-security-token", token));
+        }
         all.sort_by(|a, b| a.0.cmp(b.0));
 
         let mut creq = String::with_capacity(256 + path.len() + query.len());
@@ -132,9 +155,9 @@ impl Signer {
         let signature = hex::encode(hmac::sign(&self.key_for(secs / 86_400, now), sts.as_bytes()));
         let authorization = format!(
             "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}",
-            self.access_key
+            self.keys.access_key
         );
-        Signed { amz_date, authorization }
+        Signed { amz_date, authorization, security_token: self.keys.session_token.clone() }
     }
 
     /// The signing key for `day`, derived at most once a day.
@@ -143,7 +166,7 @@ impl Signer {
         match &*slot {
             Some((d, key)) if *d == day => key.clone(),
             _ => {
-                let raw = aws_sigv4::sign::v4::generate_signing_key(&self.secret_key, now, &self.region, "s3");
+                let raw = aws_sigv4::sign::v4::generate_signing_key(&self.keys.secret_key, now, &self.region, "s3");
                 let key = hmac::Key::new(hmac::HMAC_SHA256, raw.as_ref());
                 *slot = Some((day, key.clone()));
                 key
@@ -235,7 +258,8 @@ mod tests {
 
     #[test]
     fn the_key_is_derived_once_a_day() {
-        let s = Signer::new("AK".into(), "SK".into(), "us-east-1".into());
+        let keys = Keys { access_key: "AK".into(), secret_key: "SK".into(), session_token: None };
+        let s = Signer::new(keys, "us-east-1".into());
         let t = UNIX_EPOCH + std::time::Duration::from_secs(1_795_600_000);
         let a = s.sign("GET", "/b/k", "", &[("host", "h")], EMPTY_SHA256, t);
         let day = s.day_key.lock().unwrap().as_ref().map(|(d, _)| *d);

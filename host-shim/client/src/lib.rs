@@ -29,6 +29,7 @@ use tokio::sync::{oneshot, Mutex};
 
 pub use sluice_proto::common::ErrorCode as Code;
 pub use sluice_proto::common::ObjectInfo as Object;
+pub use sluice_proto::common::{Capabilities, MemoryKind, NamespaceCapabilities};
 
 /// Errors from the client.
 #[derive(Debug, thiserror::Error)]
@@ -193,6 +194,7 @@ pub struct Client {
     timeout_ms: AtomicU64,
     tenant: String,
     namespaces: Vec<String>,
+    capabilities: Capabilities,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -220,6 +222,7 @@ impl Client {
             timeout_ms: AtomicU64::new(DEFAULT_TIMEOUT.as_millis() as u64),
             tenant: String::new(),
             namespaces: Vec::new(),
+            capabilities: Capabilities::default(),
             reader,
         };
         let hello = Op::Hello(pb::Hello {
@@ -230,6 +233,7 @@ impl Client {
             Some(Res::Hello(ok)) => {
                 client.tenant = ok.tenant;
                 client.namespaces = ok.namespaces;
+                client.capabilities = ok.capabilities.unwrap_or_default();
                 Ok(client)
             }
             other => Err(unexpected(other)),
@@ -254,6 +258,14 @@ impl Client {
     /// Namespaces the tenant may use.
     pub fn namespaces(&self) -> &[String] {
         &self.namespaces
+    }
+
+    /// What this connection can do, as the shim and agent told it at the
+    /// handshake: the region memory both can handle, and per namespace the
+    /// access, data path, transport, placement, encryption and limits.
+    /// Requests outside it fail with UNSUPPORTED before any byte moves.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
     }
 
     async fn call(

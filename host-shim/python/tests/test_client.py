@@ -22,6 +22,20 @@ def test_handshake(stack, client):
     assert not client.closed
 
 
+def test_capabilities_from_the_handshake(client):
+    caps = client.capabilities
+    assert isinstance(caps, sluice.Capabilities)
+    # A co-located stack: memfds on both sides, no GPU staging.
+    assert caps.agent_memory == ["memfd"] and caps.region_memory == ["memfd"]
+    assert caps.gpu_staging == "" and caps.max_batch_items > 0
+    data = caps.namespaces["data"]
+    assert isinstance(data, sluice.NamespaceCapabilities)
+    assert data.data_path == "http" and data.transport == "http-only" and data.encryption == "none"
+    assert set(data.access) == {"read", "write", "list", "delete"}
+    assert data.max_object_bytes >= 5 << 30 and data.request_timeout_ms > 0
+    assert sorted(caps.namespaces) == sorted(client.namespaces)
+
+
 def test_socket_from_environment(stack, monkeypatch):
     monkeypatch.setenv("SLUICE_SOCKET", stack.socket)
     with sluice.Client() as c:

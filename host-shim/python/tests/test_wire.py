@@ -87,6 +87,21 @@ def test_oneof_last_member_wins_and_signed_fields():
     assert [o["key"] for o in dec["objects"]] == ["a", "b"] and dec["common_prefixes"] == ["p/", "q/"]
 
 
+def test_packed_repeated_enums_decode_as_protobuf_packs_them():
+    # Capabilities.agent_memory = [MEMFD, GPU_DMABUF]: proto3 packs repeated
+    # numbers into one length-delimited run (field 1, wire type 2).
+    packed = bytes.fromhex("0a02 0103") + bytes.fromhex("1001")  # then shim_memory = [MEMFD], unpacked
+    dec = _wire.decode_message("Capabilities", packed)
+    assert dec["agent_memory"] == [1, 3] and dec["shim_memory"] == [1]
+    # A run that claims more bytes than the message has, or whose last value
+    # runs past it, is refused.
+    for bad in [bytes.fromhex("0a05 01"), bytes.fromhex("0a01 ff01")]:
+        with pytest.raises(_wire.WireError):
+            _wire.decode_message("Capabilities", bad)
+    caps = sluice.Capabilities._from_wire(dec)
+    assert caps.agent_memory == ["memfd", "gpu-dmabuf"] and caps.region_memory == ["memfd"]
+
+
 @pytest.mark.parametrize(
     "bad",
     [b"\x08", b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"\x12\x05ab", b"\x00\x01", b"\x0f"],

@@ -52,13 +52,15 @@ from .errors import (
     UnsupportedVersion,
 )
 from .region import Region
-from .types import GetSpec, ItemResult, ListPage, ObjectInfo, Stats, Transfer
+from .types import Capabilities, GetSpec, ItemResult, ListPage, NamespaceCapabilities, ObjectInfo, Stats, Transfer
 
 __all__ = [
     "__version__",
     "Client",
     "AsyncClient",
     "Region",
+    "Capabilities",
+    "NamespaceCapabilities",
     "GetSpec",
     "ItemResult",
     "ListPage",

@@ -34,7 +34,7 @@ from .errors import (
     from_detail,
 )
 from .region import Region
-from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer, as_spec
+from .types import ByteRange, Capabilities, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer, as_spec
 
 __version__ = "0.1.0"
 
@@ -297,6 +297,8 @@ class CoreClient:
         self._last_conn_error = ""
         self.tenant = ""
         self.namespaces: List[str] = []
+        #: What this connection can do (set by the handshake).
+        self.capabilities = Capabilities._from_wire(None)
         self.closed = False
         self._pid = os.getpid()
         _LIVE.add(self)
@@ -461,6 +463,7 @@ class CoreClient:
         r = yield from one(Call("hello", {"version": version, "client": self._client_name}), "hello")
         self.tenant = r.body["tenant"]
         self.namespaces = list(r.body["namespaces"])
+        self.capabilities = Capabilities._from_wire(r.body["capabilities"])
 
     def _register_dmabuf_op(self, fd: int, nbytes: int, offset: int, gpu_address: int) -> "Op[str]":
         body = {

@@ -95,10 +95,35 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         19: ("stats", "StatsResult", "oneof:result"),
     },
     "Hello": {1: ("version", "u32", ""), 2: ("client", "string", "")},
+    "Capabilities": {
+        1: ("agent_memory", "enum", "repeated"),
+        2: ("shim_memory", "enum", "repeated"),
+        3: ("max_batch_items", "u32", ""),
+        4: ("max_region_bytes", "u64", ""),
+        5: ("max_registered_bytes", "u64", ""),
+        6: ("namespaces", "NamespaceCapabilities", "repeated"),
+        7: ("gpu_staging", "string", ""),
+    },
+    "NamespaceCapabilities": {
+        1: ("name", "string", ""),
+        2: ("access", "enum", "repeated"),
+        3: ("data_path", "enum", ""),
+        4: ("transport", "enum", ""),
+        5: ("degraded_reason", "string", ""),
+        6: ("placement", "enum", ""),
+        7: ("encryption", "enum", ""),
+        8: ("max_object_bytes", "u64", ""),
+        9: ("max_window_bytes", "u64", ""),
+        10: ("get_part_bytes", "u64", ""),
+        11: ("put_part_bytes", "u64", ""),
+        12: ("rdma_min_bytes", "u64", ""),
+        13: ("request_timeout_ms", "u32", ""),
+    },
     "HelloOk": {
         1: ("version", "u32", ""),
         2: ("tenant", "string", ""),
         3: ("namespaces", "string", "repeated"),
+        4: ("capabilities", "Capabilities", ""),
     },
     "Register": {
         1: ("length", "u64", ""),
@@ -295,6 +320,20 @@ def _skip(data: bytes, pos: int, wtype: int, num: int, depth: int = 0) -> int:
     return pos
 
 
+def _scalar(kind: str, v: int) -> Any:
+    """A decoded varint as field type ``kind`` wants it."""
+    if kind == "u32":
+        return v & 0xFFFFFFFF
+    if kind == "i64":
+        return v - (1 << 64) if v >= 1 << 63 else v
+    if kind == "enum":
+        v &= 0xFFFFFFFF
+        return v - (1 << 32) if v >= 1 << 31 else v
+    if kind == "bool":
+        return v != 0
+    return v
+
+
 def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
     """Decodes ``data`` as message ``msg`` into a dict with every field.
 
@@ -324,20 +363,21 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
         name, kind, label = field
         if kind in _SCALARS and kind != "string":
             if wtype == _LEN and label == "repeated":
-                raise WireError("packed repeated scalars are not used by this protocol")
+                # proto3 packs repeated numbers: one length-delimited run.
+                n, pos = decode_varint(data, pos)
+                if pos + n > end:
+                    raise WireError(f"{msg}.{name}: truncated")
+                run_end, pos = pos + n, pos
+                while pos < run_end:
+                    v, pos = decode_varint(data, pos)
+                    if pos > run_end:
+                        raise WireError(f"{msg}.{name}: a packed value runs past its field")
+                    out[name].append(_scalar(kind, v))
+                continue
             if wtype != _VARINT:
                 raise WireError(f"{msg}.{name}: wire type {wtype}, expected varint")
             v, pos = decode_varint(data, pos)
-            if kind == "u32":
-                v &= 0xFFFFFFFF
-            elif kind == "i64":
-                v = v - (1 << 64) if v >= 1 << 63 else v
-            elif kind == "enum":
-                v &= 0xFFFFFFFF
-                v = v - (1 << 32) if v >= 1 << 31 else v
-            elif kind == "bool":
-                v = v != 0
-            value: Any = v
+            value: Any = _scalar(kind, v)
         else:
             if wtype != _LEN:
                 raise WireError(f"{msg}.{name}: wire type {wtype}, expected length-delimited")

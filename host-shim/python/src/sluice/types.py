@@ -10,6 +10,15 @@ from .errors import SluiceError
 #: ``sluice.common.v1.DataPath`` values as the strings used in reports.
 DATA_PATHS = {0: "unknown", 1: "http", 2: "rdma", 3: "rdma-staged"}
 
+#: Names of the capability enums of ``sluice.common.v1`` (as config files
+#: spell them; checked against the protos by a test).
+MEMORY_KINDS = {0: "unknown", 1: "memfd", 2: "doca-host", 3: "gpu-dmabuf"}
+DATA_PATH_MODES = {0: "unknown", 1: "http", 2: "rdma", 3: "auto"}
+TRANSPORTS = {0: "unknown", 1: "http-only", 2: "tcp", 3: "verbs-rc", 4: "dc"}
+PLACEMENTS = {0: "unknown", 1: "direct", 2: "staged"}
+ENCRYPTIONS = {0: "unknown", 1: "none", 2: "aes-256-gcm"}
+ACCESS = {0: "unknown", 1: "read", 2: "write", 3: "list", 4: "delete"}
+
 #: A byte range: ``(start, length)``; ``length = None`` means "to the end".
 ByteRange = Tuple[int, Optional[int]]
 
@@ -168,6 +177,97 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class NamespaceCapabilities:
+    """What one namespace offers (``sluice.common.v1.NamespaceCapabilities``).
+
+    Attributes:
+        access: of ``"read"``, ``"write"``, ``"list"``, ``"delete"``.
+        data_path: ``"http"``, ``"rdma"`` or ``"auto"``.
+        transport: ``"http-only"``, ``"tcp"``, ``"verbs-rc"`` or ``"dc"``
+            (the one in use; ``degraded_reason`` says why if it is a fallback).
+        placement: ``"direct"`` or ``"staged"``.
+        encryption: ``"none"`` or ``"aes-256-gcm"``.
+        max_object_bytes: the largest object a put may write here.
+        max_window_bytes: the largest window one RDMA descriptor covers (0: HTTP only).
+    """
+
+    name: str
+    access: List[str]
+    data_path: str
+    transport: str
+    degraded_reason: str
+    placement: str
+    encryption: str
+    max_object_bytes: int
+    max_window_bytes: int
+    get_part_bytes: int
+    put_part_bytes: int
+    rdma_min_bytes: int
+    request_timeout_ms: int
+
+    @classmethod
+    def _from_wire(cls, d: Dict[str, Any]) -> "NamespaceCapabilities":
+        return cls(
+            name=d["name"],
+            access=[ACCESS.get(a, "unknown") for a in d["access"]],
+            data_path=DATA_PATH_MODES.get(d["data_path"], "unknown"),
+            transport=TRANSPORTS.get(d["transport"], "unknown"),
+            degraded_reason=d["degraded_reason"],
+            placement=PLACEMENTS.get(d["placement"], "unknown"),
+            encryption=ENCRYPTIONS.get(d["encryption"], "unknown"),
+            max_object_bytes=d["max_object_bytes"],
+            max_window_bytes=d["max_window_bytes"],
+            get_part_bytes=d["get_part_bytes"],
+            put_part_bytes=d["put_part_bytes"],
+            rdma_min_bytes=d["rdma_min_bytes"],
+            request_timeout_ms=d["request_timeout_ms"],
+        )
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this connection can do, agreed at the handshake
+    (``sluice.common.v1.Capabilities``). Requests outside it fail with
+    :class:`sluice.errors.Unsupported` before any byte moves.
+
+    Attributes:
+        agent_memory / shim_memory: region memory the agent reaches and the
+            shim registers (``"memfd"``, ``"doca-host"``, ``"gpu-dmabuf"``).
+        region_memory: the kinds both handle (what ``register`` can do).
+        gpu_staging: how GPU regions take bytes that cannot be placed
+            directly ("" when GPU memory cannot be reached).
+        namespaces: per namespace, by name.
+    """
+
+    agent_memory: List[str]
+    shim_memory: List[str]
+    max_batch_items: int
+    max_region_bytes: int
+    max_registered_bytes: int
+    gpu_staging: str
+    namespaces: Dict[str, NamespaceCapabilities]
+
+    @property
+    def region_memory(self) -> List[str]:
+        return [k for k in self.agent_memory if k in self.shim_memory]
+
+    @classmethod
+    def _from_wire(cls, d: Optional[Dict[str, Any]]) -> "Capabilities":
+        if d is None:
+            return cls([], [], 0, 0, 0, "", {})
+        namespaces = [NamespaceCapabilities._from_wire(n) for n in d["namespaces"]]
+        return cls(
+            agent_memory=[MEMORY_KINDS.get(k, "unknown") for k in d["agent_memory"]],
+            shim_memory=[MEMORY_KINDS.get(k, "unknown") for k in d["shim_memory"]],
+            max_batch_items=d["max_batch_items"],
+            max_region_bytes=d["max_region_bytes"],
+            max_registered_bytes=d["max_registered_bytes"],
+            gpu_staging=d["gpu_staging"],
+            namespaces={n.name: n for n in namespaces},
+        )
+
+
+@dataclass(frozen=True)
 class GetSpec:
     """One item of :meth:`sluice.Client.get_many`.
 
@@ -202,4 +302,15 @@ def as_spec(item: GetItem) -> GetSpec:
     raise TypeError(f"get_many items are paths, GetSpec or tuples, not {type(item).__name__}")
 
 
-__all__ = ["ObjectInfo", "Transfer", "ItemResult", "ListPage", "Stats", "GetSpec", "ByteRange", "DATA_PATHS"]
+__all__ = [
+    "ObjectInfo",
+    "Transfer",
+    "ItemResult",
+    "ListPage",
+    "Stats",
+    "Capabilities",
+    "NamespaceCapabilities",
+    "GetSpec",
+    "ByteRange",
+    "DATA_PATHS",
+]
