@@ -215,7 +215,13 @@ impl AgentRpc for GrpcService {
             proof: &r.proof,
         };
         // Unknown kinds (a newer shim) are left out: they cannot be served.
-        let shim_memory: Vec<MemoryKind> = r.shim_memory().filter_map(caps::memory_from_pb).collect();
+        // Each kind once, however often the shim named it.
+        let mut shim_memory: Vec<MemoryKind> = Vec::new();
+        for k in r.shim_memory().filter_map(caps::memory_from_pb) {
+            if !shim_memory.contains(&k) {
+                shim_memory.push(k);
+            }
+        }
         let opened = self.agent.open_session(&ask, &origin, &shim_memory)?;
         let lease_ms = u32::try_from(self.agent.session_lease().as_millis()).unwrap_or(u32::MAX);
         Ok(Response::new(pb::OpenSessionReply {

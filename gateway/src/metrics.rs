@@ -91,31 +91,23 @@ impl GatewayMetrics {
         registry.register(Box::new(bytes.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         let process = sluice_telemetry::ProcessGauges::register(&registry, "gateway")?;
-        Ok(Self {
-            registry,
-            requests,
-            latency,
-            bytes,
-            connections,
-            process,
-            backing,
-            upstream: Mutex::new(None),
-        })
+        Ok(Self { registry, requests, latency, bytes, connections, process, backing, upstream: Mutex::new(None) })
     }
 
-    /// Counts one answered request.
-    fn observe(&self, op: &str, req: &http::HeaderMap, resp: &http::Response<s3s::Body>, elapsed: Duration) {
+    /// Counts one answered request: `rdma_asked` (it carried a token) and
+    /// `sent` (its body's content-length) come from the request.
+    fn observe(&self, op: &str, rdma_asked: bool, sent: u64, resp: &http::Response<s3s::Body>, elapsed: Duration) {
         let status = resp.status();
         self.requests.with_label_values(&[op, status.as_str()]).inc();
         self.latency.with_label_values(&[op]).observe(elapsed.as_secs_f64());
         if !status.is_success() {
             return;
         }
-        let rdma = req.contains_key(TOKEN_HEADER) && resp.headers().contains_key(REPLY_HEADER);
+        let rdma = rdma_asked && resp.headers().contains_key(REPLY_HEADER);
         let (path, moved) = if rdma {
             ("rdma", header_u64(resp.headers(), BYTES_HEADER))
         } else if matches!(op, "put" | "upload_part") {
-            ("http", header_u64(req, "content-length"))
+            ("http", sent)
         } else {
             ("http", header_u64(resp.headers(), "content-length"))
         };
@@ -191,13 +183,14 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Measured 
             return Box::pin(hyper::service::Service::call(&self.inner, req));
         };
         let op = operation(req.method(), req.uri());
-        let headers = req.headers().clone();
+        let (rdma_asked, sent) =
+            (req.headers().contains_key(TOKEN_HEADER), header_u64(req.headers(), "content-length"));
         let start = Instant::now();
         let answer = hyper::service::Service::call(&self.inner, req);
         Box::pin(async move {
             let resp = answer.await;
             if let Ok(r) = &resp {
-                metrics.observe(op, &headers, r, start.elapsed());
+                metrics.observe(op, rdma_asked, sent, r, start.elapsed());
             }
             resp
         })
