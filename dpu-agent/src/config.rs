@@ -637,6 +637,15 @@ impl AgentConfig {
         if s.multipart_threshold > max_put || s.put_part_size > max_put {
             return bad(format!("s3: multipart_threshold and put_part_size must be <= {max_put} (S3's largest PUT)"));
         }
+        // Encrypted parts are ciphertext: a 16-byte tag per chunk more (at
+        // most 1/256 of 4 KiB chunks), which 4 GiB of plaintext leaves room for.
+        let encrypted = self.tenants.iter().flat_map(|t| &t.namespaces).any(|n| n.encryption != EncryptionPolicy::None);
+        if encrypted && s.put_part_size > 4 << 30 {
+            return bad(format!(
+                "s3: with encrypted namespaces put_part_size must be <= {} (parts grow by a tag per chunk)",
+                4u64 << 30
+            ));
+        }
         // One descriptor describes at most 4 GiB - 64 KiB: RDMA parts and
         // single PUTs must fit, larger objects go as a series of parts.
         let rdma = self.tenants.iter().flat_map(|t| &t.namespaces).any(|n| n.data_path != DataPathMode::Http);
@@ -665,15 +674,21 @@ impl CredentialConfig {
     /// The session token of temporary credentials, read from its file if
     /// configured that way; `None` for long-term keys.
     pub fn load_session_token(&self) -> Result<Option<String>, ConfigError> {
-        match (&self.session_token, &self.session_token_file) {
-            (Some(t), _) => Ok(Some(t.clone())),
-            (None, Some(path)) => match std::fs::read_to_string(path) {
-                Ok(t) if !t.trim().is_empty() => Ok(Some(t.trim().to_owned())),
-                Ok(_) => Err(ConfigError::Invalid(format!("{} holds no session token", path.display()))),
-                Err(source) => Err(ConfigError::Read { path: path.clone(), source }),
-            },
-            (None, None) => Ok(None),
+        let token = match (&self.session_token, &self.session_token_file) {
+            (Some(t), _) => t.trim().to_owned(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(|t| t.trim().to_owned())
+                .map_err(|source| ConfigError::Read { path: path.clone(), source })?,
+            (None, None) => return Ok(None),
+        };
+        // It travels as a header value: visible ASCII, as STS issues them.
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::Invalid(format!(
+                "the session token of access key {} is empty or not printable ASCII",
+                self.access_key
+            )));
         }
+        Ok(Some(token))
     }
 }
 
@@ -767,6 +782,9 @@ mod tests {
             session_token: Some("T0K3N".into()),
             session_token_file: None,
         };
+        assert_eq!(c.load_session_token().unwrap().as_deref(), Some("T0K3N"));
+        let bad = CredentialConfig { session_token: Some("a b\n".into()), ..c.clone() };
+        assert!(bad.load_session_token().unwrap_err().to_string().contains("printable ASCII"));
         let shown = format!("{c:?}");
         assert!(!shown.contains("S3CR3T") && !shown.contains("T0K3N"), "{shown}");
     }

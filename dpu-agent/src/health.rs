@@ -50,8 +50,9 @@ impl Health {
         let Some(stores) = stores.as_ref() else {
             return Readiness::not_ready(format!("probing the stores\n{}", self.opened));
         };
+        // Failures first: `systemctl status` shows the first line.
         let mut detail = String::new();
-        for (ns, r) in stores {
+        for (ns, r) in stores.iter().filter(|(_, r)| r.is_err()).chain(stores.iter().filter(|(_, r)| r.is_ok())) {
             match r {
                 Ok(()) => detail.push_str(&format!("{ns}: store ok\n")),
                 Err(e) => detail.push_str(&format!("{ns}: {e}\n")),
@@ -81,5 +82,23 @@ impl Health {
             sluice_telemetry::notify_status(&self.readiness());
             tokio::time::sleep(PROBE_EVERY).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_store_is_the_first_reason() {
+        let h = Health::default();
+        let mut stores = BTreeMap::new();
+        stores.insert("alpha/data".to_owned(), Ok(()));
+        stores.insert("beta/x".to_owned(), Err("cannot reach the store".to_owned()));
+        *h.stores.lock().unwrap_or_else(|p| p.into_inner()) = Some(stores);
+        let r = h.readiness();
+        assert!(!r.ready);
+        assert_eq!(r.summary(), "not ready: beta/x: cannot reach the store");
+        assert!(r.detail.contains("alpha/data: store ok"), "{}", r.detail);
     }
 }

@@ -140,6 +140,9 @@ pub async fn run(
     }
 
     let mut bound = BoundAddrs { grpc: None, metrics: None };
+    // The store probes feed /ready and `systemctl status`.
+    let health = Arc::new(crate::health::Health::new(&agent));
+    tokio::spawn(health.clone().probe_forever(agent.clone()));
     if let Some(addr) = cfg.metrics_listen {
         let l = crate::metrics::bind(addr).await.map_err(|source| ServeError::Bind {
             what: "metrics",
@@ -147,8 +150,6 @@ pub async fn run(
             source,
         })?;
         bound.metrics = l.local_addr().ok();
-        let health = Arc::new(crate::health::Health::new(&agent));
-        tokio::spawn(health.clone().probe_forever(agent.clone()));
         let endpoints = crate::metrics::AgentEndpoints { metrics: metrics.clone(), health };
         tokio::spawn(sluice_telemetry::serve(Arc::new(endpoints), l));
     }

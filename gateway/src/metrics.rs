@@ -46,7 +46,11 @@ pub fn operation(method: &http::Method, uri: &http::Uri) -> &'static str {
     let has = |name: &str| query.split('&').any(|kv| kv.split('=').next() == Some(name));
     // Path style: "/bucket" or "/bucket/" is a bucket, anything longer a key.
     let object = uri.path().trim_start_matches('/').split_once('/').is_some_and(|(_, key)| !key.is_empty());
+    // Sub-resources of an object (ACLs, tags, attributes, the parts of an
+    // upload) are metadata, not the object's bytes.
+    let sub = ["uploadId", "acl", "tagging", "attributes", "retention", "legal-hold"].iter().any(|q| has(q));
     match *method {
+        http::Method::GET if object && sub => "get_metadata",
         http::Method::GET if object => "get",
         http::Method::GET => "list",
         http::Method::HEAD => "head",
@@ -183,8 +187,12 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for Measured 
             return Box::pin(hyper::service::Service::call(&self.inner, req));
         };
         let op = operation(req.method(), req.uri());
-        let (rdma_asked, sent) =
-            (req.headers().contains_key(TOKEN_HEADER), header_u64(req.headers(), "content-length"));
+        // aws-chunked bodies: the object's bytes, not the framing.
+        let sent = match header_u64(req.headers(), "x-amz-decoded-content-length") {
+            0 => header_u64(req.headers(), "content-length"),
+            n => n,
+        };
+        let rdma_asked = req.headers().contains_key(TOKEN_HEADER);
         let start = Instant::now();
         let answer = hyper::service::Service::call(&self.inner, req);
         Box::pin(async move {
@@ -225,6 +233,8 @@ mod tests {
     fn operations_from_method_and_query() {
         let op = |m: &str, u: &str| operation(&m.parse().unwrap_or(http::Method::GET), &u.parse().expect("uri"));
         assert_eq!(op("GET", "/data/a/b.bin"), "get");
+        assert_eq!(op("GET", "/data/a/b.bin?tagging"), "get_metadata");
+        assert_eq!(op("GET", "/data/big?uploadId=x"), "get_metadata");
         assert_eq!(op("GET", "/data?list-type=2&prefix=a"), "list");
         assert_eq!(op("GET", "/data/"), "list");
         assert_eq!(op("HEAD", "/data/k"), "head");

@@ -9,6 +9,20 @@ use crate::config::ShimConfig;
 use crate::error::ShimError;
 use crate::memory::MemoryBackend;
 
+/// What the agent answered for a session of `tenant`. An agent that sends
+/// nothing is older than the exchange: it is taken to reach what this shim
+/// registers (it still refuses an export it cannot import, before any byte
+/// moves), so a host upgraded before its DPU keeps working.
+pub fn from_agent(answer: Option<Capabilities>, backend: &MemoryBackend, tenant: &str) -> Capabilities {
+    answer.unwrap_or_else(|| {
+        tracing::warn!(
+            tenant,
+            "the agent sent no capabilities (an older agent); assuming it reaches this shim's memory"
+        );
+        Capabilities { agent_memory: backend.kinds().into_iter().map(|k| k as i32).collect(), ..Default::default() }
+    })
+}
+
 /// The agent's answer with the shim's own part: what it registers and its
 /// limits (the smaller batch limit of the two).
 pub fn for_clients(mut agent: Capabilities, backend: &MemoryBackend, cfg: &ShimConfig) -> Capabilities {
@@ -67,6 +81,14 @@ mod tests {
         assert!(check_region(&doca, MemoryKind::GpuDmabuf).is_ok());
         assert!(matches!(check_region(&doca, MemoryKind::Memfd), Err(ShimError::Unsupported(_))));
         assert!(matches!(check_region(&agent(&[]), MemoryKind::Memfd), Err(ShimError::Unsupported(_))));
+    }
+
+    #[test]
+    fn an_older_agent_without_capabilities_is_taken_to_reach_the_shims_memory() {
+        let caps = from_agent(None, &MemoryBackend::Colocated, "t");
+        assert!(check_region(&caps, MemoryKind::Memfd).is_ok());
+        let sent = agent(&[MemoryKind::DocaHost]);
+        assert_eq!(from_agent(Some(sent.clone()), &MemoryBackend::Colocated, "t"), sent);
     }
 
     #[test]

@@ -124,9 +124,7 @@ async fn open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSessio
     if reply.lease_ms > 0 {
         shared.sessions.lease_ms.store(u64::from(reply.lease_ms), Ordering::Relaxed);
     }
-    // An agent that sends none (older) offers nothing checkable: every
-    // region kind is then refused here rather than half-served there.
-    let agent = reply.capabilities.unwrap_or_default();
+    let agent = crate::capabilities::from_agent(reply.capabilities, &shared.memory, tenant);
     let capabilities = Arc::new(crate::capabilities::for_clients(agent, &shared.memory, &shared.config));
     Ok(AgentSession { id: reply.session_id, namespaces: reply.namespaces, capabilities })
 }

@@ -191,24 +191,4 @@ mod tests {
         );
         assert_eq!(Readiness::ready("").summary(), "ready");
     }
-
-    #[test]
-    fn notify_reaches_the_service_manager_socket() {
-        // What systemd does for a Type=notify unit: a datagram socket named
-        // in NOTIFY_SOCKET.
-        let dir = std::env::temp_dir().join(format!("sluice-notify-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("notify");
-        let sock = std::os::unix::net::UnixDatagram::bind(&path).expect("bind");
-        std::env::set_var("NOTIFY_SOCKET", &path);
-        notify_ready();
-        notify_status(&Readiness::not_ready("agent: no answer"));
-        std::env::remove_var("NOTIFY_SOCKET");
-        let mut buf = [0u8; 256];
-        let n = sock.recv(&mut buf).expect("READY");
-        assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "READY=1");
-        let n = sock.recv(&mut buf).expect("STATUS");
-        assert_eq!(String::from_utf8_lossy(&buf[..n]).trim(), "STATUS=not ready: agent: no answer");
-        let _ = std::fs::remove_dir_all(dir);
-    }
 }

@@ -164,6 +164,11 @@ impl GpuShim {
 
     /// GETs `path` ("namespace/key") into the region at 0; the data path.
     async fn get(&mut self, path: &str) -> String {
+        self.get_range(path, None).await
+    }
+
+    /// GETs `range` of `path` into the region at 0; the data path.
+    async fn get_range(&mut self, path: &str, range: Option<(u64, u64)>) -> String {
         let (namespace, key) = path.split_once('/').unwrap();
         let reply = self
             .grpc
@@ -173,6 +178,7 @@ impl GpuShim {
                 namespace: namespace.into(),
                 key: key.into(),
                 region_id: self.region.clone(),
+                range: range.map(|(start, len)| sluice_proto::common::ByteRange { start, length: Some(len) }),
                 ..Default::default()
             })
             .await
@@ -226,15 +232,21 @@ async fn gpu_regions_are_served_on_every_path() {
         assert_eq!(how, want, "{path}: GET (auto: two parts one-sided, the last over HTTP)");
         assert_eq!(sha256(&gpu.memory.as_slice()[..n]), sha256(&data), "{path} read via {how}");
     }
+    // In auto, a read shorter than rdma_min_bytes goes over HTTP alone.
+    gpu.memory.write_at(0, &vec![0; n]).unwrap();
+    assert_eq!(gpu.get_range("data/gpu-auto", Some((1000, 5000))).await, "HTTP");
+    assert_eq!(&gpu.memory.as_slice()[..5000], &data[1000..6000]);
 
     // Decrypted objects are staged by the agent, then copied in with DMA.
     let e = doca_stack("encryption = \"aes-256-gcm\"\nencryption_chunk_bytes = 65536");
     let mut gpu = GpuShim::open(&e.stack, n as u64).await;
     gpu.memory.write_at(0, &data).unwrap();
-    gpu.put("data/gpu-secret", n as u64).await;
+    assert_eq!(gpu.put("data/gpu-secret", n as u64).await, "HTTP");
     gpu.memory.write_at(0, &vec![0; n]).unwrap();
-    gpu.get("data/gpu-secret").await;
+    assert_eq!(gpu.get("data/gpu-secret").await, "HTTP", "decrypted by the agent, copied in with DMA");
     assert_eq!(sha256(&gpu.memory.as_slice()[..n]), sha256(&data));
+    let stored = std::fs::read(e.stack.stored_file("data", "gpu-secret")).unwrap();
+    assert_eq!(&stored[..4], b"SLCE", "ciphertext at rest");
 }
 
 /// Runs `bin` with `config` until it exits (it must fail at start-up) and

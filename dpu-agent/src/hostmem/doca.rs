@@ -84,6 +84,9 @@ pub struct DocaMemory {
     lib: Lib,
     dev: Arc<Device>,
     stager: Arc<Mutex<Stager>>,
+    /// The staging buffer's size (fixed; read without taking the stager,
+    /// which a staged copy holds for its whole length).
+    staging_bytes: usize,
     allowed: Vec<String>,
 }
 
@@ -109,6 +112,7 @@ impl DocaMemory {
             lib,
             dev,
             stager: Arc::new(Mutex::new(stager)),
+            staging_bytes: cfg.staging_bytes,
             allowed: cfg.allowed_functions.iter().map(|s| s.to_ascii_lowercase()).collect(),
         }))
     }
@@ -133,10 +137,13 @@ pub(crate) fn check_envelope(blob: &[u8], len: u64, allowed: &[String]) -> Resul
 
 impl HostMemory for DocaMemory {
     fn capabilities(&self) -> super::MemoryCaps {
-        let staging = self.stager.lock().unwrap_or_else(|p| p.into_inner()).staging.len();
         super::MemoryCaps {
             kinds: vec![super::MemoryKind::DocaHost, super::MemoryKind::GpuDmabuf],
-            gpu_staging: Some(format!("DOCA DMA through {staging} bytes of DPU memory on {}", self.dev.info().pci)),
+            gpu_staging: Some(format!(
+                "DOCA DMA through {} bytes of DPU memory on {}",
+                self.staging_bytes,
+                self.dev.info().pci
+            )),
         }
     }
 

@@ -97,6 +97,9 @@ pub struct ObjectStore {
     tenant: String,
     /// The RDMA data path, when the namespace uses one.
     rdma: Option<token_path::TokenPath>,
+    /// The data path the config asks for (`rdma` may be `None` even so:
+    /// the transport could not be had, see `degraded`).
+    data_path: crate::config::DataPathMode,
     degraded: Option<token_path::Fallback>,
     access: Vec<crate::config::Permission>,
     /// Inline encryption, when the namespace has it.
@@ -137,6 +140,7 @@ impl ObjectStore {
             counters,
             tenant: tenant.to_owned(),
             rdma,
+            data_path: ns.data_path,
             degraded: None,
             access: ns.access.clone(),
             encryption: None,
@@ -197,24 +201,28 @@ impl ObjectStore {
     /// [`crate::capabilities::max_object_bytes`]): encrypted objects go in
     /// parts of whole chunks.
     pub fn max_object_bytes(&self) -> u64 {
-        let part = match &self.encryption {
-            Some(enc) => {
-                let chunk = u64::from(enc.chunk_size);
-                (self.tuning.put_part_size / chunk).max(1) * chunk
-            }
-            None => self.tuning.put_part_size,
+        let Some(enc) = &self.encryption else {
+            return crate::capabilities::max_object_bytes(self.tuning.multipart_threshold, self.tuning.put_part_size);
         };
-        crate::capabilities::max_object_bytes(self.tuning.multipart_threshold, part)
+        // Stored objects are ciphertext: a tag per chunk and a header more
+        // than the plaintext, which must stay within S3's 5 TiB.
+        let chunk = u64::from(enc.chunk_size);
+        let tag = sluice_crypt::TAG_LEN as u64;
+        let parts = crate::capabilities::max_object_bytes(
+            self.tuning.multipart_threshold,
+            (self.tuning.put_part_size / chunk).max(1) * chunk,
+        );
+        let stored = (crate::capabilities::MAX_S3_OBJECT_BYTES / (chunk + tag)).saturating_sub(1) * chunk;
+        parts.min(stored)
     }
 
     /// What this namespace offers, as told to shims (capability exchange).
     pub fn capabilities(&self, name: &str) -> crate::capabilities::NamespaceCaps {
-        use crate::config::DataPathMode;
         let caps = self.rdma.as_ref().map(|r| r.transport.capabilities());
         crate::capabilities::NamespaceCaps {
             name: name.to_owned(),
             access: self.access.clone(),
-            data_path: self.rdma.as_ref().map_or(DataPathMode::Http, |r| r.mode),
+            data_path: self.data_path,
             transport: caps.as_ref().map(|c| c.kind),
             degraded: self.degraded.as_ref().map(|d| format!("{}: {}", d.kind, d.message)),
             placement: self.placement(),
