@@ -297,9 +297,12 @@ async fn apply_nic(cfg: &AgentConfig) -> Result<(), NicError> {
     Ok(())
 }
 
-/// On every SIGHUP: re-read the config file and apply its QoS limits and
-/// NIC rules; a bad file is logged and the running limits and rules stay; a
-/// valid file whose NIC rules cannot be applied is fatal (`fatal`).
+/// On every SIGHUP: re-read the config file once and apply its credentials,
+/// NIC rules and QoS limits; a file that cannot be read or parsed changes
+/// nothing; a valid file whose NIC rules cannot be applied is fatal
+/// (`fatal`). Every SIGHUP ends with exactly one line, "SIGHUP: reload done"
+/// or "SIGHUP: config not re-read", so that operators (and tests) can tell a
+/// reload has finished.
 async fn reload_on_sighup(
     mut hup: tokio::signal::unix::Signal,
     path: PathBuf,
@@ -307,29 +310,40 @@ async fn reload_on_sighup(
     fatal: tokio::sync::mpsc::Sender<NicError>,
 ) {
     while hup.recv().await.is_some() {
-        match AgentConfig::from_file(&path) {
-            Ok(cfg) => {
-                for change in agent.signers().rotate(&cfg) {
-                    match change {
-                        Ok(c) => info!(config = %path.display(), change = %c, "SIGHUP: credentials rotated"),
-                        Err(e) => tracing::error!(config = %path.display(), error = %e, "SIGHUP: credentials"),
-                    }
-                }
-                match apply_nic(&cfg).await {
-                    Ok(()) => {}
-                    Err(e @ NicError::Config(_)) => {
-                        tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules not changed")
-                    }
-                    Err(e) => {
-                        tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules cannot be applied; stopping");
-                        let _ = fatal.send(e).await;
-                        return;
-                    }
+        let cfg = match AgentConfig::from_file(&path) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                tracing::error!(
+                    config = %path.display(),
+                    error = %e,
+                    "SIGHUP: config not re-read; keeping the running keys, NIC rules and QoS limits"
+                );
+                continue;
+            }
+        };
+        let mut failures = 0usize;
+        for change in agent.signers().rotate(&cfg) {
+            match change {
+                Ok(c) => info!(config = %path.display(), change = %c, "SIGHUP: credentials rotated"),
+                Err(e) => {
+                    failures += 1;
+                    tracing::error!(config = %path.display(), error = %e, "SIGHUP: credentials")
                 }
             }
-            Err(e) => tracing::error!(config = %path.display(), error = %e, "SIGHUP: config not re-read"),
         }
-        match agent.quotas().reload_from(&path) {
+        match apply_nic(&cfg).await {
+            Ok(()) => {}
+            Err(e @ NicError::Config(_)) => {
+                failures += 1;
+                tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules not changed")
+            }
+            Err(e) => {
+                tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules cannot be applied; stopping");
+                let _ = fatal.send(e).await;
+                return;
+            }
+        }
+        match agent.quotas().apply(&cfg) {
             Ok(changes) if changes.is_empty() => info!(config = %path.display(), "SIGHUP: QoS limits unchanged"),
             Ok(changes) => {
                 for c in &changes {
@@ -337,8 +351,10 @@ async fn reload_on_sighup(
                 }
             }
             Err(e) => {
-                tracing::error!(config = %path.display(), error = %e, "SIGHUP: reload failed; keeping the old limits")
+                failures += 1;
+                tracing::error!(config = %path.display(), error = %e, "SIGHUP: QoS limits not changed")
             }
         }
+        info!(config = %path.display(), failures, "SIGHUP: reload done");
     }
 }

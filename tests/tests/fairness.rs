@@ -269,13 +269,19 @@ async fn a_flooding_tenant_does_not_starve_small_requests_of_another() {
     b.release(br).await.unwrap();
 }
 
-/// Rewrites `bytes_per_sec = ...` in the agent's config and sends SIGHUP;
-/// waits until the agent logged the outcome (`n`-th reload log line).
+/// Lines the agent logs once per SIGHUP, when it has finished with it.
+fn reloads_finished(log: &str) -> usize {
+    log.matches("SIGHUP: reload done").count() + log.matches("SIGHUP: config not re-read").count()
+}
+
+/// Writes `text` as the agent's config and sends SIGHUP; waits until the
+/// agent has finished its `n`-th reload (each ends with exactly one line, so
+/// a reload logging several lines cannot be mistaken for several reloads).
 async fn reload(stack: &Stack, text: &str, n: usize) {
     std::fs::write(stack.dir.path().join("agent.toml"), text).unwrap();
     stack.signal("sluice-agent", "HUP");
     let t0 = Instant::now();
-    while stack.log("sluice-agent").matches("SIGHUP:").count() < n {
+    while reloads_finished(&stack.log("sluice-agent")) < n {
         assert!(t0.elapsed() < Duration::from_secs(10), "no reload logged:\n{}", stack.log("sluice-agent"));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -308,7 +314,9 @@ async fn sighup_reloads_limits_and_a_bad_file_keeps_them() {
 
     // A broken file: logged, and the running limits stay.
     reload(&stack, "bytes_per_sec = ", 2).await;
-    assert!(stack.log("sluice-agent").contains("reload failed; keeping the old limits"));
+    let log = stack.log("sluice-agent");
+    assert!(log.contains("SIGHUP: config not re-read; keeping the running keys, NIC rules and QoS limits"), "{log}");
+    assert_eq!(log.matches("SIGHUP: reload done").count(), 1, "the bad file was not applied: {log}");
     let kept = get_rate(&c, "data/reload", MIB, 1, window).await;
     assert!(within(kept, 16.0), "kept: {kept:.2} MiB/s");
 
@@ -319,6 +327,7 @@ async fn sighup_reloads_limits_and_a_bad_file_keeps_them() {
         3,
     )
     .await;
+    assert!(stack.log("sluice-agent").contains("alpha: bytes_per_sec 16777216 -> 2097152"));
     let lowered = get_rate(&c, "data/reload", MIB, 1, window).await;
     assert!(within(lowered, 2.0), "lowered: {lowered:.2} MiB/s");
     println!(
