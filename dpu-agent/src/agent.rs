@@ -138,7 +138,7 @@ impl Agent {
         &self.signers
     }
 
-    /// The QoS layer (hot reload: [`Quotas::reload_from`]).
+    /// The QoS layer (hot reload: [`Quotas::apply`]).
     pub fn quotas(&self) -> &Quotas {
         &self.quotas
     }

@@ -10,24 +10,13 @@
 //! current limits).
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounterVec;
 use sluice_qos::{Limits, Qos, QosConfig, QosError, UNKNOWN_TENANT_LABEL};
 
-use crate::config::{AgentConfig, ConfigError, QosSettings, TenantLimits};
-
-/// Why a reload did not apply.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ReloadError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(transparent)]
-    Limits(#[from] QosError),
-}
+use crate::config::{AgentConfig, QosSettings, TenantLimits};
 
 /// A tenant's `[tenants.limits]` as QoS limits.
 pub fn limits_of(l: &TenantLimits) -> Limits {
@@ -85,13 +74,6 @@ impl Quotas {
 
     pub fn qos(&self) -> &Qos {
         &self.qos
-    }
-
-    /// Re-reads `path` and applies its tenant limits; on any error nothing
-    /// changes. Returns one line per tenant whose limits changed.
-    pub fn reload_from(&self, path: &Path) -> Result<Vec<String>, ReloadError> {
-        let cfg = AgentConfig::from_file(path)?;
-        Ok(self.apply(&cfg)?)
     }
 
     /// Applies `cfg`'s tenant limits (all or nothing); see the module docs for
@@ -232,6 +214,13 @@ mod tests {
         assert!(cfg.validate().is_err());
     }
 
+    /// What the agent's SIGHUP does with the file: read and check it, then
+    /// apply its limits.
+    fn reload(quotas: &Quotas, path: &std::path::Path) -> Result<Vec<String>, String> {
+        let cfg = AgentConfig::from_file(path).map_err(|e| format!("config: {e}"))?;
+        quotas.apply(&cfg).map_err(|e| format!("limits: {e}"))
+    }
+
     #[tokio::test]
     async fn reload_applies_changes_and_keeps_old_limits_on_a_bad_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -242,27 +231,27 @@ mod tests {
         assert_eq!(qos.limits("alpha").unwrap().bytes_per_sec, Some(1000));
 
         std::fs::write(&path, config("[tenants.limits]\nbytes_per_sec = 2000\nweight = 2\n", false)).unwrap();
-        let changes = quotas.reload_from(&path).unwrap();
+        let changes = reload(&quotas, &path).unwrap();
         assert_eq!(changes, vec!["alpha: bytes_per_sec 1000 -> 2000, weight 1 -> 2".to_owned()]);
         assert_eq!(qos.limits("alpha").unwrap(), Limits { bytes_per_sec: Some(2000), weight: 2, ..Limits::default() });
 
         // Unparsable, or invalid: an error, and the running limits stay.
         std::fs::write(&path, "this is not toml").unwrap();
-        assert!(matches!(quotas.reload_from(&path), Err(ReloadError::Config(_))));
+        assert!(reload(&quotas, &path).unwrap_err().starts_with("config:"));
         std::fs::write(&path, config("[tenants.limits]\nrequests_per_sec = 0\n", false)).unwrap();
-        assert!(quotas.reload_from(&path).is_err());
-        assert!(quotas.reload_from(&dir.path().join("missing.toml")).is_err());
+        assert!(reload(&quotas, &path).is_err());
+        assert!(reload(&quotas, &dir.path().join("missing.toml")).is_err());
         assert_eq!(qos.limits("alpha").unwrap().bytes_per_sec, Some(2000));
 
         // Unchanged file: nothing to report. Added tenants are ignored (they
         // need a restart), so they stay unknown to QoS.
         std::fs::write(&path, config("[tenants.limits]\nbytes_per_sec = 2000\nweight = 2\n", true)).unwrap();
-        assert!(quotas.reload_from(&path).unwrap().is_empty());
+        assert!(reload(&quotas, &path).unwrap().is_empty());
         assert!(qos.limits("gamma").is_none());
 
         // Back to unlimited.
         std::fs::write(&path, config("", false)).unwrap();
-        let changes = quotas.reload_from(&path).unwrap();
+        let changes = reload(&quotas, &path).unwrap();
         assert_eq!(changes, vec!["alpha: bytes_per_sec 2000 -> unlimited, weight 2 -> 1".to_owned()]);
         assert_eq!(qos.limits("alpha").unwrap(), Limits::default());
     }

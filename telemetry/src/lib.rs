@@ -134,6 +134,12 @@ fn answer(endpoints: &dyn Endpoints, path: &str) -> hyper::Response<Full<Bytes>>
 
 /// Serves `/metrics` and `/ready` on `listener` until the task is dropped.
 pub async fn serve(endpoints: Arc<dyn Endpoints>, listener: TcpListener) {
+    serve_with_deadline(endpoints, listener, HEADER_TIMEOUT).await
+}
+
+/// [`serve`], with the deadline a connection has to send a request's headers
+/// (the first and every later one on a kept-alive connection).
+async fn serve_with_deadline(endpoints: Arc<dyn Endpoints>, listener: TcpListener, header_timeout: Duration) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
@@ -152,7 +158,7 @@ pub async fn serve(endpoints: Arc<dyn Endpoints>, listener: TcpListener) {
             // A connection that never finishes its headers is dropped.
             let _ = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
+                .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
@@ -181,6 +187,37 @@ mod tests {
         assert_eq!(answer(&Fixed(true), "/other").status(), 404);
         let (fds, _) = process_usage();
         assert!(fds > 0);
+    }
+
+    /// A scraper that connects and says nothing, or keeps its connection
+    /// idle after a request, is dropped by the deadline; others are served
+    /// meanwhile.
+    #[tokio::test]
+    async fn silent_and_idle_scrapers_are_dropped_at_the_deadline() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let deadline = Duration::from_millis(300);
+        let server = tokio::spawn(serve_with_deadline(Arc::new(Fixed(true)), listener, deadline));
+        let mut silent = Vec::new();
+        for _ in 0..5 {
+            silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+        }
+
+        // Served while the silent ones hold their connections.
+        let mut idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        idle.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await.expect("write");
+        let mut buf = vec![0u8; 4096];
+        let n = idle.read(&mut buf).await.expect("read");
+        let head = String::from_utf8_lossy(&buf[..n]);
+        assert!(head.starts_with("HTTP/1.1 200") && head.contains("x_total 1"), "{head}");
+
+        // Every one of them is closed (EOF) well within a few deadlines.
+        for mut s in silent.into_iter().chain([idle]) {
+            let r = tokio::time::timeout(deadline * 10, s.read(&mut buf)).await;
+            assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "connection still open after {:?}: {r:?}", deadline * 10);
+        }
+        server.abort();
     }
 
     #[test]
