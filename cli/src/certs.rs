@@ -1,11 +1,14 @@
 //! `sluice certs`: a private CA and the certificates of the control channel
-//! between shims and the agent (mutual TLS).
+//! between shims and the agent (mutual TLS), and of the storage gateway
+//! (HTTPS between the agent and sluice-gateway).
 //!
 //! The agent gets a server certificate for the names shims dial it by; each
 //! shim gets a client certificate whose common name (and DNS name) is what
 //! the agent's `[[tenants]] tls_client_names` lists (by default the tenant's
-//! own name). Keys are written 0600; an existing CA is reused, so shims can
-//! be added later without re-issuing the agent's certificate.
+//! own name); the gateway gets a server certificate for the names agents
+//! reach it by (its namespaces' https:// endpoints), which agents trust with
+//! `ca_file = ca.crt`. Keys are written 0600; an existing CA is reused, so
+//! certificates can be added later without re-issuing the others.
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -33,6 +36,11 @@ pub struct CertsArgs {
     /// name listed in a tenant's `tls_client_names`). Repeat for more.
     #[arg(long = "shim")]
     pub shims: Vec<String>,
+    /// Names (DNS or IP) agents reach sluice-gateway by (the host of the
+    /// namespaces' https:// endpoints): gateway.crt/gateway.key for the
+    /// gateway's `[tls]`. Repeat for more. Empty: none is issued.
+    #[arg(long = "gateway-name")]
+    pub gateway_names: Vec<String>,
     /// Validity of the issued certificates, in days.
     #[arg(long, default_value_t = 825)]
     pub days: u32,
@@ -74,7 +82,7 @@ fn ca(dir: &Path, days: u32) -> anyhow::Result<(Issuer<'static, KeyPair>, bool)>
     }
     let key = KeyPair::generate().context("generating the CA key")?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name.push(DnType::CommonName, "Sluice control-channel CA");
+    params.distinguished_name.push(DnType::CommonName, "Sluice private CA");
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     // The CA outlives the certificates it issues.
@@ -118,14 +126,21 @@ fn shim_file(name: &str) -> anyhow::Result<String> {
     Ok(format!("shim-{name}"))
 }
 
+/// The certificates to issue, besides the CA.
+pub struct Wanted<'a> {
+    /// The agent's names (none: no agent certificate).
+    pub agent_names: &'a [String],
+    /// The gateway's names (none: no gateway certificate).
+    pub gateway_names: &'a [String],
+    /// One client certificate per name.
+    pub shims: &'a [String],
+    pub days: u32,
+}
+
 /// Issues what is asked into `dir` (the CA first, if absent); returns the
 /// files written and whether the CA was created.
-pub fn issue_all(
-    dir: &Path,
-    agent_names: &[String],
-    shims: &[String],
-    days: u32,
-) -> anyhow::Result<(Vec<PathBuf>, bool)> {
+pub fn issue_all(dir: &Path, wanted: &Wanted<'_>) -> anyhow::Result<(Vec<PathBuf>, bool)> {
+    let Wanted { agent_names, gateway_names, shims, days } = *wanted;
     let names: Vec<String> = shims.iter().map(|s| shim_file(s)).collect::<anyhow::Result<_>>()?;
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -134,11 +149,15 @@ pub fn issue_all(
         .with_context(|| format!("creating {}", dir.display()))?;
     let (issuer, created) = ca(dir, days)?;
     let mut written = vec![dir.join(CA_CERT)];
-    if !agent_names.is_empty() {
-        let (cert, key) = issue(&issuer, agent_names, ExtendedKeyUsagePurpose::ServerAuth, days)?;
-        write(&dir.join("agent.key"), &key, 0o600)?;
-        write(&dir.join("agent.crt"), &cert, 0o644)?;
-        written.extend([dir.join("agent.crt"), dir.join("agent.key")]);
+    for (server, names) in [("agent", agent_names), ("gateway", gateway_names)] {
+        if names.is_empty() {
+            continue;
+        }
+        let (cert, key) = issue(&issuer, names, ExtendedKeyUsagePurpose::ServerAuth, days)?;
+        let (cert_path, key_path) = (dir.join(format!("{server}.crt")), dir.join(format!("{server}.key")));
+        write(&key_path, &key, 0o600)?;
+        write(&cert_path, &cert, 0o644)?;
+        written.extend([cert_path, key_path]);
     }
     for (shim, file) in shims.iter().zip(&names) {
         let (cert, key) = issue(&issuer, std::slice::from_ref(shim), ExtendedKeyUsagePurpose::ClientAuth, days)?;
@@ -150,10 +169,16 @@ pub fn issue_all(
 }
 
 pub fn run(args: &CertsArgs, json: bool) -> anyhow::Result<()> {
-    if args.agent_names.is_empty() && args.shims.is_empty() {
-        bail!("nothing to issue: give --agent-name and/or --shim (see `sluice certs --help`)");
+    if args.agent_names.is_empty() && args.shims.is_empty() && args.gateway_names.is_empty() {
+        bail!("nothing to issue: give --agent-name, --shim and/or --gateway-name (see `sluice certs --help`)");
     }
-    let (written, created) = issue_all(&args.dir, &args.agent_names, &args.shims, args.days)?;
+    let wanted = Wanted {
+        agent_names: &args.agent_names,
+        gateway_names: &args.gateway_names,
+        shims: &args.shims,
+        days: args.days,
+    };
+    let (written, created) = issue_all(&args.dir, &wanted)?;
     if json {
         let files: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
         println!("{}", serde_json::json!({ "ca_created": created, "files": files }));
@@ -164,7 +189,8 @@ pub fn run(args: &CertsArgs, json: bool) -> anyhow::Result<()> {
         }
         println!(
             "agent: [tls] cert/key = agent.crt/agent.key, client_ca = ca.crt\n\
-             shim:  [agent.tls] ca = ca.crt, cert/key = shim-<name>.crt/.key"
+             shim:  [agent.tls] ca = ca.crt, cert/key = shim-<name>.crt/.key\n\
+             gateway: [tls] cert/key = gateway.crt/gateway.key; agent namespaces: https:// endpoints, ca_file = ca.crt"
         );
     }
     Ok(())

@@ -302,7 +302,13 @@ pub async fn up(args: &UpArgs, json_out: bool) -> anyhow::Result<()> {
     // same code as `sluice certs`.
     let tls = dir.join("tls");
     let (grpc_listen, tls_table, origins) = if args.tcp {
-        crate::certs::issue_all(&tls, &["127.0.0.1".to_owned()], &["default".to_owned()], 825)?;
+        let wanted = crate::certs::Wanted {
+            agent_names: &["127.0.0.1".to_owned()],
+            gateway_names: &[],
+            shims: &["default".to_owned()],
+            days: 825,
+        };
+        crate::certs::issue_all(&tls, &wanted)?;
         (
             "grpc_listen = \"127.0.0.1:0\"\n".to_owned(),
             format!(

@@ -216,6 +216,12 @@ impl Agent {
         })
     }
 
+    /// This run's epoch, which session proofs must carry (`GetEpoch`): new
+    /// at every start, so a proof captured before a restart fails after it.
+    pub fn epoch(&self) -> &[u8; sluice_proto::auth::EPOCH_BYTES] {
+        self.auth.epoch()
+    }
+
     /// Opens a session for a shim that proved it may act for the tenant,
     /// and tells it what the session can do.
     pub fn open_session(
@@ -224,7 +230,7 @@ impl Agent {
         origin: &ShimOrigin,
         shim_memory: &[MemoryKind],
     ) -> Result<OpenedSession, AgentError> {
-        let (tenant, shim_id) = (req.tenant, req.shim_id);
+        let (tenant, shim_id) = (req.claim.tenant, req.claim.shim_id);
         if let Err((reason, e)) = self.auth.authenticate(req, origin, sluice_proto::auth::now_ms()) {
             let label = if self.tenants.contains_key(tenant) { tenant } else { "-" };
             self.metrics.auth_failures.with_label_values(&[label, reason]).inc();

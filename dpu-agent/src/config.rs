@@ -266,6 +266,10 @@ pub struct NamespaceConfig {
     pub name: String,
     /// One or more S3 endpoints (`http://host:port`) serving the same data.
     pub endpoints: Vec<String>,
+    /// PEM CA certificate(s) trusted for the https:// endpoints besides the
+    /// built-in and system roots (`s3::store_tls`); relative to this file.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     pub bucket: String,
     /// Prepended to every key; lets tenants share a bucket without overlap.
     #[serde(default)]
@@ -508,6 +512,7 @@ impl AgentConfig {
             }
         }
         cfg.tls.resolve(base);
+        crate::s3::store_tls::resolve_paths(&mut cfg, base);
         for t in &mut cfg.tenants {
             if t.shim_secret_file.is_relative() {
                 t.shim_secret_file = base.join(&t.shim_secret_file);

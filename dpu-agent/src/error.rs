@@ -14,6 +14,8 @@ pub enum StartupError {
     Tls(String),
     #[error("building the HTTP client: {0}")]
     HttpClient(#[source] S3Error),
+    #[error("namespace {namespace:?}: {source}")]
+    CaFile { namespace: String, source: crate::s3::store_tls::CaFileError },
     #[error("[encryption] key_dir: {0}")]
     KeyDir(#[source] sluice_crypt::CryptError),
     #[error("namespace {namespace:?}: encryption = \"aes-256-gcm\" needs [encryption] key_dir")]

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sluice_proto::agent as pb;
 use sluice_proto::agent::agent_server::Agent as AgentRpc;
+use sluice_proto::auth::SessionClaim;
 use sluice_proto::common::{DataPath, ObjectInfo, TransferReport};
 use tonic::{Request, Response, Status};
 
@@ -200,6 +201,12 @@ impl AgentRpc for GrpcService {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    async fn get_epoch(&self, _req: Request<pb::GetEpochRequest>) -> Result<Response<pb::GetEpochReply>, Status> {
+        // No session or proof needed: the epoch is no secret, only what a
+        // proof must name to be valid at this run of the agent.
+        Ok(Response::new(pb::GetEpochReply { epoch: self.agent.epoch().to_vec() }))
+    }
+
     async fn open_session(
         &self,
         req: Request<pb::OpenSessionRequest>,
@@ -208,10 +215,13 @@ impl AgentRpc for GrpcService {
         let origin = self.origin_of(&req);
         let r = req.into_inner();
         let ask = SessionRequest {
-            tenant: &r.tenant,
-            shim_id: &r.shim_id,
-            timestamp_ms: r.timestamp_ms,
-            nonce: &r.nonce,
+            claim: SessionClaim {
+                tenant: &r.tenant,
+                shim_id: &r.shim_id,
+                epoch: &r.epoch,
+                timestamp_ms: r.timestamp_ms,
+                nonce: &r.nonce,
+            },
             proof: &r.proof,
         };
         // Unknown kinds (a newer shim) are left out: they cannot be served.

@@ -25,6 +25,9 @@ pub struct Health {
     stores: Mutex<Option<BTreeMap<String, Result<(), String>>>>,
     /// What was opened at start: host memory, each namespace's transport.
     opened: String,
+    /// The NIC guard's view, when the agent programs a bridge: the agent
+    /// is not ready while its rules are not verified on it.
+    nic: std::sync::OnceLock<Arc<crate::nic::guard::NicStatus>>,
 }
 
 impl Health {
@@ -42,24 +45,37 @@ impl Health {
                 None => opened.push_str(&format!("{name}: transport {transport}\n")),
             }
         }
-        Self { stores: Mutex::default(), opened }
+        Self { stores: Mutex::default(), opened, nic: Default::default() }
+    }
+
+    /// Readiness also requires the NIC rules in place.
+    pub fn watch_nic(&self, status: Arc<crate::nic::guard::NicStatus>) {
+        let _ = self.nic.set(status);
     }
 
     pub fn readiness(&self) -> Readiness {
-        let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(stores) = stores.as_ref() else {
-            return Readiness::not_ready(format!("probing the stores\n{}", self.opened));
-        };
+        let nic = self.nic.get().map(|s| s.get());
         // Failures first: `systemctl status` shows the first line.
         let mut detail = String::new();
+        if let Some((false, why)) = &nic {
+            detail.push_str(&format!("{why}\n"));
+        }
+        let stores = self.stores.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(stores) = stores.as_ref() else {
+            return Readiness::not_ready(format!("{detail}probing the stores\n{}", self.opened));
+        };
         for (ns, r) in stores.iter().filter(|(_, r)| r.is_err()).chain(stores.iter().filter(|(_, r)| r.is_ok())) {
             match r {
                 Ok(()) => detail.push_str(&format!("{ns}: store ok\n")),
                 Err(e) => detail.push_str(&format!("{ns}: {e}\n")),
             }
         }
+        if let Some((true, what)) = &nic {
+            detail.push_str(&format!("{what}\n"));
+        }
         detail.push_str(&self.opened);
-        Readiness { ready: stores.values().all(Result::is_ok), detail }
+        let nic_ok = nic.is_none_or(|(in_place, _)| in_place);
+        Readiness { ready: nic_ok && stores.values().all(Result::is_ok), detail }
     }
 
     /// Probes every namespace's store now and then, for as long as the

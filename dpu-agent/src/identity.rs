@@ -1,11 +1,17 @@
 //! Which shims may act for which tenant.
 //!
 //! A shim opens a session for a tenant by proving it holds the tenant's
-//! shim secret (`sluice_proto::auth`: an HMAC over tenant, shim id,
-//! timestamp and nonce). The agent checks, in order: the tenant exists, the
-//! connection's origin is one the tenant allows, the shim id is allowed,
-//! the timestamp is fresh, the nonce is new, and the proof. Every refusal is
-//! typed and counted (`sluice_agent_auth_failures_total{reason}`).
+//! shim secret (`sluice_proto::auth`: an HMAC over tenant, shim id, the
+//! agent's epoch, timestamp and nonce). The agent checks, in order: the
+//! tenant exists, the connection's origin is one the tenant allows, the shim
+//! id is allowed, the timestamp is fresh, the proof names this agent's
+//! epoch, the nonce is well-formed, the proof, and that the nonce is new.
+//! Every refusal is typed and counted
+//! (`sluice_agent_auth_failures_total{reason}`).
+//!
+//! The seen nonces live in memory and go with a restart; the epoch, new at
+//! every start, is what keeps a proof captured before a restart from
+//! passing after it.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -61,13 +67,10 @@ impl ShimOrigin {
     }
 }
 
-/// What a shim sends to open a session.
+/// What a shim sends to open a session: what it claims, and the proof.
 #[derive(Debug, Clone)]
 pub struct SessionRequest<'a> {
-    pub tenant: &'a str,
-    pub shim_id: &'a str,
-    pub timestamp_ms: u64,
-    pub nonce: &'a [u8],
+    pub claim: auth::SessionClaim<'a>,
     pub proof: &'a [u8],
 }
 
@@ -84,6 +87,8 @@ struct TenantAuth {
 /// The agent's shim authenticator.
 pub struct ShimAuth {
     tenants: HashMap<String, TenantAuth>,
+    /// This run's epoch: proofs must carry it.
+    epoch: [u8; auth::EPOCH_BYTES],
     /// Nonces seen within the skew window (nonce -> when it may be forgotten).
     seen: Mutex<HashMap<Vec<u8>, u64>>,
 }
@@ -104,7 +109,17 @@ impl ShimAuth {
             };
             tenants.insert(t.name.clone(), auth);
         }
-        Ok(Self { tenants, seen: Mutex::default() })
+        Ok(Self::with_tenants(tenants))
+    }
+
+    /// A new epoch per authenticator: one per agent start.
+    fn with_tenants(tenants: HashMap<String, TenantAuth>) -> Self {
+        Self { tenants, epoch: auth::new_epoch(), seen: Mutex::default() }
+    }
+
+    /// The epoch shims must sign into their proofs (`GetEpoch`).
+    pub fn epoch(&self) -> &[u8; auth::EPOCH_BYTES] {
+        &self.epoch
     }
 
     /// Checks a session request; `Err` says why, with a metrics label.
@@ -116,18 +131,19 @@ impl ShimAuth {
     ) -> Result<(), (&'static str, AgentError)> {
         let denied = |reason: &'static str, msg: String| Err((reason, AgentError::AccessDenied(msg)));
         let unauth = |reason: &'static str, msg: String| Err((reason, AgentError::Unauthenticated(msg)));
-        let Some(t) = self.tenants.get(req.tenant) else {
-            return Err(("unknown_tenant", AgentError::UnknownTenant(req.tenant.to_owned())));
+        let (claim, tenant) = (&req.claim, req.claim.tenant);
+        let Some(t) = self.tenants.get(tenant) else {
+            return Err(("unknown_tenant", AgentError::UnknownTenant(tenant.to_owned())));
         };
         // From the wire: a tenant's listener serves that tenant only, and a
         // tenant with a listener is served nowhere else.
         match origin {
-            ShimOrigin::Listener { tenant, .. } if **tenant != *req.tenant => {
-                return unauth("listener", format!("this listener serves tenant {tenant:?} only"));
+            ShimOrigin::Listener { tenant: serves, .. } if **serves != *tenant => {
+                return unauth("listener", format!("this listener serves tenant {serves:?} only"));
             }
             ShimOrigin::Listener { .. } => {}
             _ if t.listener_only => {
-                return unauth("listener", format!("tenant {:?} opens sessions only on its own listener", req.tenant));
+                return unauth("listener", format!("tenant {tenant:?} opens sessions only on its own listener"));
             }
             _ => {}
         }
@@ -137,30 +153,46 @@ impl ShimAuth {
                     "certificate",
                     format!(
                         "the client certificate names {:?}; tenant {:?} accepts {:?}",
-                        cert.names, req.tenant, t.cert_names
+                        cert.names, tenant, t.cert_names
                     ),
                 );
             }
         }
         if !origin.allowed_by(&t.origins) {
-            return denied("origin", format!("tenant {:?} does not accept shims from {origin:?}", req.tenant));
+            return denied("origin", format!("tenant {tenant:?} does not accept shims from {origin:?}"));
         }
-        if !t.shims.is_empty() && !t.shims.iter().any(|s| s == req.shim_id) {
-            return denied("shim_id", format!("shim {:?} may not serve tenant {:?}", req.shim_id, req.tenant));
+        if !t.shims.is_empty() && !t.shims.iter().any(|s| s == claim.shim_id) {
+            return denied("shim_id", format!("shim {:?} may not serve tenant {:?}", claim.shim_id, tenant));
         }
-        if req.timestamp_ms.abs_diff(now_ms) > MAX_SKEW_MS {
+        if claim.timestamp_ms.abs_diff(now_ms) > MAX_SKEW_MS {
             return unauth("stale", "session proof is stale or from the future (check the clocks)".into());
         }
-        if req.nonce.len() != auth::NONCE_BYTES {
+        // Before the proof: a shim that fetched the epoch just before the
+        // agent restarted should hear "epoch", not "wrong secret".
+        if claim.epoch.is_empty() {
+            return unauth(
+                "no_epoch",
+                "the session proof names no agent epoch: this shim is older than the agent; upgrade sluice-shim".into(),
+            );
+        }
+        if claim.epoch != self.epoch {
+            return unauth(
+                "epoch",
+                "the session proof was made for another agent epoch (the agent restarted since, or the proof is replayed); \
+                 ask GetEpoch again and make a new proof"
+                    .into(),
+            );
+        }
+        if claim.nonce.len() != auth::NONCE_BYTES {
             return unauth("malformed", format!("nonce must be {} bytes", auth::NONCE_BYTES));
         }
-        if !auth::verify_session_proof(&t.secret, req.tenant, req.shim_id, req.timestamp_ms, req.nonce, req.proof) {
-            return unauth("bad_proof", format!("the shim does not hold tenant {:?}'s secret", req.tenant));
+        if !auth::verify_session_proof(&t.secret, claim, req.proof) {
+            return unauth("bad_proof", format!("the shim does not hold tenant {tenant:?}'s secret"));
         }
         // Only a valid proof records its nonce, so garbage cannot fill the cache.
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.retain(|_, until| *until > now_ms);
-        if seen.insert(req.nonce.to_vec(), now_ms + 2 * MAX_SKEW_MS).is_some() {
+        if seen.insert(claim.nonce.to_vec(), now_ms + 2 * MAX_SKEW_MS).is_some() {
             return unauth("replay", "session proof replayed".into());
         }
         Ok(())
@@ -170,23 +202,38 @@ impl ShimAuth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use auth::SessionClaim;
+    use sluice_proto::common::ErrorCode;
+
+    const SECRET: &[u8] = b"alpha-secret-0123456789";
 
     fn auth_with(origins: &[&str], shims: &[&str]) -> ShimAuth {
         let t = TenantAuth {
-            secret: b"alpha-secret-0123456789".to_vec(),
+            secret: SECRET.to_vec(),
             shims: shims.iter().map(|s| s.to_string()).collect(),
             origins: origins.iter().map(|s| s.to_string()).collect(),
             listener_only: false,
             cert_names: vec!["alpha".to_owned()],
         };
-        ShimAuth { tenants: HashMap::from([("alpha".to_owned(), t)]), seen: Mutex::default() }
+        ShimAuth::with_tenants(HashMap::from([("alpha".to_owned(), t)]))
+    }
+
+    /// Signs `claim` with `secret` and asks `a` to admit it.
+    fn open(
+        a: &ShimAuth,
+        secret: &[u8],
+        claim: SessionClaim<'_>,
+        origin: &ShimOrigin,
+        now: u64,
+    ) -> Result<(), (&'static str, AgentError)> {
+        let proof = auth::session_proof(secret, &claim);
+        a.authenticate(&SessionRequest { claim, proof: &proof }, origin, now)
     }
 
     #[test]
     fn a_client_certificate_must_name_the_tenant() {
         let a = auth_with(&[], &[]);
         let now = 1_000_000_000;
-        let secret = b"alpha-secret-0123456789";
         let cert = |names: &[&str]| {
             Some(Arc::new(ClientCert {
                 names: names.iter().map(|n| n.to_string()).collect(),
@@ -197,10 +244,10 @@ mod tests {
         let mut check = |cert| {
             n += 1;
             let nonce = [n; 16];
-            let proof = auth::session_proof(secret, "alpha", "s", now, &nonce);
-            let r = SessionRequest { tenant: "alpha", shim_id: "s", timestamp_ms: now, nonce: &nonce, proof: &proof };
+            let claim =
+                SessionClaim { tenant: "alpha", shim_id: "s", epoch: a.epoch(), timestamp_ms: now, nonce: &nonce };
             let origin = ShimOrigin::Network { ip: "10.0.0.7".parse().unwrap(), cert };
-            a.authenticate(&r, &origin, now).err().map(|(reason, _)| reason)
+            open(&a, SECRET, claim, &origin, now).err().map(|(reason, _)| reason)
         };
         assert_eq!(check(cert(&["alpha"])), None);
         assert_eq!(check(cert(&["node-1", "alpha"])), None, "any of its names");
@@ -215,20 +262,19 @@ mod tests {
     #[test]
     fn a_tenants_listener_serves_that_tenant_only() {
         let mut a = auth_with(&[], &[]);
-        let secret = b"alpha-secret-0123456789";
         let now = 1_700_000_000_000;
         let mut n = 0u8;
         let mut check = |a: &ShimAuth, origin: ShimOrigin| {
             n += 1;
             let nonce = [n; 16];
-            let proof = auth::session_proof(secret, "alpha", "s", now, &nonce);
-            let r = SessionRequest { tenant: "alpha", shim_id: "s", timestamp_ms: now, nonce: &nonce, proof: &proof };
-            a.authenticate(&r, &origin, now).err().map(|(reason, e)| (reason, e.code()))
+            let claim =
+                SessionClaim { tenant: "alpha", shim_id: "s", epoch: a.epoch(), timestamp_ms: now, nonce: &nonce };
+            open(a, SECRET, claim, &origin, now).err().map(|(reason, e)| (reason, e.code()))
         };
         let ip = "10.0.0.7".parse().unwrap();
         let listener = |t: &str| ShimOrigin::Listener { tenant: t.into(), ip, cert: None };
         assert_eq!(check(&a, listener("alpha")), None);
-        let refused = Some(("listener", sluice_proto::common::ErrorCode::Unauthenticated));
+        let refused = Some(("listener", ErrorCode::Unauthenticated));
         assert_eq!(check(&a, listener("beta")), refused, "alpha's secret on beta's listener");
         assert_eq!(check(&a, ShimOrigin::Network { ip, cert: None }), None, "no listener of its own: anywhere");
         a.tenants.get_mut("alpha").unwrap().listener_only = true;
@@ -241,20 +287,15 @@ mod tests {
         assert_eq!(check(&a, listener("alpha")), None);
     }
 
-    fn request(secret: &[u8], tenant: &str, shim: &str, ts: u64, nonce: [u8; 16]) -> (Vec<u8>, [u8; 16]) {
-        (auth::session_proof(secret, tenant, shim, ts, &nonce), nonce)
-    }
-
     #[test]
     fn checks_tenant_origin_shim_time_replay_and_proof() {
         let a = auth_with(&["unix", "10.0.0.1"], &["node-1"]);
         let now = 1_000_000_000;
-        let s = b"alpha-secret-0123456789";
         let check = |tenant: &str, shim: &str, ts: u64, nonce: [u8; 16], secret: &[u8], origin: ShimOrigin| {
-            let (proof, nonce) = request(secret, tenant, shim, ts, nonce);
-            let r = SessionRequest { tenant, shim_id: shim, timestamp_ms: ts, nonce: &nonce, proof: &proof };
-            a.authenticate(&r, &origin, now).err().map(|(reason, _)| reason)
+            let claim = SessionClaim { tenant, shim_id: shim, epoch: a.epoch(), timestamp_ms: ts, nonce: &nonce };
+            open(&a, secret, claim, &origin, now).err().map(|(reason, _)| reason)
         };
+        let s = SECRET;
         assert_eq!(check("alpha", "node-1", now, [1; 16], s, ShimOrigin::Unix), None);
         assert_eq!(check("alpha", "node-1", now, [1; 16], s, ShimOrigin::Unix), Some("replay"));
         assert_eq!(check("beta", "node-1", now, [2; 16], s, ShimOrigin::Unix), Some("unknown_tenant"));
@@ -268,5 +309,43 @@ mod tests {
         assert_eq!(check("alpha", "node-1", now, [7; 16], wrong, ShimOrigin::Unix), Some("bad_proof"));
         // A failed proof does not burn the nonce.
         assert_eq!(check("alpha", "node-1", now, [7; 16], s, ShimOrigin::Unix), None);
+    }
+
+    /// The nonce cache goes with a restart; the epoch does not come back:
+    /// a proof made for one run of the agent is refused by the next, typed
+    /// and with its own reason, and so is a proof with no epoch at all.
+    #[test]
+    fn a_proof_for_another_agent_epoch_is_refused() {
+        // Two runs of the agent with the same tenant and secret.
+        let (first, second) = (auth_with(&[], &[]), auth_with(&[], &[]));
+        assert_ne!(first.epoch(), second.epoch(), "every start draws a new epoch");
+        let now = 1_700_000_000_000;
+        let nonce = [1u8; 16];
+        let claim =
+            SessionClaim { tenant: "alpha", shim_id: "s", epoch: first.epoch(), timestamp_ms: now, nonce: &nonce };
+        let proof = auth::session_proof(SECRET, &claim);
+        let captured = SessionRequest { claim, proof: &proof };
+        assert!(first.authenticate(&captured, &ShimOrigin::Unix, now).is_ok());
+
+        // Replayed at the restarted agent, within the skew window, its
+        // nonce unknown there.
+        let (reason, e) = second.authenticate(&captured, &ShimOrigin::Unix, now + 1_000).unwrap_err();
+        assert_eq!((reason, e.code()), ("epoch", ErrorCode::Unauthenticated), "{e}");
+        // The shim retries an open once on this phrase (host-shim session.rs).
+        assert!(e.to_string().contains("another agent epoch"), "{e}");
+        // Relabelled with the new epoch, the old proof no longer verifies.
+        let relabelled = SessionRequest { claim: SessionClaim { epoch: second.epoch(), ..claim }, proof: &proof };
+        let (reason, _) = second.authenticate(&relabelled, &ShimOrigin::Unix, now + 1_000).unwrap_err();
+        assert_eq!(reason, "bad_proof");
+
+        // A shim older than the agent signs no epoch: told to upgrade.
+        let old = SessionClaim { epoch: &[], nonce: &[2; 16], ..claim };
+        let (reason, e) = open(&second, SECRET, old, &ShimOrigin::Unix, now).unwrap_err();
+        assert_eq!((reason, e.code()), ("no_epoch", ErrorCode::Unauthenticated), "{e}");
+        assert!(e.to_string().contains("upgrade"), "{e}");
+
+        // A fresh proof for the new epoch, same nonce as the captured one: in.
+        let fresh = SessionClaim { epoch: second.epoch(), ..claim };
+        assert!(open(&second, SECRET, fresh, &ShimOrigin::Unix, now + 1_000).is_ok());
     }
 }

@@ -46,6 +46,8 @@ async fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     if args.check {
+        // The namespaces' CA files too: a bad one would stop the start.
+        sluice_agent::s3::store_tls::Pools::from_config(&cfg)?;
         tracing::info!("configuration is valid");
         return Ok(());
     }

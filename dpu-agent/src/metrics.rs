@@ -33,6 +33,9 @@ pub struct Metrics {
     /// completion failed; `cancelled`: the request was dropped mid-way —
     /// its shim died or its deadline passed).
     pub multipart_aborts: IntCounterVec,
+    /// The NIC guard's counters (`nic_drift_total{reason}`,
+    /// `nic_rules_in_place`, `nic_foreign_flows`).
+    pub nic: crate::nic::guard::GuardMetrics,
     /// This process's open descriptors and resident memory, read at scrape.
     process: sluice_telemetry::ProcessGauges,
 }
@@ -86,6 +89,21 @@ impl Metrics {
             Opts::new("multipart_aborts_total", "Multipart uploads aborted by the agent"),
             &["reason"],
         )?;
+        let nic = crate::nic::guard::GuardMetrics {
+            drift: IntCounterVec::new(
+                Opts::new(
+                    "nic_drift_total",
+                    "Times the bridge did not hold the agent's NIC rules (flows, meters, fail_mode, fragments) \
+                     or could not be checked (unreachable); each was restored",
+                ),
+                &["reason"],
+            )?,
+            in_place: IntGauge::new("nic_rules_in_place", "1 while the bridge holds the agent's NIC rules")?,
+            foreign_flows: IntGauge::new("nic_foreign_flows", "Flows on the bridge the agent did not install")?,
+        };
+        registry.register(Box::new(nic.drift.clone()))?;
+        registry.register(Box::new(nic.in_place.clone()))?;
+        registry.register(Box::new(nic.foreign_flows.clone()))?;
         let process = sluice_telemetry::ProcessGauges::register(&registry, "agent process")?;
         registry.register(Box::new(sessions_expired.clone()))?;
         registry.register(Box::new(multipart_aborts.clone()))?;
@@ -117,6 +135,7 @@ impl Metrics {
             quota_refusals,
             sessions_expired,
             multipart_aborts,
+            nic,
             process,
         })
     }

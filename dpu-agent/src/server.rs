@@ -17,7 +17,8 @@ use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::hostmem::{BackendKind, HostMemory};
 use crate::metrics::Metrics;
-use crate::nic::ovs::{reconcile, Ofctl};
+use crate::nic::guard::NicGuard;
+use crate::nic::ovs::Ofctl;
 use crate::nic::policy::{rules, RuleSet, TenantRules};
 use crate::nic::NicError;
 use crate::transports::{RunningTransports, TransportStartError};
@@ -121,8 +122,11 @@ pub async fn run(
     let agent = Arc::new(Agent::new(&cfg, memory, metrics.clone(), &transports)?);
     // Sessions of shims that died are closed within a lease.
     tokio::spawn(agent.clone().reap_sessions());
-    // The NIC rules are in place before any listener opens.
-    apply_nic(&cfg).await?;
+    // The store probes feed /ready and `systemctl status`.
+    let health = Arc::new(crate::health::Health::new(&agent));
+    // The NIC rules are in place (and guarded) before any listener opens.
+    let nic = NicSlot { guard: Arc::default(), metrics: metrics.nic.clone(), health: health.clone() };
+    nic.apply(&cfg).await?;
 
     // A reload whose NIC rules cannot be applied stops the agent (the rules
     // in place stay: fail closed).
@@ -131,7 +135,7 @@ pub async fn run(
         // Registered before "ready": SIGHUP's default action would kill us.
         let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
             .map_err(|source| ServeError::Bind { what: "SIGHUP handler", at: path.display().to_string(), source })?;
-        tokio::spawn(reload_on_sighup(hup, path, agent.clone(), fatal_tx));
+        tokio::spawn(reload_on_sighup(hup, path, agent.clone(), nic.clone(), fatal_tx));
     }
 
     if let Some(colocated) = colocated {
@@ -140,8 +144,6 @@ pub async fn run(
     }
 
     let mut bound = BoundAddrs { grpc: None, metrics: None };
-    // The store probes feed /ready and `systemctl status`.
-    let health = Arc::new(crate::health::Health::new(&agent));
     tokio::spawn(health.clone().probe_forever(agent.clone()));
     if let Some(addr) = cfg.metrics_listen {
         let l = crate::metrics::bind(addr).await.map_err(|source| ServeError::Bind {
@@ -245,7 +247,7 @@ pub async fn run(
 }
 
 /// The rule set `[nic]` asks for, if the config has one (tenants without
-/// `[tenants.nic]` get no function).
+/// `[tenants.nic]` get no function), with the agent's MAC resolved.
 pub fn nic_rules(cfg: &AgentConfig) -> Option<Result<RuleSet, NicError>> {
     let nic = cfg.nic.as_ref()?;
     let tenants: Vec<TenantRules<'_>> = cfg
@@ -255,7 +257,7 @@ pub fn nic_rules(cfg: &AgentConfig) -> Option<Result<RuleSet, NicError>> {
             Some(TenantRules { name: &t.name, nic: t.nic.as_ref()?, bytes_per_sec: t.limits.bytes_per_sec })
         })
         .collect();
-    Some(rules(nic, &tenants))
+    Some(crate::nic::agent_mac(nic).and_then(|mac| rules(nic, mac, &tenants)))
 }
 
 /// Each tenant's own listener (`[tenants.nic] listener_port` on the
@@ -271,30 +273,75 @@ fn tenant_listeners(cfg: &AgentConfig) -> Result<Vec<(String, SocketAddr)>, NicE
         .collect()
 }
 
-/// Makes the bridge hold `cfg`'s NIC rules (nothing without `[nic]`, or
-/// with `program_ovs = false`).
-async fn apply_nic(cfg: &AgentConfig) -> Result<(), NicError> {
-    let (Some(nic), Some(rules)) = (cfg.nic.clone(), nic_rules(cfg)) else { return Ok(()) };
-    let rules = rules?;
-    if !nic.program_ovs {
-        info!(bridge = %nic.bridge, "NIC rules not programmed (program_ovs = false)");
-        return Ok(());
-    }
-    let bridge = rules.bridge.clone();
-    // ovs-ofctl is a child process: off the async workers.
-    let applied = tokio::task::spawn_blocking(move || reconcile(&Ofctl::new(&nic), &rules))
+/// The bridge the agent programs (as configured at start) and its guard.
+type Guarded = Option<(crate::nic::config::NicConfig, Arc<NicGuard>)>;
+
+/// The NIC guard once the agent programs a bridge, and what it reports to.
+#[derive(Clone)]
+struct NicSlot {
+    guard: Arc<std::sync::Mutex<Guarded>>,
+    metrics: crate::nic::guard::GuardMetrics,
+    health: Arc<crate::health::Health>,
+}
+
+impl NicSlot {
+    /// Makes the bridge hold `cfg`'s NIC rules and keeps them there
+    /// (nothing without `[nic]`, or with `program_ovs = false`).
+    async fn apply(&self, cfg: &AgentConfig) -> Result<(), NicError> {
+        let current = self.guard.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(nic) = cfg.nic.clone() else {
+            if current.is_some() {
+                warn!(
+                    "[nic] was removed from the config: the rules in place stay and are still guarded until a restart"
+                );
+            }
+            return Ok(());
+        };
+        if !nic.program_ovs {
+            info!(bridge = %nic.bridge, "NIC rules not programmed (program_ovs = false)");
+            return Ok(());
+        }
+        if let Some((was, _)) = &current {
+            if (&was.bridge, &was.ofctl_target, &was.ovs_rundir) != (&nic.bridge, &nic.ofctl_target, &nic.ovs_rundir) {
+                return Err(NicError::Config(format!(
+                    "[nic] bridge {:?} (ofctl_target, ovs_rundir) changed: moving the rules to another bridge needs a restart",
+                    was.bridge
+                )));
+            }
+        }
+        let rules = match nic_rules(cfg) {
+            Some(r) => r?,
+            None => return Ok(()),
+        };
+        let bridge = rules.bridge.clone();
+        let metrics = self.metrics.clone();
+        let switch = Ofctl::new(&nic).with_timeout(crate::nic::guard::CHECK_TIMEOUT_SECS);
+        // ovs-ofctl is a child process: off the async workers.
+        let (guard, applied) = tokio::task::spawn_blocking(move || match current {
+            Some((_, g)) => g.apply(rules).map(|a| (g, a)),
+            None => NicGuard::start(Box::new(switch), rules, metrics),
+        })
         .await
         .map_err(|e| NicError::Ovs { command: "reconcile".into(), message: e.to_string() })??;
-    info!(
-        bridge,
-        added = applied.flows_added,
-        removed = applied.flows_removed,
-        unchanged = applied.unchanged,
-        meters_set = applied.meters_set,
-        meters_removed = applied.meters_removed,
-        "NIC rules in place"
-    );
-    Ok(())
+        let mut slot = self.guard.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            guard
+                .watch()
+                .map_err(|e| NicError::Ovs { command: "starting the NIC guard".into(), message: e.to_string() })?;
+            self.health.watch_nic(guard.status());
+        }
+        *slot = Some((nic, guard));
+        info!(
+            bridge,
+            added = applied.flows_added,
+            removed = applied.flows_removed,
+            unchanged = applied.unchanged,
+            meters_set = applied.meters_set,
+            meters_removed = applied.meters_removed,
+            "NIC rules in place"
+        );
+        Ok(())
+    }
 }
 
 /// On every SIGHUP: re-read the config file once and apply its credentials,
@@ -307,6 +354,7 @@ async fn reload_on_sighup(
     mut hup: tokio::signal::unix::Signal,
     path: PathBuf,
     agent: Arc<Agent>,
+    nic: NicSlot,
     fatal: tokio::sync::mpsc::Sender<NicError>,
 ) {
     while hup.recv().await.is_some() {
@@ -331,9 +379,9 @@ async fn reload_on_sighup(
                 }
             }
         }
-        match apply_nic(&cfg).await {
+        match nic.apply(&cfg).await {
             Ok(()) => {}
-            Err(e @ NicError::Config(_)) => {
+            Err(e @ (NicError::Config(_) | NicError::AgentMac(_))) => {
                 failures += 1;
                 tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules not changed")
             }

@@ -1,7 +1,7 @@
 //! The Sluice storage-side gateway: an S3 server (built on `s3s`) in front of
 //! a local directory ([`store`]) or another S3 endpoint (`upstream`), with
 //! SigV4 verification always on and the S3-over-RDMA token data path
-//! ([`token_path`]).
+//! ([`token_path`]), over HTTP or, with `[tls]`, HTTPS ([`tls`]).
 //!
 //! It is Sluice's embedded default store and the peer that the agent's data
 //! paths are tested against.
@@ -13,6 +13,7 @@ pub mod expiry;
 pub mod front;
 pub mod metrics;
 pub mod store;
+pub mod tls;
 pub mod token_path;
 mod upstream;
 
@@ -48,6 +49,8 @@ pub enum GatewayError {
     Metrics(#[from] prometheus::Error),
     #[error("writing the bound address to {path}: {source}")]
     AddrFile { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// One access key the gateway accepts.
@@ -89,7 +92,8 @@ pub struct GatewayConfig {
     pub backend: BackendConfig,
     /// A connection that does not finish sending a request's headers within
     /// this time (including an idle keep-alive connection) is closed, so
-    /// idle or trickling clients cannot pile up.
+    /// idle or trickling clients cannot pile up. With `[tls]`, the same
+    /// limit holds for the TLS handshake before it.
     #[serde(default = "default_header_timeout_ms")]
     pub header_timeout_ms: u64,
     /// Incomplete multipart uploads (directory backend).
@@ -100,6 +104,10 @@ pub struct GatewayConfig {
     /// connections). Off when absent.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
+    /// `[tls]`: serve HTTPS on `listen` with this certificate and key;
+    /// absent, plain HTTP.
+    #[serde(default)]
+    pub tls: tls::TlsConfig,
 }
 
 fn default_header_timeout_ms() -> u64 {
@@ -279,8 +287,9 @@ impl GatewayConfig {
     pub fn from_file(path: &Path) -> Result<Self, GatewayError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| GatewayError::ReadConfig { path: path.to_owned(), source })?;
-        let cfg: Self =
+        let mut cfg: Self =
             toml::from_str(&text).map_err(|source| GatewayError::ParseConfig { path: path.to_owned(), source })?;
+        cfg.tls.resolve(path.parent().unwrap_or(Path::new(".")));
         cfg.validate()?;
         Ok(cfg)
     }
@@ -310,6 +319,7 @@ impl GatewayConfig {
         if self.multipart.expire_after_secs == 0 || self.multipart.sweep_every_secs == 0 {
             return Err(GatewayError::Invalid("[multipart] expire_after_secs and sweep_every_secs must be > 0".into()));
         }
+        self.tls.validate()?;
         Ok(())
     }
 }
@@ -321,6 +331,8 @@ pub struct Gateway {
     /// The operations endpoint, when `metrics_listen` is set.
     ops: Option<(TcpListener, std::sync::Arc<metrics::GatewayMetrics>)>,
     header_timeout: std::time::Duration,
+    /// HTTPS, when `[tls]` is configured.
+    tls: Option<tokio_rustls::TlsAcceptor>,
     /// The directory store's root and the expiry settings (none upstream:
     /// an S3 store expires uploads with its own lifecycle rules).
     sweep: Option<(PathBuf, MultipartConfig)>,
@@ -390,6 +402,8 @@ impl Gateway {
             }
         };
         let service = metrics::Measured { inner: service, metrics: ops.as_ref().map(|(_, m)| m.clone()) };
+        // Certificate and key are checked before the port is taken.
+        let tls = cfg.tls.acceptor()?;
         let listener =
             TcpListener::bind(cfg.listen).await.map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
         let local = listener.local_addr().map_err(|source| GatewayError::Bind { addr: cfg.listen, source })?;
@@ -397,10 +411,11 @@ impl Gateway {
             write_atomically(path, &local.to_string())
                 .map_err(|source| GatewayError::AddrFile { path: path.clone(), source })?;
         }
-        info!(addr = %local, data_dir = %cfg.data_dir.display(), buckets = ?cfg.buckets, backend = ?cfg.backend,
-              rdma_tcp = cfg.rdma.tcp, "gateway listening");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        info!(addr = %local, url = %format_args!("{scheme}://{local}"), data_dir = %cfg.data_dir.display(),
+              buckets = ?cfg.buckets, backend = ?cfg.backend, rdma_tcp = cfg.rdma.tcp, "gateway listening");
         let header_timeout = std::time::Duration::from_millis(cfg.header_timeout_ms);
-        Ok(Self { listener, service, ops, header_timeout, sweep })
+        Ok(Self { listener, service, ops, header_timeout, tls, sweep })
     }
 
     /// The address the gateway is listening on.
@@ -427,9 +442,9 @@ impl Gateway {
         let mut shutdown = std::pin::pin!(shutdown);
         sluice_telemetry::notify_ready();
         loop {
-            let socket = tokio::select! {
+            let (socket, peer) = tokio::select! {
                 res = self.listener.accept() => match res {
-                    Ok((socket, _)) => socket,
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         warn!(error = %e, "accept failed");
                         continue;
@@ -439,11 +454,28 @@ impl Gateway {
             };
             let _ = socket.set_nodelay(true);
             let open = metrics::ConnectionGuard::new(&self.service.metrics);
-            let conn = http.serve_connection(TokioIo::new(socket), self.service.clone());
-            let conn = graceful.watch(conn.into_owned());
+            let Some(acceptor) = &self.tls else {
+                let conn = http.serve_connection(TokioIo::new(socket), self.service.clone());
+                let conn = graceful.watch(conn.into_owned());
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                    drop(open);
+                });
+                continue;
+            };
+            // The handshake runs in the connection's task, under the header
+            // deadline, so a slow or silent client holds up no other.
+            let (acceptor, http, service, watcher) =
+                (acceptor.clone(), http.clone(), self.service.clone(), graceful.watcher());
+            let deadline = self.header_timeout;
             tokio::spawn(async move {
-                let _ = conn.await;
-                drop(open);
+                let _open = open;
+                let tls = match tokio::time::timeout(deadline, acceptor.accept(socket)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => return warn!(%peer, error = %e, "TLS handshake refused"),
+                    Err(_) => return warn!(%peer, "TLS handshake timed out"),
+                };
+                let _ = watcher.watch(http.serve_connection(TokioIo::new(tls), service).into_owned()).await;
             });
         }
         info!("gateway shutting down");

@@ -117,13 +117,19 @@ impl<S: S3> Front<S> {
         if !signed.iter().any(|h| h == TOKEN_HEADER) {
             return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-amz-rdma-token must be a SigV4 signed header"));
         }
-        self.check_owner(&token)?;
+        // A transport this gateway cannot serve is declined before the
+        // owner is looked at: the protocol's 501 tells a standard client
+        // (cuObject) to retry over HTTP, where a 403 would fail it, and no
+        // byte moves either way. The allowlist then guards the owners the
+        // gateway would actually reach.
         let transport = headers.get(TRANSPORT_HEADER).and_then(|v| v.to_str().ok());
-        match transport.map(TransportKind::parse) {
-            None if self.dc.is_some() => Ok(Some(RdmaAsk { token, kind: TransportKind::Dc })),
+        let kind = match transport.map(TransportKind::parse) {
+            None if self.dc.is_some() => TransportKind::Dc,
             None => {
                 self.stats.declined.fetch_add(1, Ordering::Relaxed);
-                Err(decline("standard (mlx5 DC) tokens need a DC-capable RDMA device; none is configured here"))
+                return Err(decline(
+                    "standard (mlx5 DC) tokens need a DC-capable RDMA device; none is configured here",
+                ));
             }
             Some(Some(kind @ (TransportKind::Tcp | TransportKind::VerbsRc)))
                 if (kind == TransportKind::Tcp && self.tcp.is_some())
@@ -132,13 +138,18 @@ impl<S: S3> Front<S> {
                 if !signed.iter().any(|h| h == TRANSPORT_HEADER) {
                     return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-sluice-rdma-transport must be signed"));
                 }
-                Ok(Some(RdmaAsk { token, kind }))
+                kind
             }
             Some(_) => {
                 self.stats.declined.fetch_add(1, Ordering::Relaxed);
-                Err(decline(&format!("transport {:?} is not served by this gateway", transport.unwrap_or_default())))
+                return Err(decline(&format!(
+                    "transport {:?} is not served by this gateway",
+                    transport.unwrap_or_default()
+                )));
             }
-        }
+        };
+        self.check_owner(&token)?;
+        Ok(Some(RdmaAsk { token, kind }))
     }
 
     fn tcp(&self) -> &TcpRemote {
@@ -358,4 +369,77 @@ impl<S: S3> Front<S> {
 
 fn parse_range_start(cr: &str) -> Option<u64> {
     cr.strip_prefix("bytes ")?.split('-').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend that is never reached: these tests stop at the token.
+    struct NoBackend;
+    #[async_trait::async_trait]
+    impl S3 for NoBackend {}
+
+    /// A token whose owner is `ip` (an IPv4-mapped GID, as RoCE peers send).
+    fn token_from(ip: [u8; 4]) -> String {
+        let gid = std::net::Ipv4Addr::from(ip).to_ipv6_mapped().octets();
+        let t = Token {
+            addr: 0x1000,
+            size: 4096,
+            rkey: 7,
+            lid: 1,
+            dct: 3,
+            gid: Some(gid),
+            region_addr: 0x1000,
+            region_size: 4096,
+        };
+        t.to_string()
+    }
+
+    /// Headers of a request whose SigV4 signature covers `signed`.
+    fn request(token: &str, transport: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        let mut signed = vec!["host", TOKEN_HEADER];
+        h.insert(TOKEN_HEADER, HeaderValue::from_str(token).unwrap());
+        if let Some(t) = transport {
+            h.insert(TRANSPORT_HEADER, HeaderValue::from_str(t).unwrap());
+            signed.push(TRANSPORT_HEADER);
+        }
+        let auth = format!("AWS4-HMAC-SHA256 Credential=a/b, SignedHeaders={}, Signature=00", signed.join(";"));
+        h.insert(http::header::AUTHORIZATION, HeaderValue::from_str(&auth).unwrap());
+        h
+    }
+
+    fn status_and_reply(r: S3Result<Option<RdmaAsk>>) -> (Option<StatusCode>, Option<String>) {
+        match r {
+            Ok(_) => (Some(StatusCode::OK), None),
+            Err(e) => {
+                (e.status_code(), e.headers().and_then(|h| h.get(REPLY_HEADER)).map(|v| v.to_str().unwrap().to_owned()))
+            }
+        }
+    }
+
+    /// The protocol's decline comes before the allowlist: a standard (DC)
+    /// token on a gateway without DC is answered 501 with
+    /// `x-amz-rdma-reply: 501` (the client retries over HTTP) wherever its
+    /// owner is; a transport the gateway serves still refuses an owner
+    /// outside `allowed_clients` with 403.
+    #[test]
+    fn an_unservable_transport_is_declined_before_the_allowlist() {
+        let front = Front::new(NoBackend, true, 1 << 20, None);
+        let uri: http::Uri = "/data/obj".parse().unwrap();
+        let (near, far) = (token_from([127, 0, 0, 1]), token_from([10, 9, 9, 9]));
+        let declined = (Some(StatusCode::NOT_IMPLEMENTED), Some("501".to_owned()));
+        let ask = |token: &str, transport| status_and_reply(front.rdma_ask(&request(token, transport), &uri));
+
+        assert_eq!(ask(&far, None), declined, "DC token, owner outside allowed_clients, no DC device");
+        assert_eq!(ask(&near, None), declined, "DC token, allowed owner, no DC device");
+        assert_eq!(ask(&far, Some("verbs-rc")), declined, "verbs token on a gateway without verbs");
+        assert_eq!(front.stats.declined.load(Ordering::Relaxed), 3);
+        assert_eq!(front.stats.refused.load(Ordering::Relaxed), 0, "declines are not allowlist refusals");
+
+        assert_eq!(ask(&far, Some("tcp")), (Some(StatusCode::FORBIDDEN), None), "tcp token, owner outside");
+        assert_eq!(front.stats.refused.load(Ordering::Relaxed), 1);
+        assert_eq!(ask(&near, Some("tcp")), (Some(StatusCode::OK), None), "tcp token, allowed owner");
+    }
 }

@@ -105,12 +105,64 @@ struct AgentSession {
     capabilities: Arc<Capabilities>,
 }
 
+/// The agent's current epoch, which the session proof must name. Asked
+/// before every open: after an agent restart the epoch is new, and a proof
+/// for the old one is refused.
+async fn agent_epoch(shared: &Shared) -> Result<Vec<u8>, ShimError> {
+    match shared.agent.grpc.clone().get_epoch(apb::GetEpochRequest {}).await {
+        Ok(reply) => Ok(reply.into_inner().epoch),
+        Err(status) if status.code() == tonic::Code::Unimplemented => Err(ShimError::AgentUnavailable(
+            "the agent does not answer GetEpoch: it is older than this shim; upgrade sluice-agent".into(),
+        )),
+        Err(status) => Err(status.into()),
+    }
+}
+
 /// Opens an agent session for `tenant`, proving the tenant's secret and
 /// saying which region memory this shim registers.
 async fn open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSession, ShimError> {
-    let secret = shared.secrets.get(tenant).ok_or_else(|| ShimError::BadRequest(format!("no secret for {tenant}")))?;
+    match try_open_agent_session(shared, tenant).await {
+        // The agent restarted between GetEpoch and OpenSession (the old
+        // one answered the first): one more try, with the new epoch.
+        Err(OpenError::Agent(status)) if epoch_refused(&status) => {
+            tracing::info!(tenant, "the agent restarted while a session was opening; asking its new epoch");
+            try_open_agent_session(shared, tenant).await.map_err(ShimError::from)
+        }
+        other => other.map_err(ShimError::from),
+    }
+}
+
+/// A refusal because the proof named another agent epoch (see the agent's
+/// identity.rs: the message is stable, the code is UNAUTHENTICATED).
+fn epoch_refused(status: &tonic::Status) -> bool {
+    session_gone(status) && status.message().contains("another agent epoch")
+}
+
+/// Why one attempt to open failed: the agent's answer kept whole, so the
+/// caller can tell an epoch refusal from the rest.
+enum OpenError {
+    Agent(tonic::Status),
+    Shim(ShimError),
+}
+
+impl From<OpenError> for ShimError {
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::Agent(s) => s.into(),
+            OpenError::Shim(e) => e,
+        }
+    }
+}
+
+async fn try_open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSession, OpenError> {
+    let secret = shared
+        .secrets
+        .get(tenant)
+        .ok_or_else(|| OpenError::Shim(ShimError::BadRequest(format!("no secret for {tenant}"))))?;
+    let epoch = agent_epoch(shared).await.map_err(OpenError::Shim)?;
     let (shim_id, timestamp_ms, nonce) = (shared.shim_id.clone(), auth::now_ms(), auth::new_nonce());
-    let proof = auth::session_proof(secret, tenant, &shim_id, timestamp_ms, &nonce);
+    let claim = auth::SessionClaim { tenant, shim_id: &shim_id, epoch: &epoch, timestamp_ms, nonce: &nonce };
+    let proof = auth::session_proof(secret, &claim);
     let shim_memory = shared.memory.kinds().into_iter().map(|k| k as i32).collect();
     let req = apb::OpenSessionRequest {
         tenant: tenant.to_owned(),
@@ -119,8 +171,9 @@ async fn open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSessio
         nonce: nonce.to_vec(),
         proof,
         shim_memory,
+        epoch,
     };
-    let reply = shared.agent.grpc.clone().open_session(req).await?.into_inner();
+    let reply = shared.agent.grpc.clone().open_session(req).await.map_err(OpenError::Agent)?.into_inner();
     if reply.lease_ms > 0 {
         shared.sessions.lease_ms.store(u64::from(reply.lease_ms), Ordering::Relaxed);
     }

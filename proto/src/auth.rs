@@ -10,11 +10,14 @@ use std::path::{Path, PathBuf};
 use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 
-const CONTEXT: &[u8] = b"sluice-open-session-v1";
+// v2 added the agent epoch: a v1 proof never verifies as a v2 one.
+const CONTEXT: &[u8] = b"sluice-open-session-v2";
 /// Shortest accepted secret.
 pub const MIN_SECRET_BYTES: usize = 16;
 /// Size of the per-request nonce.
 pub const NONCE_BYTES: usize = 16;
+/// Size of an agent epoch (random, new at every agent start).
+pub const EPOCH_BYTES: usize = 16;
 
 /// Reading a secret file failed or the file is unsafe.
 #[derive(Debug, thiserror::Error)]
@@ -45,42 +48,62 @@ pub fn read_secret_file(path: &Path) -> Result<Vec<u8>, SecretFileError> {
     Ok(secret)
 }
 
-fn message(tenant: &str, shim_id: &str, timestamp_ms: u64, nonce: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(CONTEXT.len() + tenant.len() + shim_id.len() + 48);
-    for part in [CONTEXT, tenant.as_bytes(), shim_id.as_bytes(), timestamp_ms.to_string().as_bytes()] {
+/// What a session proof covers. The agent's epoch ties a proof to one run
+/// of the agent: its nonce cache lives in memory, so without the epoch a
+/// proof captured before an agent restart would pass again after it (within
+/// the timestamp window).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionClaim<'a> {
+    pub tenant: &'a str,
+    pub shim_id: &'a str,
+    /// The epoch the agent reported (`GetEpoch`) just before.
+    pub epoch: &'a [u8],
+    /// Milliseconds since the Unix epoch when the proof was made.
+    pub timestamp_ms: u64,
+    pub nonce: &'a [u8],
+}
+
+fn message(c: &SessionClaim<'_>) -> Vec<u8> {
+    // The epoch goes in as hex, so none of its bytes can pass for a separator.
+    let epoch: String = c.epoch.iter().map(|b| format!("{b:02x}")).collect();
+    let timestamp = c.timestamp_ms.to_string();
+    let mut m = Vec::with_capacity(CONTEXT.len() + c.tenant.len() + c.shim_id.len() + epoch.len() + 48);
+    for part in [CONTEXT, c.tenant.as_bytes(), c.shim_id.as_bytes(), epoch.as_bytes(), timestamp.as_bytes()] {
         m.extend_from_slice(part);
         m.push(0);
     }
-    m.extend_from_slice(nonce);
+    m.extend_from_slice(c.nonce);
     m
 }
 
 /// The proof a shim sends with OpenSession.
-pub fn session_proof(secret: &[u8], tenant: &str, shim_id: &str, timestamp_ms: u64, nonce: &[u8]) -> Vec<u8> {
+pub fn session_proof(secret: &[u8], claim: &SessionClaim<'_>) -> Vec<u8> {
     let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
-    hmac::sign(&key, &message(tenant, shim_id, timestamp_ms, nonce)).as_ref().to_vec()
+    hmac::sign(&key, &message(claim)).as_ref().to_vec()
 }
 
 /// Checks a proof in constant time.
-pub fn verify_session_proof(
-    secret: &[u8],
-    tenant: &str,
-    shim_id: &str,
-    timestamp_ms: u64,
-    nonce: &[u8],
-    proof: &[u8],
-) -> bool {
+pub fn verify_session_proof(secret: &[u8], claim: &SessionClaim<'_>, proof: &[u8]) -> bool {
     let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
-    hmac::verify(&key, &message(tenant, shim_id, timestamp_ms, nonce), proof).is_ok()
+    hmac::verify(&key, &message(claim), proof).is_ok()
+}
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    // getrandom failing is not recoverable (ring documents it as practically
+    // impossible on Linux).
+    SystemRandom::new().fill(&mut b).expect("system random number generator failed");
+    b
 }
 
 /// A fresh random nonce.
 pub fn new_nonce() -> [u8; NONCE_BYTES] {
-    let mut n = [0u8; NONCE_BYTES];
-    // getrandom failing is not recoverable (ring documents it as practically
-    // impossible on Linux).
-    SystemRandom::new().fill(&mut n).expect("system random number generator failed");
-    n
+    random()
+}
+
+/// A new agent epoch (one per agent start).
+pub fn new_epoch() -> [u8; EPOCH_BYTES] {
+    random()
 }
 
 /// Milliseconds since the Unix epoch.
@@ -95,17 +118,20 @@ mod tests {
     #[test]
     fn proof_binds_every_field() {
         let s = b"0123456789abcdef-secret";
-        let n = [7u8; NONCE_BYTES];
-        let p = session_proof(s, "alpha", "shim-1", 1000, &n);
-        assert!(verify_session_proof(s, "alpha", "shim-1", 1000, &n, &p));
-        assert!(!verify_session_proof(s, "beta", "shim-1", 1000, &n, &p));
-        assert!(!verify_session_proof(s, "alpha", "shim-2", 1000, &n, &p));
-        assert!(!verify_session_proof(s, "alpha", "shim-1", 1001, &n, &p));
-        assert!(!verify_session_proof(s, "alpha", "shim-1", 1000, &[8u8; NONCE_BYTES], &p));
-        assert!(!verify_session_proof(b"another-secret-0123", "alpha", "shim-1", 1000, &n, &p));
+        let (n, e) = ([7u8; NONCE_BYTES], [9u8; EPOCH_BYTES]);
+        let c = SessionClaim { tenant: "alpha", shim_id: "shim-1", epoch: &e, timestamp_ms: 1000, nonce: &n };
+        let p = session_proof(s, &c);
+        assert!(verify_session_proof(s, &c, &p));
+        assert!(!verify_session_proof(s, &SessionClaim { tenant: "beta", ..c }, &p));
+        assert!(!verify_session_proof(s, &SessionClaim { shim_id: "shim-2", ..c }, &p));
+        assert!(!verify_session_proof(s, &SessionClaim { timestamp_ms: 1001, ..c }, &p));
+        assert!(!verify_session_proof(s, &SessionClaim { nonce: &[8u8; NONCE_BYTES], ..c }, &p));
+        assert!(!verify_session_proof(s, &SessionClaim { epoch: &[10u8; EPOCH_BYTES], ..c }, &p), "another epoch");
+        assert!(!verify_session_proof(s, &SessionClaim { epoch: &[], ..c }, &p), "no epoch");
+        assert!(!verify_session_proof(b"another-secret-0123", &c, &p));
         // Field boundaries are unambiguous: ("alp", "ha\0shim") != ("alpha", "shim").
-        assert!(!verify_session_proof(s, "alp", "ha", 1000, &n, &p));
-        assert!(!verify_session_proof(s, "alpha", "shim-1", 1000, &n, &p[..31]));
+        assert!(!verify_session_proof(s, &SessionClaim { tenant: "alp", shim_id: "ha", ..c }, &p));
+        assert!(!verify_session_proof(s, &c, &p[..31]));
     }
 
     #[test]

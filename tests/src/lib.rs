@@ -113,6 +113,12 @@ pub struct Options {
     /// "beta"); a TCP shim then dials https://. Without it the TCP control
     /// channel is plaintext (`insecure = true` on both sides).
     pub tls: bool,
+    /// HTTPS on the gateway, with `gateway.crt`/`.key` that `sluice certs
+    /// --gateway-name 127.0.0.1` issues into `<dir>/tls`. The namespaces the
+    /// harness writes itself ("scoped", "other") then use https:// and
+    /// `ca_file = "tls/ca.crt"`; "data" and "plain" use `endpoints` (give
+    /// "data" its `ca_file` with `data_ns`).
+    pub gateway_tls: bool,
 }
 
 impl Default for Options {
@@ -139,6 +145,7 @@ impl Default for Options {
             gateway_extra: String::new(),
             scoped_prefix: "tenants/alpha/".into(),
             tls: false,
+            gateway_tls: false,
         }
     }
 }
@@ -155,9 +162,15 @@ struct Proc {
 /// it accepts connections.
 /// Issues the stack's TLS certificates with `sluice certs` into `<d>/tls`.
 fn issue_certs(d: &Path) {
+    sluice_certs(d, &["--agent-name", "127.0.0.1", "--shim", "alpha", "--shim", "beta"]);
+}
+
+/// Runs `sluice certs --dir <d>/tls` with `args` (the CA is created once
+/// and reused).
+fn sluice_certs(d: &Path, args: &[&str]) {
     let out = Command::new(bin("sluice"))
-        .args(["certs", "--dir", d.join("tls").to_str().expect("utf8"), "--agent-name", "127.0.0.1"])
-        .args(["--shim", "alpha", "--shim", "beta"])
+        .args(["certs", "--dir", d.join("tls").to_str().expect("utf8")])
+        .args(args)
         .output()
         .expect("run sluice certs");
     assert!(out.status.success(), "sluice certs failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -309,10 +322,16 @@ impl Stack {
         let mut children = Vec::new();
 
         let mut gateway_addr: Option<SocketAddr> = None;
+        let gateway_tls = if opts.gateway_tls {
+            sluice_certs(&d, &["--gateway-name", "127.0.0.1"]);
+            "[tls]\ncert = \"tls/gateway.crt\"\nkey = \"tls/gateway.key\"\n"
+        } else {
+            ""
+        };
         if opts.gateway {
             let cfg = d.join("gateway.toml");
             std::fs::write(&cfg, format!(
-                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n{}\n[rdma]\n{}\n{}\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\nbuckets = [\"data\", \"other\"]\naddr_file = \"{}/gw.addr\"\n{}\n{gateway_tls}[rdma]\n{}\n{}\n[[credentials]]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n",
                 data_dir.display(), d.display(), opts.gateway_extra, opts.gateway_rdma, opts.gateway_backend)).expect("write config");
             let mut gw = spawn(&d, "sluice-gateway", &["--config", cfg.to_str().expect("utf8")]);
             let addr = wait_file(&d.join("gw.addr"), &mut gw, "sluice-gateway", &d.join("sluice-gateway.log"));
@@ -323,7 +342,8 @@ impl Stack {
         }
         // Without our gateway, the other namespaces point at the first endpoint's host.
         let gw = gateway_addr.map(|a| a.to_string()).unwrap_or_else(|| {
-            opts.endpoints.first().map(|e| e.trim_start_matches("http://").to_owned()).unwrap_or_default()
+            let first = opts.endpoints.first().map(String::as_str).unwrap_or_default();
+            first.trim_start_matches("http://").trim_start_matches("https://").to_owned()
         });
         let endpoints: Vec<String> = opts.endpoints.iter().map(|e| format!("\"{}\"", e.replace("{gw}", &gw))).collect();
         let (ak, sk) = &opts.agent_credentials;
@@ -341,10 +361,11 @@ impl Stack {
         } else {
             "[tls]\ninsecure = true\n"
         };
+        let (scheme, store_ca) = if opts.gateway_tls { ("https", "ca_file = \"tls/ca.crt\"\n") } else { ("http", "") };
         let cfg = d.join("agent.toml");
         // `[tls]` goes last: keys after a table header belong to it.
         std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"http://{gw}\"]\nbucket = \"data\"\nprefix = \"{scoped}\"\ncredentials = \"main\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"http://{gw}\"]\nbucket = \"other\"\ncredentials = \"good\"\n",
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"{scheme}://{gw}\"]\n{store_ca}bucket = \"data\"\nprefix = \"{scoped}\"\ncredentials = \"main\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"{scheme}://{gw}\"]\n{store_ca}bucket = \"other\"\ncredentials = \"good\"\n",
             opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display(), scoped = opts.scoped_prefix) + agent_tls).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));

@@ -180,6 +180,27 @@ fn sluice_agent_code(st: &tonic::Status) -> Code {
     Code::try_from(d.code).expect("known code")
 }
 
+/// The agent's current epoch, as a shim asks for it before signing.
+async fn agent_epoch(grpc: &mut AgentClient<tonic::transport::Channel>) -> Vec<u8> {
+    grpc.get_epoch(apb::GetEpochRequest {}).await.expect("GetEpoch needs no session").into_inner().epoch
+}
+
+/// An OpenSession request for `tenant` as `shim_id`, at `epoch` and time
+/// `ts`, proven with `secret`, under a fresh nonce.
+fn session_request(secret: &[u8], tenant: &str, shim_id: &str, epoch: &[u8], ts: u64) -> apb::OpenSessionRequest {
+    let nonce = auth::new_nonce();
+    let claim = auth::SessionClaim { tenant, shim_id, epoch, timestamp_ms: ts, nonce: &nonce };
+    apb::OpenSessionRequest {
+        tenant: tenant.into(),
+        shim_id: shim_id.into(),
+        timestamp_ms: ts,
+        nonce: nonce.to_vec(),
+        proof: auth::session_proof(secret, &claim),
+        epoch: epoch.to_vec(),
+        ..Default::default()
+    }
+}
+
 async fn open_session(
     grpc: &mut AgentClient<tonic::transport::Channel>,
     stack: &Stack,
@@ -187,16 +208,8 @@ async fn open_session(
     shim_id: &str,
 ) -> Result<String, tonic::Status> {
     let secret = auth::read_secret_file(&stack.dir.path().join(format!("{tenant}.shim-secret"))).unwrap();
-    let (ts, nonce) = (auth::now_ms(), auth::new_nonce());
-    let proof = auth::session_proof(&secret, tenant, shim_id, ts, &nonce);
-    let req = apb::OpenSessionRequest {
-        tenant: tenant.into(),
-        shim_id: shim_id.into(),
-        timestamp_ms: ts,
-        nonce: nonce.to_vec(),
-        proof,
-        ..Default::default()
-    };
+    let epoch = agent_epoch(grpc).await;
+    let req = session_request(&secret, tenant, shim_id, &epoch, auth::now_ms());
     grpc.open_session(req).await.map(|r| r.into_inner().session_id)
 }
 
@@ -236,52 +249,21 @@ async fn forged_shim_identities_are_refused_and_counted() {
         ..two_tenants()
     });
     let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let epoch = agent_epoch(&mut grpc).await;
     // Alpha's secret used to claim beta: wrong proof.
     let alpha_secret = auth::read_secret_file(&stack.dir.path().join("alpha.shim-secret")).unwrap();
-    let (ts, nonce) = (auth::now_ms(), auth::new_nonce());
-    let forged = apb::OpenSessionRequest {
-        tenant: "alpha".into(),
-        shim_id: "alpha-shim".into(),
-        timestamp_ms: ts,
-        nonce: nonce.to_vec(),
-        proof: auth::session_proof(b"not-the-secret-at-all", "alpha", "alpha-shim", ts, &nonce),
-        ..Default::default()
-    };
+    let ts = auth::now_ms();
+    let forged = session_request(b"not-the-secret-at-all", "alpha", "alpha-shim", &epoch, ts);
     assert_eq!(sluice_agent_code(&grpc.open_session(forged).await.unwrap_err()), Code::Unauthenticated);
-    let proof = auth::session_proof(&alpha_secret, "beta", "alpha-shim", ts, &nonce);
-    let as_beta = apb::OpenSessionRequest {
-        tenant: "beta".into(),
-        shim_id: "alpha-shim".into(),
-        timestamp_ms: ts,
-        nonce: nonce.to_vec(),
-        proof,
-        ..Default::default()
-    };
+    let as_beta = session_request(&alpha_secret, "beta", "alpha-shim", &epoch, ts);
     // Over TCP beta is refused on origin before the proof is even checked.
     assert_eq!(sluice_agent_code(&grpc.open_session(as_beta).await.unwrap_err()), Code::AccessDenied);
     // A valid proof, replayed.
-    let nonce = auth::new_nonce();
-    let good = apb::OpenSessionRequest {
-        tenant: "alpha".into(),
-        shim_id: "alpha-shim".into(),
-        timestamp_ms: ts,
-        nonce: nonce.to_vec(),
-        proof: auth::session_proof(&alpha_secret, "alpha", "alpha-shim", ts, &nonce),
-        ..Default::default()
-    };
+    let good = session_request(&alpha_secret, "alpha", "alpha-shim", &epoch, ts);
     assert!(grpc.open_session(good.clone()).await.is_ok());
     assert_eq!(sluice_agent_code(&grpc.open_session(good).await.unwrap_err()), Code::Unauthenticated);
     // A stale proof, and a shim id the tenant does not allow.
-    let old = auth::now_ms() - 600_000;
-    let nonce = auth::new_nonce();
-    let stale = apb::OpenSessionRequest {
-        tenant: "alpha".into(),
-        shim_id: "alpha-shim".into(),
-        timestamp_ms: old,
-        nonce: nonce.to_vec(),
-        proof: auth::session_proof(&alpha_secret, "alpha", "alpha-shim", old, &nonce),
-        ..Default::default()
-    };
+    let stale = session_request(&alpha_secret, "alpha", "alpha-shim", &epoch, auth::now_ms() - 600_000);
     assert_eq!(sluice_agent_code(&grpc.open_session(stale).await.unwrap_err()), Code::Unauthenticated);
     assert_eq!(
         sluice_agent_code(&open_session(&mut grpc, &stack, "alpha", "rogue-shim").await.unwrap_err()),
@@ -294,6 +276,56 @@ async fn forged_shim_identities_are_refused_and_counted() {
     // The legitimate shims still work.
     let b = Client::connect(&stack.beta_socket).await.unwrap();
     upload(&b, "other/ok", b"fine").await;
+}
+
+/// The agent forgets the nonces it has seen when it restarts; its epoch
+/// changes, so a valid OpenSession captured before the restart and replayed
+/// after it (well within the timestamp window) is refused, typed and
+/// counted as `reason="epoch"`, while the real shim, which asks for the
+/// epoch at every open, rides through the restart. A request without an
+/// epoch (an older shim) is told to upgrade.
+#[tokio::test]
+async fn a_proof_captured_before_an_agent_restart_is_refused_after_it() {
+    let mut stack = Stack::start();
+    let c = stack.client().await;
+    let data = pattern(50_000, 21);
+    upload(&c, "data/epoch/x", &data).await;
+    let r = c.register(data.len() as u64).await.unwrap();
+
+    let secret = auth::read_secret_file(&stack.dir.path().join("alpha.shim-secret")).unwrap();
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let before = agent_epoch(&mut grpc).await;
+    assert_eq!(before.len(), auth::EPOCH_BYTES);
+    let captured = session_request(&secret, "alpha", "alpha-shim", &before, auth::now_ms());
+    grpc.open_session(captured.clone()).await.expect("the original request is valid");
+
+    stack.restart("sluice-agent");
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    assert_ne!(agent_epoch(&mut grpc).await, before, "a new epoch at every start");
+    let st = grpc.open_session(captured.clone()).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    assert!(st.message().contains("another agent epoch"), "{}", st.message());
+    // The same captured request with the new epoch pasted in: the proof
+    // covers the epoch, so it no longer verifies.
+    let relabelled = apb::OpenSessionRequest { epoch: agent_epoch(&mut grpc).await, ..captured.clone() };
+    let st = grpc.open_session(relabelled).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    // A shim that signs no epoch (older than the agent).
+    let old = session_request(&secret, "alpha", "alpha-shim", &[], auth::now_ms());
+    let st = grpc.open_session(old).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    assert!(st.message().contains("upgrade"), "{}", st.message());
+    for (reason, n) in [("epoch", 1.0), ("bad_proof", 1.0), ("no_epoch", 1.0)] {
+        let got = stack.metric("sluice_agent_auth_failures_total", &[&format!("reason=\"{reason}\"")]);
+        assert_eq!(got, n, "{reason} counted");
+    }
+
+    // The real shim re-opens its session with the new epoch: same
+    // connection, same region.
+    c.get("data/epoch/x", &r, 0, None).await.expect("the shim rides through the restart");
+    assert_eq!(sha256(&r.as_slice()[..data.len()]), sha256(&data));
+    let fresh = stack.client().await;
+    upload(&fresh, "data/epoch/y", b"after the restart").await;
 }
 
 #[tokio::test]
@@ -460,7 +492,11 @@ async fn a_tenants_own_listener_names_the_tenant() {
     let nic = "\n[nic]\nbridge = \"br-test\"\nprogram_ovs = false\nuplinks = [\"up0\"]\nagent_port = \"ag0\"\n\
                agent_address = \"127.0.0.1\"\nstorage = [\"10.20.0.0/16\"]\n";
     let tenant_nic = |f: &str, addr: &str, port: u16| {
-        format!("[tenants.nic]\nfunctions = [\"{f}\"]\naddresses = [\"{addr}\"]\nlistener_port = {port}\n")
+        let mac = if f.ends_with('a') { "02:00:00:00:00:0a" } else { "02:00:00:00:00:0b" };
+        format!(
+            "[tenants.nic]\nfunctions = [{{ port = \"{f}\", mac = \"{mac}\", addresses = [\"{addr}\"] }}]\n\
+             listener_port = {port}\n"
+        )
     };
     let stack = Stack::with(Options {
         agent_qos: nic.into(),

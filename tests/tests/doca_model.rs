@@ -120,6 +120,9 @@ impl GpuShim {
         let mut grpc = apb::agent_client::AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
         let secret = auth::read_secret_file(&stack.dir.path().join("alpha.shim-secret")).unwrap();
         let (ts, nonce) = (auth::now_ms(), auth::new_nonce());
+        let epoch = grpc.get_epoch(apb::GetEpochRequest {}).await.unwrap().into_inner().epoch;
+        let claim =
+            auth::SessionClaim { tenant: "alpha", shim_id: "gpu-shim", epoch: &epoch, timestamp_ms: ts, nonce: &nonce };
         let gpu = sluice_proto::common::MemoryKind::GpuDmabuf as i32;
         let opened = grpc
             .open_session(apb::OpenSessionRequest {
@@ -127,8 +130,9 @@ impl GpuShim {
                 shim_id: "gpu-shim".into(),
                 timestamp_ms: ts,
                 nonce: nonce.to_vec(),
-                proof: auth::session_proof(&secret, "alpha", "gpu-shim", ts, &nonce),
+                proof: auth::session_proof(&secret, &claim),
                 shim_memory: vec![sluice_proto::common::MemoryKind::DocaHost as i32, gpu],
+                epoch: epoch.clone(),
             })
             .await
             .unwrap()

@@ -250,10 +250,12 @@ async fn boto3_with_a_before_sign_hook_speaks_it_too() {
 
 /// The one-sided transport cannot be turned against the network: a token
 /// naming an owner outside `[rdma] allowed_clients` is refused before any
-/// connection (403); a token naming a listener that is not a Sluice owner
-/// gets a header and not one object byte, and an owner that accepts and
-/// goes silent ends at the transfer deadline (500 RDMATransferFailed); a
-/// PUT from an empty window is refused (400) and stores nothing.
+/// connection (403), unless its transport is one the gateway declines
+/// anyway (501, the client's cue to use HTTP); a token naming a listener
+/// that is not a Sluice owner gets a header and not one object byte, and an
+/// owner that accepts and goes silent ends at the transfer deadline (500
+/// RDMATransferFailed); a PUT from an empty window is refused (400) and
+/// stores nothing.
 #[tokio::test]
 async fn tokens_cannot_aim_the_gateway_elsewhere() {
     use tokio::io::AsyncReadExt;
@@ -273,6 +275,12 @@ async fn tokens_cannot_aim_the_gateway_elsewhere() {
     let r = p.send("GET", "/data/aim/obj", &tcp(&far), &[], vec![]).await;
     assert_eq!(r.status(), 403);
     assert!(r.text().await.unwrap().contains("allowed_clients"));
+    // The same owner in a standard (DC) token, which this gateway (no DC
+    // device) cannot serve: declined first, as the protocol says, so a
+    // standard client falls back to HTTP instead of failing.
+    let r = p.send("GET", "/data/aim/obj", &[("x-amz-rdma-token", far.to_string())], &[], vec![]).await;
+    assert_eq!(r.status(), 501);
+    assert_eq!(h(&r, "x-amz-rdma-reply").as_deref(), Some("501"));
 
     // Another service on an allowed address: it sees the 36-byte header,
     // never the object; the request fails at the deadline.

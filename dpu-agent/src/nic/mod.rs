@@ -17,6 +17,7 @@
 //! covers bundles and meters.
 
 pub mod config;
+pub mod guard;
 pub mod ovs;
 pub mod policy;
 
@@ -29,7 +30,37 @@ pub enum NicError {
     UnknownPort { port: String, bridge: String, known: String },
     #[error("`{command}` failed: {message}")]
     Ovs { command: String, message: String },
+    #[error(
+        "bridge {bridge:?} has fail mode {mode}: it would forward frames with MAC learning whenever the \
+         agent's flows are missing (before the agent starts, after ovs-vswitchd restarts). Set it: \
+         ovs-vsctl set-fail-mode {bridge} secure"
+    )]
+    FailOpen { bridge: String, mode: String },
+    #[error("the agent's MAC: {0}")]
+    AgentMac(String),
 }
 
 #[cfg(test)]
 mod tests;
+
+/// The agent's MAC on its port: `[nic] agent_mac`, or that of the local
+/// interface holding `agent_address` (on a BlueField, the agent's SF).
+pub fn agent_mac(nic: &config::NicConfig) -> Result<config::MacAddr, NicError> {
+    if let Some(m) = nic.agent_mac {
+        return Ok(m);
+    }
+    let ip = nic.agent_address;
+    let addrs: Vec<_> =
+        nix::ifaddrs::getifaddrs().map_err(|e| NicError::AgentMac(format!("listing interfaces: {e}")))?.collect();
+    let iface = addrs
+        .iter()
+        .find(|a| a.address.as_ref().and_then(|s| s.as_sockaddr_in()).is_some_and(|s| s.ip() == ip))
+        .map(|a| a.interface_name.clone())
+        .ok_or_else(|| NicError::AgentMac(format!("no interface here holds {ip}; set [nic] agent_mac")))?;
+    addrs
+        .iter()
+        .filter(|a| a.interface_name == iface)
+        .find_map(|a| a.address.as_ref()?.as_link_addr()?.addr())
+        .map(config::MacAddr)
+        .ok_or_else(|| NicError::AgentMac(format!("interface {iface} (holding {ip}) has no MAC; set [nic] agent_mac")))
+}

@@ -15,6 +15,9 @@ pub struct Installed {
     pub cookie: u64,
     /// The meter its actions use, if any.
     pub meter: Option<u32>,
+    /// The flow as the switch prints it (without counters): what the guard
+    /// compares to notice a flow that was changed in place.
+    pub text: String,
 }
 
 /// What reconciling needs from a switch. [`Ofctl`] is the real one; tests
@@ -24,6 +27,8 @@ pub trait Switch {
     fn ports(&self) -> Result<BTreeSet<String>, NicError>;
     /// The flows whose cookie is the agent's.
     fn owned_flows(&self) -> Result<Vec<Installed>, NicError>;
+    /// Every flow on the bridge, the agent's and others'.
+    fn flows(&self) -> Result<Vec<Installed>, NicError>;
     /// Meter id -> rate (kbit/s).
     fn meters(&self) -> Result<BTreeMap<u32, u64>, NicError>;
     /// Adds (`exists` false) or modifies a meter.
@@ -31,6 +36,29 @@ pub trait Switch {
     fn del_meter(&self, id: u32) -> Result<(), NicError>;
     /// Applies `lines` (`add <flow>` / `delete <match>`) atomically.
     fn bundle(&self, lines: &[String]) -> Result<(), NicError>;
+    /// The bridge's fail mode (`secure`, `standalone`, or none set, which
+    /// OVS treats as standalone: it forwards with `NORMAL` when no flows do).
+    fn fail_mode(&self) -> Result<Option<String>, NicError>;
+    /// Sets the fail mode to `secure`.
+    fn set_fail_mode_secure(&self) -> Result<(), NicError>;
+    /// How the switch handles IP fragments (`normal`, `drop`, ...).
+    fn frags(&self) -> Result<String, NicError>;
+    fn set_frags(&self, mode: &str) -> Result<(), NicError>;
+}
+
+/// How the agent has the switch handle IP fragments: dropped. Nothing the
+/// agent's traffic or its tenants' needs is fragmented (TCP with path MTU
+/// discovery, RoCE with DF), and a non-first fragment carries no ports, so
+/// no rule could tell whose it is. Set explicitly: the switch's default
+/// (`normal`) is not a decision, and it is lost when the switch restarts.
+pub const FRAGMENTS: &str = "drop";
+
+/// Why a bridge is not one the agent may program.
+pub fn check_fail_mode(sw: &dyn Switch, bridge: &str) -> Result<(), NicError> {
+    match sw.fail_mode()?.as_deref() {
+        Some("secure") => Ok(()),
+        other => Err(NicError::FailOpen { bridge: bridge.to_owned(), mode: other.unwrap_or("(unset)").to_owned() }),
+    }
 }
 
 /// What a reconcile changed.
@@ -50,6 +78,18 @@ pub struct Applied {
 /// has neither the old nor the new rule), then deletes meters nothing uses
 /// any more. Flows and meters the agent did not install are never touched.
 pub fn reconcile(sw: &dyn Switch, rules: &RuleSet) -> Result<Applied, NicError> {
+    apply(sw, rules, false)
+}
+
+/// Like [`reconcile`], but every flow the agent owns is deleted and the
+/// rule set added again in the same bundle: for a bridge whose flows were
+/// changed in place (same cookie, other match or actions), which a
+/// comparison of cookies does not see. Still no moment without the rules.
+pub fn replace(sw: &dyn Switch, rules: &RuleSet) -> Result<Applied, NicError> {
+    apply(sw, rules, true)
+}
+
+fn apply(sw: &dyn Switch, rules: &RuleSet, force: bool) -> Result<Applied, NicError> {
     let ports = sw.ports()?;
     if let Some(p) = rules.ports.iter().find(|p| !ports.contains(*p)) {
         let known = ports.iter().cloned().collect::<Vec<_>>().join(", ");
@@ -71,13 +111,21 @@ pub fn reconcile(sw: &dyn Switch, rules: &RuleSet) -> Result<Applied, NicError> 
         }
     }
 
-    let mut lines: Vec<String> =
-        rules.flows.iter().filter(|f| !have.contains(&f.cookie)).map(|f| format!("add {}", f.ofctl())).collect();
-    applied.flows_added = lines.len();
-    applied.unchanged = want.len() - lines.len();
-    for c in have.difference(&want) {
-        lines.push(format!("delete cookie={c:#018x}/-1"));
-        applied.flows_removed += 1;
+    let mut lines: Vec<String> = Vec::new();
+    if force {
+        lines.push(format!("delete cookie={COOKIE_PREFIX:#018x}/{OWNED_MASK:#018x}"));
+        applied.flows_removed = installed.len();
+    }
+    lines.extend(
+        rules.flows.iter().filter(|f| force || !have.contains(&f.cookie)).map(|f| format!("add {}", f.ofctl())),
+    );
+    applied.flows_added = lines.len() - usize::from(force);
+    applied.unchanged = want.len() - applied.flows_added;
+    if !force {
+        for c in have.difference(&want) {
+            lines.push(format!("delete cookie={c:#018x}/-1"));
+            applied.flows_removed += 1;
+        }
     }
     if !lines.is_empty() {
         sw.bundle(&lines)?;
@@ -97,28 +145,58 @@ pub fn reconcile(sw: &dyn Switch, rules: &RuleSet) -> Result<Applied, NicError> 
 /// The real switch: `ovs-ofctl` against the configured bridge.
 pub struct Ofctl {
     target: String,
+    bridge: String,
     rundir: Option<PathBuf>,
+    timeout_secs: u32,
 }
 
 impl Ofctl {
     pub fn new(nic: &NicConfig) -> Self {
-        Self { target: nic.ofctl_target.clone().unwrap_or_else(|| nic.bridge.clone()), rundir: nic.ovs_rundir.clone() }
+        Self {
+            target: nic.ofctl_target.clone().unwrap_or_else(|| nic.bridge.clone()),
+            bridge: nic.bridge.clone(),
+            rundir: nic.ovs_rundir.clone(),
+            timeout_secs: 10,
+        }
+    }
+
+    /// The same switch, whose calls give up after `secs` (the guard's
+    /// checks must not hang on a switch that stopped answering).
+    pub fn with_timeout(mut self, secs: u32) -> Self {
+        self.timeout_secs = secs;
+        self
     }
 
     /// Runs `ovs-ofctl <args> <target> <rest>` (stdin: `input`); its stdout.
     fn run(&self, args: &[&str], rest: &[&str], input: Option<&str>) -> Result<String, NicError> {
-        let mut cmd = Command::new("ovs-ofctl");
-        // A switch that does not answer must not hang the agent's start.
-        cmd.arg("--timeout=10").args(args).arg(&self.target).args(rest);
+        self.exec("ovs-ofctl", args, Some(&self.target), rest, input)
+    }
+
+    /// Runs `ovs-vsctl <args> <bridge> <rest>` against the bridge's database.
+    fn vsctl(&self, args: &[&str], rest: &[&str]) -> Result<String, NicError> {
+        self.exec("ovs-vsctl", args, Some(&self.bridge), rest, None)
+    }
+
+    fn exec(
+        &self,
+        tool: &str,
+        args: &[&str],
+        target: Option<&str>,
+        rest: &[&str],
+        input: Option<&str>,
+    ) -> Result<String, NicError> {
+        let mut cmd = Command::new(tool);
+        // A switch that does not answer must not hang the agent.
+        cmd.arg(format!("--timeout={}", self.timeout_secs)).args(args).args(target).args(rest);
         if let Some(d) = &self.rundir {
             cmd.env("OVS_RUNDIR", d);
         }
-        let shown = format!("ovs-ofctl {} {} {}", args.join(" "), self.target, rest.join(" "));
+        let shown = format!("{tool} {} {} {}", args.join(" "), target.unwrap_or(""), rest.join(" "));
         let fail = |message: String| NicError::Ovs { command: shown.clone(), message };
         cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() });
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child =
-            cmd.spawn().map_err(|e| fail(format!("cannot run ovs-ofctl: {e} (is Open vSwitch installed?)")))?;
+            cmd.spawn().map_err(|e| fail(format!("cannot run {tool}: {e} (is Open vSwitch installed?)")))?;
         if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
             stdin.write_all(text.as_bytes()).map_err(|e| fail(format!("writing its input: {e}")))?;
         }
@@ -138,7 +216,11 @@ impl Switch for Ofctl {
 
     fn owned_flows(&self) -> Result<Vec<Installed>, NicError> {
         let sel = format!("cookie={COOKIE_PREFIX:#018x}/{OWNED_MASK:#018x}");
-        Ok(parse_flows(&self.run(&["-O", "OpenFlow14", "--names", "dump-flows"], &[&sel], None)?))
+        Ok(parse_flows(&self.run(&["-O", "OpenFlow14", "--names", "--no-stats", "dump-flows"], &[&sel], None)?))
+    }
+
+    fn flows(&self) -> Result<Vec<Installed>, NicError> {
+        Ok(parse_flows(&self.run(&["-O", "OpenFlow14", "--names", "--no-stats", "dump-flows"], &[], None)?))
     }
 
     fn meters(&self) -> Result<BTreeMap<u32, u64>, NicError> {
@@ -158,6 +240,23 @@ impl Switch for Ofctl {
         let mut text = lines.join("\n");
         text.push('\n');
         self.run(&["-O", "OpenFlow14", "--bundle", "add-flows"], &["-"], Some(&text)).map(|_| ())
+    }
+
+    fn fail_mode(&self) -> Result<Option<String>, NicError> {
+        let mode = self.vsctl(&["get-fail-mode"], &[])?;
+        Ok(Some(mode.trim().to_owned()).filter(|m| !m.is_empty()))
+    }
+
+    fn set_fail_mode_secure(&self) -> Result<(), NicError> {
+        self.vsctl(&["set-fail-mode"], &["secure"]).map(|_| ())
+    }
+
+    fn frags(&self) -> Result<String, NicError> {
+        Ok(self.run(&["get-frags"], &[], None)?.trim().to_owned())
+    }
+
+    fn set_frags(&self, mode: &str) -> Result<(), NicError> {
+        self.run(&["set-frags"], &[mode], None).map(|_| ())
     }
 }
 
@@ -185,7 +284,16 @@ pub fn parse_flows(dump: &str) -> Vec<Installed> {
             let meter = l
                 .split_once(" actions=")
                 .and_then(|(_, a)| a.split(',').find_map(|x| x.strip_prefix("meter:")?.trim().parse().ok()));
-            Some(Installed { cookie, meter })
+            // Counters change with traffic: not part of what the flow is.
+            let text = l
+                .trim()
+                .split(", ")
+                .filter(|f| {
+                    !["duration=", "n_packets=", "n_bytes=", "idle_age=", "hard_age="].iter().any(|p| f.starts_with(p))
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            Some(Installed { cookie, meter, text })
         })
         .collect()
 }

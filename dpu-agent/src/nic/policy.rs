@@ -2,12 +2,15 @@
 //! it, `sluice-agent --print-nic-rules` prints it, tests compare it with
 //! golden text.
 //!
-//! Per tenant, each of its functions may send ARP for the agent's address
-//! from its own addresses and TCP to its own listener on the agent
-//! (metered, DSCP-marked if configured); the listener's answers go back only
-//! to those addresses; anything else from the function is dropped. The
-//! agent's port reaches the storage networks through the uplinks. Anything
-//! else on the bridge, including unknown functions, is dropped.
+//! Per tenant, each of its functions may send, from its own MAC and
+//! addresses, untagged (or with its configured VLAN): ARP requests for the
+//! agent's address, ARP replies to the agent, and TCP to its own listener
+//! on the agent, all metered (and DSCP-marked if configured) and output to
+//! the agent's port. The agent's ARP and its listener's answers go out only
+//! to the port of the function that owns the address. The agent's port
+//! reaches the storage networks through their uplinks. Anything else on the
+//! bridge, including unknown functions, is dropped. No rule uses `NORMAL`
+//! (MAC learning, flooding): every accepted frame has one named output.
 //!
 //! Every flow carries a cookie: `0x51ce` (this agent's rules), a 16-bit
 //! tenant tag (0 for the agent's own rules) and 32 bits of a hash of the
@@ -18,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use super::config::{Ipv4Net, NicConfig, TenantNic};
+use super::config::{Ipv4Net, MacAddr, NicConfig, StorageNet, TenantNic};
 use super::NicError;
 
 /// The high 16 bits of every cookie the agent installs.
@@ -120,7 +123,14 @@ pub fn tenant_tag(name: &str) -> u16 {
 
 /// The rule set for `nic` and `tenants` (those without `[tenants.nic]`
 /// get no function: their shims cannot reach the agent through the NIC).
-pub fn rules(nic: &NicConfig, tenants: &[TenantRules<'_>]) -> Result<RuleSet, NicError> {
+/// `agent_mac` is the agent's MAC on its port ([`NicConfig::agent_mac`] or
+/// read from the interface holding its address).
+///
+/// Every frame a rule accepts goes to one named port; nothing is switched by
+/// MAC learning or flooded, so a tenant's function can neither claim another
+/// station's MAC (it may send only from its own) nor be handed frames meant
+/// for another (replies go out the port of the function they belong to).
+pub fn rules(nic: &NicConfig, agent_mac: MacAddr, tenants: &[TenantRules<'_>]) -> Result<RuleSet, NicError> {
     let bad = |m: String| Err(NicError::Config(m));
     if nic.bridge.is_empty() || nic.agent_port.is_empty() || nic.uplinks.is_empty() {
         return bad("[nic] needs bridge, agent_port and at least one uplink".into());
@@ -128,18 +138,20 @@ pub fn rules(nic: &NicConfig, tenants: &[TenantRules<'_>]) -> Result<RuleSet, Ni
     if nic.uplinks.contains(&nic.agent_port) {
         return bad(format!("[nic] agent_port {:?} is also an uplink", nic.agent_port));
     }
-    let storage: Vec<Ipv4Net> = nic
-        .storage
-        .iter()
-        .map(|s| s.parse().map_err(|e| NicError::Config(format!("[nic] storage: {e}"))))
-        .collect::<Result<_, _>>()?;
-    let ag = nic.agent_address;
+    if let Some(dup) = nic.uplinks.iter().enumerate().find_map(|(i, u)| nic.uplinks[..i].contains(u).then_some(u)) {
+        return bad(format!("[nic] uplink {dup:?} is listed twice"));
+    }
+    if agent_mac.is_multicast() || agent_mac == MacAddr([0; 6]) {
+        return bad(format!("[nic] the agent's MAC {agent_mac} is not a station address (set agent_mac)"));
+    }
+    let storage = storage_routes(nic)?;
+    let (ag, agp, agm) = (nic.agent_address, nic.agent_port.as_str(), agent_mac);
     let mut ports: BTreeSet<String> = nic.uplinks.iter().cloned().collect();
     ports.insert(nic.agent_port.clone());
     let infra: BTreeSet<String> = ports.clone();
 
-    // Who claims what: a function, an address, a listener, a tag each
-    // belong to one tenant.
+    // Who claims what: a function, a MAC, an address, a listener, a tag
+    // each belong to one tenant.
     let mut owner: BTreeMap<String, &str> = BTreeMap::new();
     let mut tags: BTreeMap<u16, &str> = BTreeMap::new();
     let mut flows = Vec::new();
@@ -147,30 +159,41 @@ pub fn rules(nic: &NicConfig, tenants: &[TenantRules<'_>]) -> Result<RuleSet, Ni
     let mut out_tenants = Vec::new();
     for t in tenants {
         let n = t.nic;
-        if n.functions.is_empty() || n.addresses.is_empty() {
-            return bad(format!("tenant {:?}: [tenants.nic] needs at least one function and one address", t.name));
+        if n.functions.is_empty() {
+            return bad(format!("tenant {:?}: [tenants.nic] needs at least one function", t.name));
         }
         if n.listener_port == 0 || n.dscp.is_some_and(|d| d > 63) || n.meter_kbps == Some(0) {
             return bad(format!("tenant {:?}: listener_port 1-65535, dscp 0-63, meter_kbps > 0", t.name));
         }
-        for (kind, what) in n
-            .functions
-            .iter()
-            .map(|f| ("function", f.clone()))
-            .chain(n.addresses.iter().map(|a| ("address", a.to_string())))
-            .chain(std::iter::once(("listener port", n.listener_port.to_string())))
-        {
-            if kind == "function" && infra.contains(&what) {
-                return bad(format!("tenant {:?}: function {what:?} is the agent's port or an uplink", t.name));
+        let mut claims = vec![("listener port", n.listener_port.to_string())];
+        for f in &n.functions {
+            let what = format!("tenant {:?}: function {:?}", t.name, f.port);
+            if f.port.is_empty() || f.addresses.is_empty() {
+                return bad(format!("{what} needs a port and at least one address"));
             }
-            if kind == "address" && what == ag.to_string() {
-                return bad(format!("tenant {:?}: address {what} is the agent's", t.name));
+            if infra.contains(&f.port) {
+                return bad(format!("{what} is the agent's port or an uplink"));
             }
+            if f.mac.is_multicast() || f.mac == MacAddr([0; 6]) || f.mac == agm {
+                return bad(format!("{what}: MAC {} is not a station address of its own", f.mac));
+            }
+            if f.vlan.is_some_and(|v| !(1..=4094).contains(&v)) {
+                return bad(format!("{what}: vlan 1-4094"));
+            }
+            if let Some(a) = f.addresses.iter().find(|a| **a == ag) {
+                return bad(format!("{what}: address {a} is the agent's"));
+            }
+            claims.push(("function", f.port.clone()));
+            claims.push(("MAC", f.mac.to_string()));
+            claims.extend(f.addresses.iter().map(|a| ("address", a.to_string())));
+        }
+        for (kind, what) in claims {
             let key = format!("{kind} {what}");
-            if let Some(first) = owner.get(&key) {
-                return bad(format!("{key} is claimed by tenants {first:?} and {:?}", t.name));
-            }
-            owner.insert(key, t.name);
+            match owner.get(&key) {
+                Some(first) if *first == t.name => return bad(format!("tenant {:?} names {key} twice", t.name)),
+                Some(first) => return bad(format!("{key} is claimed by tenants {first:?} and {:?}", t.name)),
+                None => owner.insert(key, t.name),
+            };
         }
         let tag = tenant_tag(t.name);
         if let Some(other) = tags.insert(tag, t.name) {
@@ -179,51 +202,104 @@ pub fn rules(nic: &NicConfig, tenants: &[TenantRules<'_>]) -> Result<RuleSet, Ni
                 t.name
             ));
         }
+        // The meter covers everything the function may send, ARP included
+        // (an unmetered ARP flood would reach the agent at line rate).
         let meter = n.meter_kbps.or(t.bytes_per_sec.map(|b| (b * 8).div_ceil(1000)));
-        let mut actions = String::new();
-        if let Some(kbps) = meter {
-            meters.push(Meter { id: u32::from(tag), kbps, tenant: t.name.to_owned() });
-            let _ = write!(actions, "meter:{tag},");
-        }
-        if let Some(d) = n.dscp {
-            let _ = write!(actions, "set_field:{d}->ip_dscp,");
-        }
-        actions.push_str("NORMAL");
+        let metered = match meter {
+            Some(kbps) => {
+                meters.push(Meter { id: u32::from(tag), kbps, tenant: t.name.to_owned() });
+                format!("meter:{tag},")
+            }
+            None => String::new(),
+        };
         let lp = n.listener_port;
         for f in &n.functions {
-            ports.insert(f.clone());
-            for a in &n.addresses {
-                flows.push(Flow::new(tag, 300, format!("arp,in_port={f},arp_spa={a},arp_tpa={ag}"), "NORMAL".into()));
+            ports.insert(f.port.clone());
+            let (p, m) = (f.port.as_str(), f.mac);
+            // Frames from the function: its tag (or none), its MAC.
+            let from = match f.vlan {
+                Some(v) => format!("in_port={p},dl_vlan={v},dl_src={m}"),
+                None => format!("in_port={p},vlan_tci=0x0000/0x1fff,dl_src={m}"),
+            };
+            let untag = if f.vlan.is_some() { "strip_vlan," } else { "" };
+            let to_agent = format!("{metered}{untag}output:{agp}");
+            let dscp = n.dscp.map(|d| format!("set_field:{d}->ip_dscp,")).unwrap_or_default();
+            let back = match f.vlan {
+                Some(v) => format!("mod_vlan_vid:{v},output:{p}"),
+                None => format!("output:{p}"),
+            };
+            for a in &f.addresses {
+                // ARP: its requests for the agent's address, its replies to the agent.
+                let arp = format!("arp,{from},arp_spa={a},arp_sha={m},arp_tpa={ag}");
+                flows.push(Flow::new(tag, 300, format!("{arp},arp_op=1"), to_agent.clone()));
+                flows.push(Flow::new(tag, 300, format!("{arp},arp_op=2,dl_dst={agm},arp_tha={agm}"), to_agent.clone()));
                 flows.push(Flow::new(
                     tag,
                     300,
-                    format!("tcp,in_port={f},nw_src={a},nw_dst={ag},tp_dst={lp}"),
-                    actions.clone(),
+                    format!("tcp,{from},dl_dst={agm},nw_src={a},nw_dst={ag},tp_dst={lp}"),
+                    format!("{metered}{untag}{dscp}output:{agp}"),
+                ));
+                // The agent's ARP for the function's address, and its
+                // listener's answers: out the function's port only.
+                let from_agent = format!("in_port={agp},vlan_tci=0x0000/0x1fff,dl_src={agm}");
+                flows.push(Flow::new(tag, 300, format!("arp,{from_agent},arp_spa={ag},arp_tpa={a}"), back.clone()));
+                flows.push(Flow::new(
+                    tag,
+                    300,
+                    format!("tcp,{from_agent},dl_dst={m},nw_src={ag},tp_src={lp},nw_dst={a}"),
+                    back.clone(),
                 ));
             }
-            flows.push(Flow::new(tag, 100, format!("in_port={f}"), "drop".into()));
+            flows.push(Flow::new(tag, 100, format!("in_port={p}"), "drop".into()));
         }
-        for a in &n.addresses {
-            let m = format!("tcp,in_port={},nw_src={ag},tp_src={lp},nw_dst={a}", nic.agent_port);
-            flows.push(Flow::new(tag, 300, m, "NORMAL".into()));
-        }
-        out_tenants.push(TenantTag { name: t.name.to_owned(), tag, functions: n.functions.clone() });
+        out_tenants.push(TenantTag {
+            name: t.name.to_owned(),
+            tag,
+            functions: n.functions.iter().map(|f| f.port.clone()).collect(),
+        });
     }
 
-    // The agent's own: ARP on its port and the uplinks, agent <-> storage,
-    // and drop the rest.
-    flows.push(Flow::new(0, 300, format!("arp,in_port={}", nic.agent_port), "NORMAL".into()));
-    for u in &nic.uplinks {
-        flows.push(Flow::new(0, 300, format!("arp,in_port={u}"), "NORMAL".into()));
-    }
-    for s in &storage {
-        flows.push(Flow::new(0, 200, format!("ip,in_port={},nw_dst={s}", nic.agent_port), "NORMAL".into()));
-        for u in &nic.uplinks {
-            flows.push(Flow::new(0, 200, format!("ip,in_port={u},nw_src={s},nw_dst={ag}"), "NORMAL".into()));
-        }
+    // The agent's own: its port to and from the storage networks, each
+    // through its uplink; everything else is dropped.
+    let from_agent = format!("in_port={agp},vlan_tci=0x0000/0x1fff,dl_src={agm}");
+    for (s, u) in &storage {
+        flows.push(Flow::new(0, 300, format!("arp,{from_agent},arp_spa={ag},arp_tpa={s}"), format!("output:{u}")));
+        flows.push(Flow::new(0, 200, format!("ip,{from_agent},nw_src={ag},nw_dst={s}"), format!("output:{u}")));
+        flows.push(Flow::new(0, 300, format!("arp,in_port={u},arp_spa={s},arp_tpa={ag}"), format!("output:{agp}")));
+        flows.push(Flow::new(
+            0,
+            200,
+            format!("ip,in_port={u},dl_dst={agm},nw_src={s},nw_dst={ag}"),
+            format!("output:{agp}"),
+        ));
     }
     flows.push(Flow::new(0, 0, String::new(), "drop".into()));
     Ok(RuleSet { bridge: nic.bridge.clone(), flows, meters, tenants: out_tenants, ports })
+}
+
+/// Each storage network with the uplink it is reached through.
+fn storage_routes(nic: &NicConfig) -> Result<Vec<(Ipv4Net, String)>, NicError> {
+    let bad = |m: String| NicError::Config(m);
+    nic.storage
+        .iter()
+        .map(|s| {
+            let (net, uplink) = match s {
+                StorageNet::Network(n) if nic.uplinks.len() == 1 => (n, &nic.uplinks[0]),
+                StorageNet::Network(n) => {
+                    return Err(bad(format!(
+                        "[nic] storage {n:?}: with several uplinks, name the one it is reached through: \
+                         {{ network = {n:?}, uplink = \"...\" }}"
+                    )))
+                }
+                StorageNet::Routed { network, uplink } if nic.uplinks.contains(uplink) => (network, uplink),
+                StorageNet::Routed { network, uplink } => {
+                    return Err(bad(format!("[nic] storage {network:?}: uplink {uplink:?} is not in uplinks")))
+                }
+            };
+            let net: Ipv4Net = net.parse().map_err(|e| bad(format!("[nic] storage: {e}")))?;
+            Ok((net, uplink.clone()))
+        })
+        .collect()
 }
 
 impl RuleSet {

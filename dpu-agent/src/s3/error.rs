@@ -23,6 +23,10 @@ pub enum S3Error {
     Server { status: u16, code: String, message: String, attempts: u32 },
     #[error("cannot reach the store: {message}{}", attempts_note(*.attempts))]
     Connection { message: String, attempts: u32 },
+    /// The TLS handshake with an https:// endpoint failed (most often its
+    /// certificate is not trusted). Not retried: the next try fails alike.
+    #[error("TLS with the store failed: {0}")]
+    Tls(String),
     #[error("transfer broke: {message}{}", attempts_note(*.attempts))]
     TransferFailed { message: String, attempts: u32 },
     #[error("the data needs {needed} bytes at offset {offset}, but the region holds {region_len}")]
@@ -84,7 +88,7 @@ impl S3Error {
             Self::InvalidRange(_) => ErrorCode::InvalidRange,
             Self::PreconditionFailed(_) => ErrorCode::PreconditionFailed,
             Self::Rejected { .. } => ErrorCode::BadRequest,
-            Self::Server { .. } | Self::Connection { .. } => ErrorCode::StoreUnavailable,
+            Self::Server { .. } | Self::Connection { .. } | Self::Tls(_) => ErrorCode::StoreUnavailable,
             Self::TransferFailed { .. } => ErrorCode::TransferFailed,
             Self::DoesNotFit { .. } => ErrorCode::RegionTooSmall,
             Self::Destination(_) | Self::Protocol(_) | Self::Encryption(_) => ErrorCode::Internal,
@@ -103,6 +107,21 @@ impl S3Error {
             msg.push_str(": ");
             msg.push_str(&s.to_string());
             src = s.source();
+        }
+        if let Some(tls) = tls_cause(&e) {
+            use rustls::CertificateError::{NotValidForName, NotValidForNameContext};
+            let hint = match tls {
+                rustls::Error::InvalidCertificate(NotValidForName | NotValidForNameContext { .. }) => {
+                    "; the store's certificate does not name the endpoint's host: use a name it carries in the \
+                     endpoint, or issue it for this one"
+                }
+                rustls::Error::InvalidCertificate(_) => {
+                    "; the store's certificate is not trusted: set the namespace's ca_file to the PEM of the CA \
+                     that issued it (or add that CA to the system's trust store)"
+                }
+                _ => "",
+            };
+            return Self::Tls(format!("{msg}{hint}"));
         }
         if e.is_body() || e.is_decode() {
             Self::TransferFailed { message: msg, attempts: 1 }
@@ -137,6 +156,25 @@ impl S3Error {
             _ => Self::Rejected { status, code, message },
         }
     }
+}
+
+/// The rustls error somewhere under `e`. Connectors wrap it in
+/// `io::Error`s, whose `source()` skips the wrapped error, so each one is
+/// opened as well.
+fn tls_cause<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(inner) = err.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            if let Some(tls) = tls_cause(inner) {
+                return Some(tls);
+            }
+        }
+        next = err.source();
+    }
+    None
 }
 
 #[cfg(test)]

@@ -96,15 +96,27 @@ fn region_body(region: std::sync::Arc<dyn crate::hostmem::HostRegion>, offset: u
     Payload::Stream { body: reqwest::Body::wrap_stream(stream), len }
 }
 
-/// Builds the HTTP client shared by all namespaces (one connection pool).
-pub fn pool(tuning: &S3Tuning) -> Result<reqwest::Client, S3Error> {
-    reqwest::Client::builder()
+/// Builds an HTTP client (one connection pool), shared by the namespaces
+/// that trust the same roots. https:// endpoints are verified against the
+/// built-in Mozilla roots, the system's store (`SSL_CERT_FILE` /
+/// `SSL_CERT_DIR` when set) and `extra_roots` (a namespace's `ca_file`).
+pub fn pool(
+    tuning: &S3Tuning,
+    extra_roots: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<reqwest::Client, S3Error> {
+    let mut b = reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(tuning.connect_timeout_ms))
         .read_timeout(Duration::from_millis(tuning.read_timeout_ms))
         .tcp_nodelay(true)
         .pool_max_idle_per_host(64)
-        .build()
-        .map_err(|e| S3Error::Protocol(format!("building HTTP client: {e}")))
+        .tls_built_in_webpki_certs(true)
+        .tls_built_in_native_certs(true);
+    for der in extra_roots {
+        let cert = reqwest::Certificate::from_der(der)
+            .map_err(|e| S3Error::Protocol(format!("a CA certificate for the HTTP client: {e}")))?;
+        b = b.add_root_certificate(cert);
+    }
+    b.build().map_err(|e| S3Error::Protocol(format!("building HTTP client: {e}")))
 }
 
 /// SigV4 over HTTP(S) to one bucket, with one namespace's credentials.
@@ -427,7 +439,8 @@ mod tests {
             UriPathNormalizationMode,
         };
         let keys = Keys { access_key: ak.into(), secret_key: sk.into(), session_token: token.map(str::to_owned) };
-        let store = HttpClient::new(pool(&Default::default()).unwrap(), ns.bucket.clone(), keys, ns.region.clone());
+        let store =
+            HttpClient::new(pool(&Default::default(), &[]).unwrap(), ns.bucket.clone(), keys, ns.region.clone());
         let creds = aws_credential_types::Credentials::new(ak, sk, token.map(str::to_owned), None, "test");
         let identity = creds.into();
         let ep = "http://127.0.0.1:9000";

@@ -16,6 +16,7 @@ mod mock;
 mod put;
 pub mod setup;
 mod sigv4;
+pub mod store_tls;
 pub mod token_path;
 #[cfg(test)]
 mod transfer_tests;

@@ -1,7 +1,8 @@
-//! Building the namespaces' stores at startup: the parts they share (one
-//! HTTP connection pool, the master keys, the chunk cipher: ring, or the
-//! DPU's DOCA engine after its self-test) and each namespace's
-//! [`ObjectStore`] with its credentials, data path and encryption.
+//! Building the namespaces' stores at startup: the parts they share (the
+//! HTTP connection pools, one per trusted `ca_file`; the master keys; the
+//! chunk cipher: ring, or the DPU's DOCA engine after its self-test) and
+//! each namespace's [`ObjectStore`] with its credentials, data path and
+//! encryption.
 
 use std::sync::Arc;
 
@@ -16,7 +17,8 @@ use crate::error::StartupError;
 
 /// What every namespace's store shares.
 pub struct StoreParts {
-    http: reqwest::Client,
+    /// Connection pools, by the `ca_file` their namespaces trust.
+    http: super::store_tls::Pools,
     keys: Option<Arc<dyn sluice_crypt::KeyProvider>>,
     cipher: Arc<dyn sluice_crypt::Cipher>,
     counters: S3Counters,
@@ -24,7 +26,8 @@ pub struct StoreParts {
 
 impl StoreParts {
     pub fn from_config(cfg: &AgentConfig, counters: S3Counters) -> Result<Self, StartupError> {
-        let http = super::http_client::pool(&cfg.s3).map_err(StartupError::HttpClient)?;
+        let http = super::store_tls::Pools::from_config(cfg)?;
+        super::store_tls::warn_plaintext_stores(cfg);
         let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
             Some(dir) => Some(Arc::new(sluice_crypt::FileKeyProvider::new(dir).map_err(StartupError::KeyDir)?)),
             None => None,
@@ -60,7 +63,11 @@ impl ObjectStore {
             placement: ns.placement,
             min_bytes: ns.rdma_min_bytes,
         });
-        let client = HttpClient::new(parts.http.clone(), ns.bucket.clone(), keys, ns.region.clone());
+        let http = parts
+            .http
+            .for_namespace(ns)
+            .map_err(|source| StartupError::CaFile { namespace: ns.name.clone(), source })?;
+        let client = HttpClient::new(http, ns.bucket.clone(), keys, ns.region.clone());
         let client = Arc::new(client);
         let store = Self::new(client.clone(), ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
         let encryption = Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?;
