@@ -247,6 +247,7 @@ async fn read_batched(
                     offset: i as u64 * size,
                     range: None,
                     max_bytes: size,
+                    if_match: String::new(),
                 })
                 .collect();
             let t = Instant::now();

@@ -16,6 +16,7 @@ use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
+use crate::requests::GetObject;
 use crate::s3::setup::{Signers, StoreParts};
 use crate::s3::token_path::Fallback;
 use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore, S3Counters};
@@ -474,20 +475,18 @@ impl Agent {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Runs one GET for session `session_id` (`timeout_ms` 0: the
+    /// namespace's deadline).
     pub async fn get(
         &self,
         session_id: &str,
         request_id: &str,
-        namespace: &str,
-        key: &str,
-        range: Option<(u64, Option<u64>)>,
-        region_id: &str,
-        offset: u64,
-        max_bytes: u64,
         timeout_ms: u32,
+        req: &GetObject,
     ) -> Result<TransferReport, AgentError> {
         let s = self.session(session_id)?;
+        let GetObject { namespace, key, range, region_id, offset, max_bytes, if_match } = req;
+        let (namespace, offset, max_bytes) = (namespace.as_str(), *offset, *max_bytes);
         let work = async {
             let store = self.authorize(&s, namespace, Permission::Read, "get")?;
             let region = self.region(&s, region_id)?;
@@ -500,7 +499,9 @@ impl Agent {
             let room = if max_bytes == 0 { u64::MAX } else { max_bytes };
             let bound = self.get_bound(&s.tenant, region.len().saturating_sub(offset).min(room), len);
             let permit = self.admit(&s, bound).await?;
-            let out = store.get_into(key, start, len, &region, offset, room, request_id, Some(&permit)).await?;
+            let out = store
+                .get_into(key, start, len, &region, offset, room, if_match.as_deref(), request_id, Some(&permit))
+                .await?;
             self.record_fallbacks(&s, namespace, "get", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());

@@ -14,6 +14,7 @@ use futures::{Stream, StreamExt};
 
 use crate::agent::{Agent, TransferReport};
 use crate::error::AgentError;
+use crate::requests::GetObject;
 
 /// Most items of one batch in flight in the agent at once. The tenant's
 /// admission (requests/s, in-flight bytes) and the fair scheduler still
@@ -24,18 +25,6 @@ pub const BATCH_CONCURRENCY: usize = 64;
 /// get here; this is the agent's own bound).
 pub const MAX_BATCH_ITEMS: usize = 4096;
 
-/// One GET of a batch.
-#[derive(Debug, Clone)]
-pub struct BatchItem {
-    pub namespace: String,
-    pub key: String,
-    pub range: Option<(u64, Option<u64>)>,
-    pub region_id: String,
-    pub offset: u64,
-    /// Most bytes the data may take from `offset` (0: to the region's end).
-    pub max_bytes: u64,
-}
-
 impl Agent {
     /// Runs `items` for session `session_id`; yields `(index, result)` as
     /// each finishes. `timeout_ms` (0: the namespace's default per item)
@@ -45,7 +34,7 @@ impl Agent {
         self: &Arc<Self>,
         session_id: String,
         request_id: String,
-        items: Vec<BatchItem>,
+        items: Vec<GetObject>,
         timeout_ms: u32,
     ) -> Result<impl Stream<Item = (u32, Result<TransferReport, AgentError>)> + Send + 'static, AgentError> {
         if items.len() > MAX_BATCH_ITEMS {
@@ -67,19 +56,7 @@ impl Agent {
                         Err(limit) => return (index, Err(AgentError::DeadlineExceeded(limit))),
                     };
                     let rid = format!("{request_id}.{i}");
-                    let res = agent
-                        .get(
-                            &session_id,
-                            &rid,
-                            &item.namespace,
-                            &item.key,
-                            item.range,
-                            &item.region_id,
-                            item.offset,
-                            item.max_bytes,
-                            timeout_ms,
-                        )
-                        .await;
+                    let res = agent.get(&session_id, &rid, timeout_ms, &item).await;
                     (index, res)
                 }
             })

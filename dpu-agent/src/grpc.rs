@@ -10,10 +10,10 @@ use sluice_proto::common::{DataPath, ObjectInfo, TransferReport};
 use tonic::{Request, Response, Status};
 
 use crate::agent::{self, Agent};
-use crate::batch::BatchItem;
 use crate::error::AgentError;
 use crate::hostmem::{MemoryKind, RegionExport};
 use crate::identity::{SessionRequest, ShimOrigin};
+use crate::requests::GetObject;
 use crate::s3::{DataPathUsed, ObjectMeta};
 use crate::tls::ClientCert;
 
@@ -177,18 +177,7 @@ impl AgentRpc for GrpcService {
         let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
-        let items = r
-            .items
-            .into_iter()
-            .map(|i| BatchItem {
-                namespace: i.namespace,
-                key: i.key,
-                range: i.range.map(|g| (g.start, g.length)),
-                region_id: i.region_id,
-                offset: i.offset,
-                max_bytes: i.max_bytes,
-            })
-            .collect();
+        let items = r.items.into_iter().map(GetObject::from).collect();
         let request_id = r.request_id;
         let results = self.agent.get_many(r.session_id, request_id.clone(), items, r.timeout_ms)?;
         let stream = results.map(move |(index, res)| {
@@ -294,22 +283,9 @@ impl AgentRpc for GrpcService {
         let origin = self.origin_of(&req);
         let r = req.into_inner();
         self.agent.check_origin(&r.session_id, &origin)?;
-        let range = r.range.map(|g| (g.start, g.length));
-        let out = self
-            .agent
-            .get(
-                &r.session_id,
-                &r.request_id,
-                &r.namespace,
-                &r.key,
-                range,
-                &r.region_id,
-                r.offset,
-                r.max_bytes,
-                r.timeout_ms,
-            )
-            .await?;
-        Ok(Response::new(get_reply(&r.request_id, out)))
+        let (session_id, request_id, timeout_ms) = (r.session_id.clone(), r.request_id.clone(), r.timeout_ms);
+        let out = self.agent.get(&session_id, &request_id, timeout_ms, &GetObject::from(r)).await?;
+        Ok(Response::new(get_reply(&request_id, out)))
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {

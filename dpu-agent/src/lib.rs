@@ -18,6 +18,7 @@ pub mod ids;
 pub mod metrics;
 pub mod nic;
 pub mod quota;
+pub mod requests;
 pub mod s3;
 pub mod server;
 pub mod session;

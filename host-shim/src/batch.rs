@@ -99,6 +99,7 @@ pub async fn get_batch(
                         region_id,
                         offset: g.offset,
                         max_bytes: g.max_bytes,
+                        if_match: g.if_match.clone(),
                     });
                     sent.push(*i);
                 }

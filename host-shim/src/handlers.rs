@@ -49,6 +49,7 @@ pub async fn handle(
                         offset: g.offset,
                         max_bytes: g.max_bytes,
                         timeout_ms,
+                        if_match: g.if_match.clone(),
                     };
                     let mut agent = agent();
                     async move { agent.get(req).await }

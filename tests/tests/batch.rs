@@ -14,7 +14,14 @@ async fn put_bytes(c: &Client, path: &str, data: &[u8]) {
 }
 
 fn item(path: &str, region_id: &str, offset: u64, max_bytes: u64) -> BatchGet {
-    BatchGet { path: path.to_owned(), region_id: region_id.to_owned(), offset, range: None, max_bytes }
+    BatchGet {
+        path: path.to_owned(),
+        region_id: region_id.to_owned(),
+        offset,
+        range: None,
+        max_bytes,
+        if_match: String::new(),
+    }
 }
 
 #[tokio::test]

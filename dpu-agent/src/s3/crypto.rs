@@ -231,6 +231,7 @@ impl ObjectStore {
         region: &Arc<dyn HostRegion>,
         offset: u64,
         room: u64,
+        if_match: Option<&str>,
         request_id: &str,
         gate: Gate<'_>,
     ) -> Result<GetOutcome, S3Error> {
@@ -245,6 +246,7 @@ impl ObjectStore {
         let slot = enter(gate, first_to).await?;
         let (prefetched, stored, etag) = self.fetch_head_bytes(&full, first_to, request_id).await?;
         drop(slot);
+        super::get::check_if_match(if_match, &etag)?;
         if prefetched.len() < HEADER_LEN || prefetched[..4] != sluice_crypt::MAGIC {
             // A plaintext object where only ciphertext may be is refused: a
             // store-side attacker must not be able to substitute plaintext.

@@ -83,6 +83,9 @@ impl ObjectStore {
     /// Reads `key` (or `length` bytes from `start`; `None` = to the end) into
     /// `region` at `offset`. Nothing is written unless the whole requested
     /// span fits in the region, and in `room` bytes (a caller's slot).
+    /// `if_match`: the ETag the object must have (a caller reading one object
+    /// in several requests pins them to the version its first one saw);
+    /// another version fails with PRECONDITION_FAILED before a byte is written.
     #[allow(clippy::too_many_arguments)]
     pub async fn get_into(
         &self,
@@ -92,6 +95,7 @@ impl ObjectStore {
         region: &Arc<dyn HostRegion>,
         offset: u64,
         room: u64,
+        if_match: Option<&str>,
         request_id: &str,
         gate: Gate<'_>,
     ) -> Result<GetOutcome, S3Error> {
@@ -99,7 +103,7 @@ impl ObjectStore {
             return Err(S3Error::InvalidRange("a range must cover at least one byte".into()));
         }
         if let Some(enc) = &self.encryption {
-            return self.get_encrypted(enc, key, start, length, region, offset, room, request_id, gate).await;
+            return self.get_encrypted(enc, key, start, length, region, offset, room, if_match, request_id, gate).await;
         }
         let full = self.full_key(key);
         let part = self.tuning.get_part_size;
@@ -131,6 +135,9 @@ impl ObjectStore {
                 First::Empty { etag } => (0, etag, None),
             }
         };
+        // Before any byte of the first part is written (its body is still
+        // unread): a version other than the one asked for is refused.
+        check_if_match(if_match, &etag)?;
         let end = match length {
             Some(l) => start.saturating_add(l).min(object_size),
             None => object_size,
@@ -337,6 +344,18 @@ impl ObjectStore {
             stream_body(resp.body, region, dst, to - from).await
         })
         .await
+    }
+}
+
+/// Refuses an object whose ETag is not `want` (quotes and a weak prefix
+/// aside, as S3 compares them).
+pub(super) fn check_if_match(want: Option<&str>, etag: &str) -> Result<(), S3Error> {
+    let bare = |e: &str| e.trim().trim_start_matches("W/").trim_matches('"').to_owned();
+    match want {
+        Some(w) if bare(w) != bare(etag) || etag.is_empty() => Err(S3Error::PreconditionFailed(format!(
+            "the object is at ETag {etag:?}, not {w:?} as asked (it was replaced since); nothing was returned"
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -63,7 +63,7 @@ fn contents(r: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Vec<u8> {
 }
 
 async fn get_all(s: &ObjectStore, key: &str, r: &Arc<dyn HostRegion>) -> Result<super::GetOutcome, S3Error> {
-    s.get_into(key, 0, None, r, 0, r.len(), "req", None).await
+    s.get_into(key, 0, None, r, 0, r.len(), None, "req", None).await
 }
 
 async fn until(what: &str, cond: impl Fn() -> bool) {
@@ -105,7 +105,7 @@ async fn a_large_get_is_split_into_ranged_parts_that_cover_it_once() {
     // A window: [start, start+length) lands at the offset, nothing else moves.
     let r = region(3 * PART);
     r.write_at(0, &[0xee; 16]).unwrap();
-    let out = s.get_into("big", PART - 5, Some(2 * PART), &r, 16, 2 * PART, "req", None).await.unwrap();
+    let out = s.get_into("big", PART - 5, Some(2 * PART), &r, 16, 2 * PART, None, "req", None).await.unwrap();
     assert_eq!(out.bytes, 2 * PART);
     assert_eq!(contents(&r, 16, 2 * PART), data[(PART - 5) as usize..(3 * PART - 5) as usize]);
     assert_eq!(contents(&r, 0, 16), [0xee; 16], "bytes before the offset are untouched");
@@ -225,7 +225,7 @@ async fn an_object_replaced_mid_read_fails_the_read() {
             let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 1, 1, Failure::Before(replace));
             let s = store(Arc::new(failing), None);
             let r = region(len);
-            let e = s.get_into("k", start, length, &r, 0, len, "req", None).await.unwrap_err();
+            let e = s.get_into("k", start, length, &r, 0, len, None, "req", None).await.unwrap_err();
             assert!(
                 matches!(e, S3Error::PreconditionFailed(_)),
                 "from {start}, the store ignores If-Match: {store_ignores_if_match}: {e}"
@@ -348,10 +348,9 @@ async fn parts_wait_for_the_tenants_scheduler_slot() {
     let s = Arc::new(store(Arc::new(mock.clone()), None));
     let r = region(len);
     let (s2, r2) = (s.clone(), r.clone());
-    let transfer =
-        tokio::spawn(
-            async move { s2.get_into("k", 0, None, &r2, 0, len, "req", Some(&permit)).await.map(|o| o.bytes) },
-        );
+    let transfer = tokio::spawn(async move {
+        s2.get_into("k", 0, None, &r2, 0, len, None, "req", Some(&permit)).await.map(|o| o.bytes)
+    });
     // The agent's only slot is taken: no request goes out.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(mock.count(Op::Get), 0);
@@ -369,7 +368,7 @@ async fn a_refused_slot_fails_the_transfer_and_moves_nothing() {
     let permit = q.admit("tenant", PART).await.unwrap();
     let s = store(Arc::new(mock.clone()), None);
     let r = region(PART);
-    let e = s.get_into("k", 0, None, &r, 0, PART, "req", Some(&permit)).await.unwrap_err();
+    let e = s.get_into("k", 0, None, &r, 0, PART, None, "req", Some(&permit)).await.unwrap_err();
     assert!(matches!(e, S3Error::Quota(_)), "{e}");
     assert_eq!(e.code(), sluice_proto::common::ErrorCode::QuotaExceeded);
     assert!(mock.calls().is_empty(), "nothing reached the store");
@@ -430,4 +429,34 @@ async fn a_throttled_part_is_retried_and_the_upload_completes() {
     assert_eq!(mock.object("t/k").unwrap(), data);
     assert_eq!(failing.endpoints(Op::UploadPart).len(), 8);
     assert_eq!((mock.count(Op::Abort), aborts(&s, "failed")), (0, 0));
+}
+
+/// A read pinned to an ETag (`if_match`, a client reading one object in
+/// several requests) is served from that version only: another version is
+/// refused before a byte lands, plain and encrypted alike.
+#[tokio::test]
+async fn a_read_pinned_to_an_etag_refuses_another_version_writing_nothing() {
+    let mock = MockStore::new();
+    let s = store(Arc::new(mock.clone()), None);
+    mock.insert("t/k", pattern((3 * PART) as usize, 1));
+    let r = region(3 * PART);
+    let first = s.get_into("k", 0, Some(PART), &r, 0, r.len(), None, "req", None).await.unwrap();
+    assert!(!first.etag.is_empty());
+    // The same version, by its ETag with or without quotes: served.
+    let bare = first.etag.trim_matches('"').to_owned();
+    for tag in [first.etag.as_str(), bare.as_str()] {
+        let out = s.get_into("k", PART, None, &r, PART, r.len(), Some(tag), "req", None).await.unwrap();
+        assert_eq!(out.bytes, 2 * PART);
+    }
+    // Replaced: a pinned read fails and the region keeps what it held.
+    mock.insert("t/k", pattern((3 * PART) as usize, 9));
+    r.write_at(0, &vec![0xab; (3 * PART) as usize]).unwrap();
+    for (start, len) in [(0, None), (PART, Some(PART)), (2 * PART, None)] {
+        let e = s.get_into("k", start, len, &r, 0, r.len(), Some(&first.etag), "req", None).await.unwrap_err();
+        assert!(matches!(e, S3Error::PreconditionFailed(_)), "{e:?}");
+        assert!(e.to_string().contains("not"), "{e}");
+    }
+    assert_eq!(contents(&r, 0, 3 * PART), vec![0xab; (3 * PART) as usize], "nothing was written");
+    // Unpinned, the new version reads as usual.
+    assert!(s.get_into("k", 0, None, &r, 0, r.len(), None, "req", None).await.is_ok());
 }

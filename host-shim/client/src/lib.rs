@@ -174,6 +174,8 @@ pub struct BatchGet {
     /// Most bytes the data may take from `offset` (a slot of a shared
     /// region); 0 = up to the region's end.
     pub max_bytes: u64,
+    /// The ETag the object must have (empty: any version).
+    pub if_match: String,
 }
 
 /// The request deadline of a new client (the agent's default namespace
@@ -346,6 +348,7 @@ impl Client {
                     region_id: i.region_id.clone(),
                     offset: i.offset,
                     max_bytes: i.max_bytes,
+                    if_match: i.if_match.clone(),
                 })
                 .collect(),
         });
@@ -478,12 +481,28 @@ impl Client {
         offset: u64,
         range: Option<(u64, Option<u64>)>,
     ) -> Result<Transfer, ClientError> {
+        self.get_pinned(path, region_id, offset, range, "").await
+    }
+
+    /// As [`Client::get_by_id`], but only from the object version with ETag
+    /// `if_match` (as a [`Transfer`] returned it; empty: any): another
+    /// version fails with `PreconditionFailed`, writing nothing. How one
+    /// object is read in several ranged GETs without mixing versions.
+    pub async fn get_pinned(
+        &self,
+        path: &str,
+        region_id: &str,
+        offset: u64,
+        range: Option<(u64, Option<u64>)>,
+        if_match: &str,
+    ) -> Result<Transfer, ClientError> {
         let op = Op::Get(pb::Get {
             path: path.to_owned(),
             range: range.map(|(start, length)| ByteRange { start, length }),
             region_id: region_id.to_owned(),
             offset,
             max_bytes: 0,
+            if_match: if_match.to_owned(),
         });
         match self.call(op, None, "").await?.resp.result {
             Some(Res::Get(g)) => Ok(transfer(g.report, g.etag, g.object_size)),

@@ -172,6 +172,29 @@ def test_get_ranges_and_offsets(client, prefix):
     assert client.get_bytes(f"{prefix}/r", (9995, None)) == data[9995:]
 
 
+def test_ranged_gets_pinned_to_one_version(client, prefix):
+    """A reader splitting one object into ranged GETs pins them to the
+    version the first saw (``if_match``); a replaced object fails the next
+    one with PreconditionFailed and writes nothing, alone or in a batch."""
+    old, new = payload(20_000, "v1"), payload(20_000, "v2")
+    client.put(f"{prefix}/v", old)
+    with client.register(64 << 10) as region:
+        first = client.get(f"{prefix}/v", region, 0, (0, 10_000))
+        assert first.etag
+        t = client.get(f"{prefix}/v", region, 10_000, (10_000, None), if_match=first.etag)
+        assert t.bytes == 10_000 and region.read(0, 20_000) == old
+        client.put(f"{prefix}/v", new)
+        region.write(b"\xab" * 20_000, 0)
+        with pytest.raises(sluice.PreconditionFailed):
+            client.get(f"{prefix}/v", region, 0, (10_000, None), if_match=first.etag)
+        [item] = client.get_many([sluice.GetSpec(f"{prefix}/v", region, 0, (0, 100), if_match=first.etag)])
+        assert not item.ok and isinstance(item.error, sluice.PreconditionFailed), item
+        assert region.read(0, 20_000) == b"\xab" * 20_000, "nothing was written"
+        assert client.get(f"{prefix}/v", region).bytes == 20_000 and region.read(0, 20_000) == new
+    with pytest.raises(TypeError):
+        client.get(f"{prefix}/v", "r", if_match=b"etag")
+
+
 def test_get_bytes_and_put_bytes_like(client, prefix):
     cases = {
         "bytes": b"plain bytes",

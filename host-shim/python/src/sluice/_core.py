@@ -526,20 +526,25 @@ class CoreClient:
                 self._regions.pop(rid, None)
 
     def _get_op(
-        self, path: Any, into: Any, offset: int, range: Optional[ByteRange], request_id: str = ""
+        self, path: Any, into: Any, offset: int, range: Optional[ByteRange], request_id: str = "", if_match: str = ""
     ) -> "Op[Transfer]":
-        call = self._get_call(path, into, offset, range, request_id)
+        call = self._get_call(path, into, offset, range, request_id, if_match)
         r = yield from one(call, "get")
         return Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
 
-    def _get_call(self, path: Any, into: Any, offset: int, range: Optional[ByteRange], request_id: str = "") -> Call:
+    def _get_call(
+        self, path: Any, into: Any, offset: int, range: Optional[ByteRange], request_id: str = "", if_match: str = ""
+    ) -> Call:
         if into is None:
             raise TypeError("get() needs a region: get(path, into=region); use get_bytes() for bytes")
+        if not isinstance(if_match, str):
+            raise TypeError("if_match must be a str (an ETag as a Transfer returned it)")
         fields = {
             "path": _path(path),
             "range": _range(range),
             "region_id": _region_id(into),
             "offset": _u64("offset", offset),
+            "if_match": if_match,
         }
         return Call("get", fields, request_id=request_id)
 
@@ -644,7 +649,7 @@ class CoreClient:
         todo: List[Tuple[int, int, bool]] = []  # bytes-items: (index, slot size, size known)
         for i, s in enumerate(specs):
             if s.into is not None:
-                direct.append((i, self._get_call(s.path, s.into, s.offset, s.range).fields))
+                direct.append((i, self._get_call(s.path, s.into, s.offset, s.range, "", s.if_match).fields))
             else:
                 rng = _range(s.range)
                 known = rng is not None and rng["length"] is not None

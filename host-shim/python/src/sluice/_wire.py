@@ -145,6 +145,7 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         3: ("region_id", "string", ""),
         4: ("offset", "u64", ""),
         5: ("max_bytes", "u64", ""),
+        6: ("if_match", "string", ""),
     },
     "GetBatch": {1: ("items", "Get", "repeated")},
     "GetResult": {

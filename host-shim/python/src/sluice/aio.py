@@ -331,10 +331,11 @@ class AsyncClient(CoreClient):
         *,
         request_id: str = "",
         timeout: Optional[float] = None,
+        if_match: str = "",
     ) -> Transfer:
         """See :meth:`sluice.Client.get`."""
         with call_timeout(timeout):
-            return await self._run(self._get_op(path, into, offset, range, request_id))
+            return await self._run(self._get_op(path, into, offset, range, request_id, if_match))
 
     async def get_bytes(
         self,

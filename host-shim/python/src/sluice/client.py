@@ -363,15 +363,20 @@ class Client(CoreClient):
         *,
         request_id: str = "",
         timeout: Optional[float] = None,
+        if_match: str = "",
     ) -> Transfer:
         """Reads object ``path`` (``"namespace/key"``), or ``range`` of it
         (``(start, length)``, ``(start, None)`` = to the end), into region
         ``into`` at ``offset``. Returns the :class:`~sluice.Transfer`; its
         ``bytes`` is how many bytes landed. If the span does not fit,
         :class:`~sluice.RegionTooSmall` is raised and nothing is written.
-        ``timeout``: this call's deadline (default: the client's)."""
+        ``timeout``: this call's deadline (default: the client's).
+        ``if_match``: the ETag the object must have (as a Transfer's
+        ``etag`` gave it; "" = any): another version raises
+        :class:`~sluice.PreconditionFailed`, writing nothing. Reading one
+        object in several ranged GETs, pin them all to the first one's."""
         with call_timeout(timeout):
-            return self._run(self._get_op(path, into, offset, range, request_id))
+            return self._run(self._get_op(path, into, offset, range, request_id, if_match))
 
     def get_bytes(
         self,

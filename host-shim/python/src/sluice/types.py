@@ -277,12 +277,15 @@ class GetSpec:
             :attr:`ItemResult.data`.
         offset: where in ``into`` the bytes land.
         range: ``(start, length)`` or ``(start, None)`` for "to the end".
+        if_match: the ETag the object must have ("" = any); another
+            version fails the item with :class:`~sluice.PreconditionFailed`.
     """
 
     path: str
     into: Optional[Any] = None  # sluice.Region
     offset: int = 0
     range: Optional[ByteRange] = None
+    if_match: str = ""
 
 
 GetItem = Union[str, GetSpec, Tuple[Any, ...]]
