@@ -51,10 +51,12 @@ from .errors import (
     Unsupported,
     UnsupportedVersion,
 )
+from .gpu import GpuRegion
 from .region import Region
 from .types import Capabilities, GetSpec, ItemResult, ListPage, NamespaceCapabilities, ObjectInfo, Stats, Transfer
 
 __all__ = [
+    "GpuRegion",
     "__version__",
     "Client",
     "AsyncClient",

@@ -25,14 +25,17 @@ from dataclasses import dataclass
 from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _wire
+from ._gpu_ops import PIN_AUTO, GpuOps
 from .errors import (
     BadRequest,
     ProtocolError,
     RegionTooSmall,
     ShimConnectionError,
     SluiceError,
+    Unsupported,
     from_detail,
 )
+from .gpu import DEFAULT_LANE_BYTES, DEFAULT_STAGING_BYTES, GpuRegion
 from .region import Region
 from .types import ByteRange, Capabilities, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer, as_spec
 
@@ -261,8 +264,12 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class CoreClient:
+class CoreClient(GpuOps):
     """Connection state and protocol operations; no I/O."""
+
+    #: GPU regions need a driver that may block on copy engines and on a
+    #: free staging lane: the blocking client. (The asyncio client refuses them.)
+    _GPU_OK = False
 
     def __init__(
         self,
@@ -272,7 +279,12 @@ class CoreClient:
         client_name: Optional[str],
         scratch_bytes: int,
         get_many_batch_bytes: int,
+        cuda: Any = None,
+        gpu_staging_bytes: int = DEFAULT_STAGING_BYTES,
+        gpu_lane_bytes: int = DEFAULT_LANE_BYTES,
+        pin_regions: str = PIN_AUTO,
     ) -> None:
+        self._init_gpu(cuda, gpu_staging_bytes, gpu_lane_bytes, pin_regions)
         self.socket_path = resolve_socket(socket)
         self.timeout = timeout
         self._client_name = client_name or f"sluice-python/{__version__}"
@@ -332,6 +344,10 @@ class CoreClient:
             # Its answers (one per item) are gathered before the call completes.
             self._batches[id_] = _Gather(len(call.fields["items"]))
         return frame
+
+    def _gpu_allowed(self) -> None:
+        if not self._GPU_OK:
+            raise Unsupported("GPU regions are served by the blocking sluice.Client; use it (e.g. in a thread)")
 
     def _check_usable(self) -> None:
         if os.getpid() != self._pid:
@@ -418,14 +434,18 @@ class CoreClient:
         return region
 
     def _invalidate_all(self) -> None:
+        self._close_gpu()
         for r in list(self._regions.values()):
+            self._unpin(r)
             r._invalidate()
         for r in self._pool.clear():
+            self._unpin(r)
             r._invalidate()
 
     def _release_later(self, region: Region) -> None:
         """Forgets ``region`` here and queues its release; the driver sends
         queued releases without waiting for their answers."""
+        self._unpin(region)
         region._invalidate()
         self._regions.pop(region.id, None)
         self._release_later_id(region.id)
@@ -476,7 +496,9 @@ class CoreClient:
         r = yield from one(Call("register", body, fd=fd), "registered")
         return str(r.body["region_id"])
 
-    def _register_op(self, nbytes: int, fd: Optional[int] = None, local: bool = False) -> "Op[Region]":
+    def _register_op(
+        self, nbytes: int, fd: Optional[int] = None, local: bool = False, pin: bool = True
+    ) -> "Op[Region]":
         nbytes = _u64("nbytes", nbytes)
         own_fd = None
         if local:
@@ -507,7 +529,10 @@ class CoreClient:
                 raise SluiceError(f"mapping region {r.body['region_id']} failed: {e}") from e
             finally:
                 close_fd(got_fd)  # mmap keeps its own duplicate
-            return self._track(Region(self, r.body["region_id"], length, mm, local=fd is not None))
+            region = self._track(Region(self, r.body["region_id"], length, mm, local=fd is not None))
+            if pin:
+                self._maybe_pin(region)
+            return region
         finally:
             close_fd(own_fd)
 
@@ -522,12 +547,18 @@ class CoreClient:
         finally:
             r = region if isinstance(region, Region) else self._regions.get(rid)
             if r is not None and r._owner is self:  # never another client's region
+                self._unpin(r)
                 r._invalidate()
                 self._regions.pop(rid, None)
 
     def _get_op(
         self, path: Any, into: Any, offset: int, range: Optional[ByteRange], request_id: str = "", if_match: str = ""
     ) -> "Op[Transfer]":
+        if isinstance(into, GpuRegion):
+            if not isinstance(if_match, str):
+                raise TypeError("if_match must be a str (an ETag as a Transfer returned it)")
+            self._gpu_allowed()
+            return (yield from self._gpu_get_op(_path(path), into, _u64("offset", offset), _range(range), if_match, request_id))
         call = self._get_call(path, into, offset, range, request_id, if_match)
         r = yield from one(call, "get")
         return Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
@@ -560,6 +591,10 @@ class CoreClient:
         path = _path(path)
         if not isinstance(content_type, str):
             raise TypeError("content_type must be a str")
+        if isinstance(src, GpuRegion):
+            self._gpu_allowed()
+            n = None if length is None else _u64("length", length)
+            return (yield from self._gpu_put_op(path, src, _u64("offset", offset), n, content_type, request_id))
         if isinstance(src, (Region, str)):
             if length is None:
                 if not isinstance(src, Region):
@@ -647,8 +682,13 @@ class CoreClient:
         # Validate everything before sending anything.
         direct: List[Tuple[int, Dict[str, Any]]] = []
         todo: List[Tuple[int, int, bool]] = []  # bytes-items: (index, slot size, size known)
+        on_gpu: List[Any] = []  # items into GPU regions: (index, path, region, offset, range, if_match)
         for i, s in enumerate(specs):
-            if s.into is not None:
+            if isinstance(s.into, GpuRegion):
+                self._gpu_allowed()
+                _range(s.range)
+                on_gpu.append((i, results[i].path, s.into, _u64("offset", s.offset), s.range, s.if_match))
+            elif s.into is not None:
                 direct.append((i, self._get_call(s.path, s.into, s.offset, s.range, "", s.if_match).fields))
             else:
                 rng = _range(s.range)
@@ -731,6 +771,7 @@ class CoreClient:
             if not again:
                 break
             todo = again
+        yield from self._gpu_items_op(on_gpu, results)
         return results
 
     def _size_of(self, path: str, rng: Optional[ByteRange]) -> "Op[int]":

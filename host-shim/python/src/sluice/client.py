@@ -14,6 +14,8 @@ from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tup
 from . import _core
 from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
 from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
+from .gpu import GpuRegion
+from .gpu import validate as validate_gpu
 from .region import Region
 from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer
 
@@ -119,6 +121,18 @@ class Client(CoreClient):
             registered on demand and released after use.
         get_many_batch_bytes: :meth:`get_many` reads bytes-items into shared
             scratch regions of at most this size per pipelined batch.
+        pin_regions: pin host regions for CUDA once at registration, so a
+            loader's ``.cuda()`` of what it read runs at pinned speed:
+            ``"auto"`` (when this process already uses CUDA: no context is
+            made here), ``"always"``, ``"never"``; ``SLUICE_PIN_REGIONS=0``
+            turns it off. See :meth:`pinned`.
+        gpu_staging_bytes / gpu_lane_bytes: pinned staging for GPU regions
+            (:meth:`register_gpu`): lanes of ``gpu_lane_bytes`` (two halves:
+            one on the network while the other is copied to the GPU), made
+            on demand up to ``gpu_staging_bytes`` in all; one per GPU
+            request in flight.
+        cuda: the CUDA driver to use (tests pass :class:`sluice.cuda.HostModel`);
+            default: ``libcuda.so.1``, loaded on first GPU use.
 
     Thread safety: a ``Client`` may be shared by threads; requests from
     different threads are pipelined on the one connection (a background
@@ -126,6 +140,8 @@ class Client(CoreClient):
     process forked after it was created; make one per process (e.g. per
     DataLoader worker), as :mod:`sluice.torch` does.
     """
+
+    _GPU_OK = True
 
     def __init__(
         self,
@@ -136,6 +152,10 @@ class Client(CoreClient):
         client_name: Optional[str] = None,
         scratch_bytes: int = 256 << 20,
         get_many_batch_bytes: int = 256 << 20,
+        pin_regions: str = "auto",
+        gpu_staging_bytes: int = _core.DEFAULT_STAGING_BYTES,
+        gpu_lane_bytes: int = _core.DEFAULT_LANE_BYTES,
+        cuda: Any = None,
         _protocol_version: int = _core._wire.PROTOCOL_VERSION,
     ) -> None:
         super().__init__(
@@ -144,6 +164,10 @@ class Client(CoreClient):
             client_name=client_name,
             scratch_bytes=scratch_bytes,
             get_many_batch_bytes=get_many_batch_bytes,
+            cuda=cuda,
+            gpu_staging_bytes=gpu_staging_bytes,
+            gpu_lane_bytes=gpu_lane_bytes,
+            pin_regions=pin_regions,
         )
         self._dead = False
         self._wlock = threading.Lock()
@@ -335,6 +359,25 @@ class Client(CoreClient):
         region is mapped here read-write.
         """
         return self._run(self._register_op(nbytes, fd=fd, local=local))
+
+    def register_gpu(self, memory: Any, *, nbytes: Optional[int] = None, device: Optional[int] = None) -> GpuRegion:
+        """GPU memory of this process as a region for :meth:`get`,
+        :meth:`get_many` and :meth:`put`: a torch CUDA tensor, anything with
+        ``__cuda_array_interface__`` (cupy, numba) or ``__dlpack__`` on a
+        CUDA device, or a device address with ``nbytes=``. It must be
+        contiguous and inside one live allocation of this process (checked
+        with CUDA: another process's address or freed memory raise
+        :class:`~sluice.BadRequest`; no CUDA here: :class:`~sluice.Unsupported`).
+
+        Bytes reach it through pinned staging lanes and the GPU's copy
+        engines, overlapped part by part with the network; nothing about the
+        GPU memory is sent to the shim. The region keeps ``memory`` alive
+        until :meth:`GpuRegion.release` (or the end of a ``with`` block)."""
+        return validate_gpu(self._driver(), memory, nbytes, device)
+
+    def pinned(self, region: Region) -> bool:
+        """Whether ``region`` is pinned for CUDA (``pin_regions``)."""
+        return super().pinned(region)
 
     def register_dmabuf(self, fd: int, nbytes: int, *, offset: int = 0, gpu_address: int = 0) -> str:
         """Registers GPU memory: ``nbytes`` bytes at ``offset`` of the CUDA

@@ -12,6 +12,13 @@ Both list the prefix once, when constructed, and open **one shim connection
 per process** lazily on first use, so they work in a ``DataLoader`` with
 ``num_workers > 0`` (fork or spawn): each worker gets its own connection.
 
+With ``device="cuda:N"`` both yield CUDA tensors (``uint8``, one per object;
+``transform`` then gets the tensor): each batch is read straight into one
+GPU buffer with :meth:`~sluice.Client.get_many` through pinned staging and
+the copy engines (no host copy of the bytes), and the samples are views of
+it. CUDA in DataLoader workers needs the ``spawn`` start method (or
+``num_workers=0``), as for any CUDA use in workers.
+
 This module imports without torch installed: the datasets are then plain
 Python sequences/iterables (the same code paths, testable without torch).
 With torch they subclass ``torch.utils.data.Dataset`` / ``IterableDataset``.
@@ -28,7 +35,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from ._core import resolve_socket
 from .client import Client, _Handle
 from .errors import SluiceError
-from .types import ItemResult
+from .types import GetSpec, ItemResult
 
 try:  # torch is optional
     import torch as _torch  # noqa: F401
@@ -50,7 +57,14 @@ except ImportError:  # pragma: no cover - exercised when torch is absent
         return None
 
 
-Transform = Callable[[bytes], Any]
+Transform = Callable[[Any], Any]
+
+
+def _gpu_buffer(nbytes: int, device: Any) -> Any:
+    """An uninitialised CUDA ``uint8`` tensor of ``nbytes`` on ``device``."""
+    if not HAVE_TORCH:
+        raise SluiceError("device= needs torch (pip install torch)")
+    return _torch.empty(nbytes, dtype=_torch.uint8, device=device)
 
 
 def worker_info() -> Tuple[int, int]:
@@ -108,6 +122,7 @@ class _Base:
         self.transform = transform
         self.return_path = return_path
         self.client_options = dict(client_options or {})
+        self.device: Any = None
         if paths is None:
             self.items: List[Tuple[str, Optional[int]]] = list(
                 list_prefix(prefix, self.socket, **self.client_options)
@@ -118,9 +133,33 @@ class _Base:
     def _client(self) -> Client:
         return worker_client(self.socket, **self.client_options)
 
-    def _sample(self, path: str, data: bytes) -> Any:
+    def _sample(self, path: str, data: Any) -> Any:
         out = self.transform(data) if self.transform is not None else data
         return (path, out) if self.return_path else out
+
+    def _sizes(self, items: Sequence[Tuple[str, Optional[int]]]) -> List[int]:
+        """Object sizes (from the listing; a HEAD for paths given without)."""
+        client = self._client()
+        return [n if n is not None else client.head(p).size for p, n in items]
+
+    def _to_device(self, items: Sequence[Tuple[str, Optional[int]]]) -> List[ItemResult]:
+        """Reads ``items`` into one GPU buffer of the dataset's device;
+        each result's ``data`` is a view of it."""
+        sizes = self._sizes(items)
+        offsets, total = [], 0
+        for n in sizes:
+            offsets.append(total)
+            total += (n + 255) & ~255  # aligned starts for the samples' views
+        buf = _gpu_buffer(max(total, 1), self.device)
+        client = self._client()
+        with client.register_gpu(buf) as region:
+            results = client.get_many(
+                [GetSpec(p, region, off) for (p, _), off in zip(items, offsets)]
+            )
+        for r, off in zip(results, offsets):
+            if r.ok:
+                r.data = buf[off : off + r.nbytes]
+        return results
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
@@ -142,7 +181,10 @@ class ShimDataset(_Base, _MapBase):
         paths: use these ``"ns/key"`` paths (or ``(path, size)``) instead of
             listing.
         readahead: for sequential access, keep the next ``readahead``
-            objects in flight after each ``dataset[i]`` (0: off).
+            objects in flight after each ``dataset[i]`` (0: off; not with
+            ``device``).
+        device: ``"cuda:N"`` (or a ``torch.device``): samples are CUDA
+            ``uint8`` tensors read straight into GPU memory.
         client_options: keyword arguments for each worker's
             :class:`~sluice.Client` (e.g. ``timeout``).
 
@@ -160,9 +202,11 @@ class ShimDataset(_Base, _MapBase):
         paths: Optional[Sequence[Union[str, Tuple[str, int]]]] = None,
         readahead: int = 0,
         client_options: Optional[Dict[str, Any]] = None,
+        device: Any = None,
     ) -> None:
         _Base.__init__(self, prefix, socket, transform, return_path, paths, client_options)
         self.readahead = readahead
+        self.device = device
 
     def __len__(self) -> int:
         return len(self.items)
@@ -183,6 +227,11 @@ class ShimDataset(_Base, _MapBase):
         if not 0 <= index < n:
             raise IndexError(f"index {index} out of range for {n} objects")
         path, size = self.items[index]
+        if self.device is not None:
+            [r] = self._to_device([(path, size)])
+            if r.error is not None:
+                raise r.error
+            return self._sample(path, r.data)
         client = self._client()
         if self.readahead <= 0:
             return self._sample(path, client.get_bytes(path, size_hint=size))
@@ -209,12 +258,15 @@ class ShimDataset(_Base, _MapBase):
         """A whole batch with one pipelined ``get_many`` (used by
         ``DataLoader`` for batched map-style datasets)."""
         items = [self.items[i] for i in indices]
-        results = self._client().get_many([p for p, _ in items])
+        if self.device is not None:
+            results = self._to_device(items)
+        else:
+            results = self._client().get_many([p for p, _ in items])
         out = []
         for r in results:
             if r.error is not None:
                 raise r.error
-            out.append(self._sample(r.path, r.data or b""))
+            out.append(self._sample(r.path, r.data if r.data is not None else b""))
         return out
 
 
@@ -235,6 +287,8 @@ class ShimIterableDataset(_Base, _IterBase):
         rank, world_size: shard across distributed processes too.
         on_error: ``"raise"`` (default) raises the item's
             :class:`~sluice.SluiceError`; ``"skip"`` drops the item.
+        device: ``"cuda:N"``: samples are CUDA ``uint8`` tensors; each
+            group of ``prefetch`` objects is read into one GPU buffer.
     """
 
     def __init__(
@@ -252,6 +306,7 @@ class ShimIterableDataset(_Base, _IterBase):
         world_size: int = 1,
         on_error: str = "raise",
         client_options: Optional[Dict[str, Any]] = None,
+        device: Any = None,
     ) -> None:
         if prefetch < 1:
             raise ValueError("prefetch must be >= 1")
@@ -267,6 +322,7 @@ class ShimIterableDataset(_Base, _IterBase):
         self.world_size = world_size
         self.on_error = on_error
         self.epoch = 0
+        self.device = device
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch that seeds the shuffle (call before each epoch)."""
@@ -286,7 +342,14 @@ class ShimIterableDataset(_Base, _IterBase):
 
     def results(self) -> Iterator[ItemResult]:
         """This worker's per-item results (errors included), in order."""
-        return self._client().iter_get(self.shard(), prefetch=self.prefetch)
+        if self.device is None:
+            return self._client().iter_get(self.shard(), prefetch=self.prefetch)
+        return self._device_results()
+
+    def _device_results(self) -> Iterator[ItemResult]:
+        shard = self.shard()
+        for i in range(0, len(shard), self.prefetch):
+            yield from self._to_device(shard[i : i + self.prefetch])
 
     def __iter__(self) -> Iterator[Any]:
         for r in self.results():
@@ -294,7 +357,7 @@ class ShimIterableDataset(_Base, _IterBase):
                 if self.on_error == "skip":
                     continue
                 raise r.error
-            yield self._sample(r.path, r.data or b"")
+            yield self._sample(r.path, r.data if r.data is not None else b"")
 
 
 __all__ = [

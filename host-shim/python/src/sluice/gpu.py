@@ -1,0 +1,285 @@
+"""GPU memory as a place GETs land and PUTs read from.
+
+A :class:`GpuRegion` names GPU memory of this process: a torch CUDA tensor,
+anything with ``__cuda_array_interface__`` (cupy, numba) or a CUDA DLPack
+capsule, or a raw device address. Nothing about it is sent to the shim.
+The bytes go through *staging lanes*: pinned shared-memory regions the
+client registers with the shim once (``cudaHostRegister``-ed once), each
+split in two halves. A GET reads the object half by half into a lane (the
+agent writes there as into any region; the parts after the first are pinned
+to the first's ETag) while the GPU's copy engine moves the previous half
+into the tensor, so the network and the copies overlap and the CPU copies
+no object byte. A PUT copies from the tensor into a lane (or, larger than a
+lane, into a pinned region of its own) and stores it from there.
+
+Why in this process and not in a daemon: the copy runs in the CUDA context
+of the memory's owner, so a tenant can fill or read only memory its own
+process can address (CUDA checks that), and no daemon holds a mapping of a
+client's GPU memory that a dead client would leave behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from .cuda import MEMORY_DEVICE, MEMORY_UNIFIED, Driver
+from .errors import BadRequest, RegionReleased, RegionTooSmall, SluiceError, TransferFailed
+
+#: Bytes of pinned staging a client keeps in all (lanes are made on demand).
+DEFAULT_STAGING_BYTES = 256 << 20
+#: Bytes of one lane (two halves): how much of an object is on its way to
+#: the GPU at once per request. 2 x 16 MiB: two agent parts per half.
+DEFAULT_LANE_BYTES = 32 << 20
+
+#: DLPack device type of CUDA memory (dlpack.h ``kDLCUDA``), and managed.
+_DL_CUDA, _DL_CUDA_MANAGED = 2, 13
+
+
+class GpuRegion:
+    """GPU memory of this process that ``get``/``get_many``/``put`` can use
+    as a region. Made by :meth:`sluice.Client.register_gpu`; keeps the object
+    it came from alive. ``release()`` (or leaving a ``with`` block) ends its
+    use; nothing is registered with the shim, so there is nothing to leak."""
+
+    __slots__ = ("ptr", "nbytes", "device", "_keep", "_released", "__weakref__")
+
+    def __init__(self, ptr: int, nbytes: int, device: int, keep: Any = None) -> None:
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.device = device
+        self._keep = keep
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        self._released = True
+        self._keep = None
+
+    def _check(self, offset: int, length: int) -> int:
+        if self._released:
+            raise RegionReleased("this GPU region was released")
+        if offset < 0 or length < 0 or offset + length > self.nbytes:
+            raise BadRequest(f"window {offset}+{length} outside GPU region of {self.nbytes} bytes")
+        return self.ptr + offset
+
+    def __enter__(self) -> "GpuRegion":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<sluice.GpuRegion cuda:{self.device} {self.ptr:#x} {self.nbytes} bytes{' released' if self._released else ''}>"
+
+
+def describe(obj: Any, nbytes: Optional[int] = None, device: Optional[int] = None) -> Tuple[int, int, int, Any]:
+    """(address, bytes, device ordinal, object to keep alive) of GPU memory:
+    a torch CUDA tensor, ``__cuda_array_interface__``, a CUDA DLPack
+    producer, or an int address with ``nbytes`` (and ``device``)."""
+    if isinstance(obj, bool):
+        raise TypeError("register_gpu() takes a CUDA tensor or array, or an address with nbytes=")
+    if isinstance(obj, int):
+        if nbytes is None:
+            raise TypeError("register_gpu(address) needs nbytes=")
+        return obj, nbytes, -1 if device is None else device, None
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "is_cuda"):
+        if not obj.is_cuda:
+            raise BadRequest("this torch tensor is not on a CUDA device (register() host memory instead)")
+        if not obj.is_contiguous():
+            raise BadRequest("the tensor is not contiguous: bytes land in one span (call .contiguous())")
+        return obj.data_ptr(), obj.numel() * obj.element_size(), obj.device.index or 0, obj
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        return _from_cai(cai, obj)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj)
+    raise TypeError(
+        f"register_gpu() takes a torch CUDA tensor, an object with __cuda_array_interface__ or __dlpack__, "
+        f"or an address with nbytes=, not {type(obj).__name__}"
+    )
+
+
+def _itemsize(typestr: str) -> int:
+    try:
+        return int(typestr[2:])
+    except ValueError:
+        raise BadRequest(f"unknown __cuda_array_interface__ typestr {typestr!r}") from None
+
+
+def _from_cai(cai: Dict[str, Any], obj: Any) -> Tuple[int, int, int, Any]:
+    ptr, _readonly = cai["data"]
+    shape = tuple(cai["shape"])
+    item = _itemsize(cai["typestr"])
+    count = 1
+    for s in shape:
+        count *= s
+    strides = cai.get("strides")
+    if strides is not None:
+        expect, want = item, []
+        for s in reversed(shape):
+            want.append(expect)
+            expect *= s
+        if tuple(strides) != tuple(reversed(want)) and count > 1:
+            raise BadRequest("the array is not C-contiguous: bytes land in one span")
+    return ptr, count * item, -1, obj
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+def _from_dlpack(obj: Any) -> Tuple[int, int, int, Any]:
+    dev_type, dev_id = obj.__dlpack_device__()
+    if int(dev_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        raise BadRequest(f"the DLPack tensor is on device type {int(dev_type)}, not CUDA")
+    capsule = obj.__dlpack__()
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    # A DLManagedTensor starts with its DLTensor; the capsule stays
+    # unconsumed (its producer frees it), and `obj` is kept alive.
+    t = _DLTensor.from_address(get(capsule, b"dltensor"))
+    count = 1
+    for i in range(t.ndim):
+        count *= t.shape[i]
+    if t.strides and count > 1:
+        expect = 1
+        for i in reversed(range(t.ndim)):
+            if t.shape[i] != 1 and t.strides[i] != expect:
+                raise BadRequest("the DLPack tensor is not contiguous: bytes land in one span")
+            expect *= t.shape[i]
+    item = (t.dtype.bits * t.dtype.lanes + 7) // 8
+    return (t.data or 0) + t.byte_offset, count * item, int(dev_id), (obj, capsule)
+
+
+def validate(driver: Driver, obj: Any, nbytes: Optional[int], device: Optional[int]) -> GpuRegion:
+    """A :class:`GpuRegion` for ``obj``, checked with CUDA itself: the span
+    must lie inside one live device allocation of this process (another
+    process's address, freed memory or host memory are refused)."""
+    ptr, n, dev, keep = describe(obj, nbytes, device)
+    if n <= 0:
+        raise BadRequest("a GPU region needs at least one byte")
+    info = driver.pointer_info(ptr)
+    if info.memory_type not in (MEMORY_DEVICE, MEMORY_UNIFIED):
+        raise BadRequest(f"address {ptr:#x} is host memory, not GPU memory (register() it as a host region)")
+    if dev not in (-1, info.device):
+        raise BadRequest(f"the memory is on cuda:{info.device}, not cuda:{dev} as described")
+    if ptr + n > info.base + info.size:
+        raise BadRequest(
+            f"{n} bytes at {ptr:#x} run past the end of their allocation ({info.size} bytes at {info.base:#x})"
+        )
+    return GpuRegion(ptr, n, info.device, keep)
+
+
+class Lane:
+    """A pinned staging region in two halves, with a stream and an event per
+    half (a half is refilled only once its last copy is done)."""
+
+    def __init__(self, region: Any, addr: int, nbytes: int, stream: int, events: List[int]) -> None:
+        self.region = region
+        self.addr = addr
+        self.half = nbytes // 2
+        self.stream = stream
+        self.events = events
+        self.pending = [False, False]
+
+    def wait(self, driver: Driver, half: int) -> None:
+        if self.pending[half]:
+            driver.wait_event(self.events[half])
+            self.pending[half] = False
+
+    def copied(self, driver: Driver, half: int) -> None:
+        driver.record(self.events[half], self.stream)
+        self.pending[half] = True
+
+    def drain(self, driver: Driver) -> None:
+        driver.synchronize(self.stream)
+        self.pending = [False, False]
+
+
+class Staging:
+    """The lanes of one client for one device, made on demand up to a byte
+    budget; a request holds one lane for its duration."""
+
+    def __init__(self, driver: Driver, device: int, budget: int, lane_bytes: int) -> None:
+        self.driver, self.device = driver, device
+        self.lane_bytes = max(2 << 20, lane_bytes) & ~4095
+        self.max_lanes = max(1, budget // self.lane_bytes)
+        self.free: List[Lane] = []
+        self.count = 0
+        self.cond = threading.Condition()
+        self.lanes: List[Lane] = []
+
+    def take_or_reserve(self) -> Optional[Lane]:
+        """A free lane, or None after reserving room for a new one (the
+        caller registers it); waits while all lanes are in use."""
+        with self.cond:
+            while True:
+                if self.free:
+                    return self.free.pop()
+                if self.count < self.max_lanes:
+                    self.count += 1
+                    return None
+                self.cond.wait()
+
+    def add(self, lane: Lane) -> None:
+        with self.cond:
+            self.lanes.append(lane)
+
+    def unreserve(self) -> None:
+        with self.cond:
+            self.count -= 1
+            self.cond.notify()
+
+    def give(self, lane: Lane) -> None:
+        with self.cond:
+            self.free.append(lane)
+            self.cond.notify()
+
+
+@dataclass
+class GpuTransferTotals:
+    """What a transfer through the lanes did (merged into its Transfer)."""
+
+    parts: int = 0
+    copies: int = 0
+
+
+def _check_bytes(got: int, want: int, what: str) -> None:
+    if got != want:
+        raise TransferFailed(f"{what}: {got} bytes arrived where {want} were expected; nothing more was copied")
+
+
+__all__ = [
+    "DEFAULT_LANE_BYTES",
+    "DEFAULT_STAGING_BYTES",
+    "GpuRegion",
+    "GpuTransferTotals",
+    "Lane",
+    "RegionTooSmall",
+    "SluiceError",
+    "Staging",
+    "describe",
+    "validate",
+]

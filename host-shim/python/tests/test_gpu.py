@@ -1,0 +1,216 @@
+"""GPU regions against a real stack, with the CUDA driver replaced by the
+host model (sluice.cuda.HostModel): device memory is host memory, and copies
+happen only when a stream or event is synchronized, so a staging half reused
+before its copy finished would corrupt the bytes checked here. The same code
+runs against libcuda on a GPU machine (scripts/gpu-lane)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import sluice
+from sluice.cuda import HostModel
+from _helpers import payload
+
+LANE = 2 << 20  # halves of 1 MiB: objects below cross several
+
+
+class CudaArray:
+    """A minimal ``__cuda_array_interface__`` producer over model memory."""
+
+    def __init__(self, ptr: int, shape, typestr: str = "|u1", strides=None) -> None:
+        self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr,
+                                         "strides": strides, "version": 3}
+
+
+@pytest.fixture
+def model():
+    return HostModel()
+
+
+@pytest.fixture
+def gclient(stack, model):
+    with sluice.Client(stack.socket, timeout=60, cuda=model, gpu_lane_bytes=LANE,
+                       gpu_staging_bytes=4 * LANE) as c:
+        yield c
+
+
+def test_an_object_crosses_several_halves_into_gpu_memory_byte_exact(gclient, model, prefix):
+    data = payload(5 * (1 << 20) + 12345, "gpu-big")
+    gclient.put(f"{prefix}/big", data)
+    ptr = model.alloc(len(data) + 100)
+    with gclient.register_gpu(ptr, nbytes=len(data) + 100) as g:
+        t = gclient.get(f"{prefix}/big", into=g, offset=100)
+        assert (t.bytes, t.object_size) == (len(data), len(data))
+        assert t.etag and t.parts >= 6, t
+        assert model.read(ptr + 100, len(data)) == data
+        # A range, at an offset.
+        model.write(ptr, b"\0" * 100)
+        t = gclient.get(f"{prefix}/big", into=g, offset=7, range=(1_500_000, 2_000_000))
+        assert t.bytes == 2_000_000 and model.read(ptr + 7, 2_000_000) == data[1_500_000:3_500_000]
+    assert model.unpinned_copies == 0, "every copy came from pinned staging"
+
+
+def test_what_does_not_fit_writes_nothing_to_the_gpu(gclient, model, prefix):
+    data = payload(3 << 20, "gpu-fit")
+    gclient.put(f"{prefix}/fit", data)
+    ptr = model.alloc(2 << 20)
+    model.write(ptr, b"\xee" * (2 << 20))
+    g = gclient.register_gpu(ptr, nbytes=2 << 20)
+    with pytest.raises(sluice.RegionTooSmall) as e:
+        gclient.get(f"{prefix}/fit", into=g)
+    assert e.value.needed_bytes == 3 << 20
+    assert model.read(ptr, 2 << 20) == b"\xee" * (2 << 20)
+    with pytest.raises(sluice.NoSuchKey):
+        gclient.get(f"{prefix}/missing", into=g)
+    g.release()
+    with pytest.raises(sluice.RegionReleased):
+        gclient.get(f"{prefix}/fit", into=g)
+
+
+def test_bad_gpu_memory_is_refused(gclient, model):
+    ptr = model.alloc(4096)
+    # Never allocated here (another process's address, or garbage).
+    with pytest.raises(sluice.BadRequest, match="not GPU memory of this process"):
+        gclient.register_gpu(0x7F00DEAD0000, nbytes=4096)
+    # Freed.
+    freed = model.alloc(4096)
+    model.free(freed)
+    with pytest.raises(sluice.BadRequest, match="not GPU memory of this process"):
+        gclient.register_gpu(freed, nbytes=4096)
+    # Past the end of its allocation.
+    with pytest.raises(sluice.BadRequest, match="run past the end"):
+        gclient.register_gpu(ptr + 100, nbytes=4096)
+    # Described as on another device.
+    with pytest.raises(sluice.BadRequest, match="not cuda:1"):
+        gclient.register_gpu(ptr, nbytes=4096, device=1)
+    with pytest.raises(TypeError):
+        gclient.register_gpu(ptr)  # an address needs nbytes
+    with pytest.raises(TypeError):
+        gclient.register_gpu("0x1000")
+    # Host memory (numpy, DLPack device type CPU) is not GPU memory.
+    with pytest.raises(sluice.BadRequest, match="not CUDA"):
+        gclient.register_gpu(np.zeros(16, dtype=np.uint8))
+    # __cuda_array_interface__: contiguous works, strided does not.
+    g = gclient.register_gpu(CudaArray(ptr, (1024,), "<f4"))
+    assert (g.ptr, g.nbytes, g.device) == (ptr, 4096, 0)
+    with pytest.raises(sluice.BadRequest, match="not C-contiguous"):
+        gclient.register_gpu(CudaArray(ptr, (16, 16), "<f4", strides=(4, 64)))
+
+
+def test_without_cuda_gpu_memory_is_unsupported(stack, monkeypatch):
+    monkeypatch.setenv("SLUICE_LIBCUDA", "/nonexistent/libcuda.so.1")
+    import sluice.cuda as cu
+
+    monkeypatch.setattr(cu, "_DRIVER", None)
+    with sluice.Client(stack.socket) as c:
+        with pytest.raises(sluice.Unsupported, match="CUDA driver"):
+            c.register_gpu(0x1000, nbytes=16)
+        # Host regions still work, unpinned.
+        with c.register(4096) as r:
+            assert not c.pinned(r)
+
+
+def test_put_reads_from_gpu_memory_small_and_larger_than_a_lane(gclient, model, prefix):
+    for n, tag in [(300_000, "small"), (3 * LANE + 17, "large")]:
+        data = payload(n, f"gpu-put-{tag}")
+        ptr = model.alloc(n + 10)
+        model.write(ptr + 10, data)
+        g = gclient.register_gpu(ptr, nbytes=n + 10)
+        t = gclient.put(f"{prefix}/{tag}", g, offset=10)
+        assert t.bytes == n
+        assert gclient.get_bytes(f"{prefix}/{tag}", size_hint=n) == data
+        with pytest.raises(sluice.BadRequest):
+            gclient.put(f"{prefix}/{tag}-oob", g, offset=10, length=n + 1)
+    assert model.unpinned_copies == 0
+
+
+def test_get_many_fills_a_gpu_batch_and_fails_only_bad_items(gclient, model, prefix):
+    sizes = [1000, 70_000, 4096, 0, 900_000, 123, 1_500_000, 65_536]
+    objs = {}
+    for i, n in enumerate(sizes):
+        objs[i] = payload(n, f"gpu-many-{i}")
+        gclient.put(f"{prefix}/m{i}", objs[i])
+    slot = 1_600_000
+    ptr = model.alloc(slot * len(sizes))
+    g = gclient.register_gpu(ptr, nbytes=slot * len(sizes))
+    specs = [sluice.GetSpec(f"{prefix}/m{i}", g, i * slot) for i in range(len(sizes))]
+    specs.append(sluice.GetSpec(f"{prefix}/nope", g, 0))
+    specs.append(f"{prefix}/m0")  # a bytes item in the same batch
+    res = gclient.get_many(specs)
+    for i, n in enumerate(sizes):
+        assert res[i].ok and res[i].nbytes == n, res[i]
+        assert model.read(ptr + i * slot, n) == objs[i], f"item {i}"
+    assert not res[len(sizes)].ok and isinstance(res[len(sizes)].error, sluice.NoSuchKey)
+    assert res[-1].ok and res[-1].data == objs[0]
+    # An item bigger than its room (up to the next item) fails, typed; the
+    # next item's bytes stay.
+    big = payload(2 * slot, "gpu-many-big")
+    gclient.put(f"{prefix}/toolarge", big)
+    res = gclient.get_many([sluice.GetSpec(f"{prefix}/toolarge", g, 0), sluice.GetSpec(f"{prefix}/m1", g, slot)])
+    assert isinstance(res[0].error, sluice.RegionTooSmall), res[0]
+    assert res[1].ok and model.read(ptr + slot, sizes[1]) == objs[1]
+    assert model.unpinned_copies == 0
+
+
+def test_host_regions_are_pinned_once_when_cuda_is_in_use(stack, model):
+    for active, mode, expect in [(True, "auto", True), (False, "auto", False), (True, "never", False),
+                                 (False, "always", True)]:
+        model.active[0] = active
+        with sluice.Client(stack.socket, cuda=model, pin_regions=mode) as c:
+            r = c.register(1 << 20)
+            assert c.pinned(r) is expect, (active, mode)
+            pinned = set(model.pinned())
+            c.release(r)
+            assert set(model.pinned()) < pinned or not expect, "released regions are unpinned first"
+        assert model.pinned() == {}, "a closed client leaves nothing pinned"
+    with pytest.raises(ValueError):
+        sluice.Client(stack.socket, cuda=model, pin_regions="sometimes")
+
+
+def test_the_asyncio_client_refuses_gpu_regions(stack, model, prefix):
+    async def main():
+        async with await sluice.AsyncClient.connect(stack.socket) as c:
+            g = sluice.GpuRegion(model.alloc(16), 16, 0)
+            with pytest.raises(sluice.Unsupported, match="blocking"):
+                await c.get(f"{prefix}/x", into=g)
+
+    asyncio.run(main())
+
+
+class FakeCudaTensor:
+    """What sluice.torch allocates for a device batch (a torch CUDA uint8
+    tensor), over model memory: contiguous bytes, sliceable."""
+
+    def __init__(self, model: HostModel, nbytes: int, ptr: int = 0) -> None:
+        self.model, self.nbytes = model, nbytes
+        self.ptr = ptr or model.alloc(nbytes)
+        self.__cuda_array_interface__ = {"data": (self.ptr, False), "shape": (nbytes,), "typestr": "|u1",
+                                         "strides": None, "version": 3}
+
+    def __getitem__(self, s: slice) -> "FakeCudaTensor":
+        return FakeCudaTensor(self.model, s.stop - s.start, self.ptr + s.start)
+
+    def bytes(self) -> bytes:
+        return self.model.read(self.ptr, self.nbytes)
+
+
+def test_datasets_yield_samples_read_into_gpu_memory(stack, model, prefix, monkeypatch):
+    import sluice.torch as st
+
+    monkeypatch.setattr(st, "_gpu_buffer", lambda n, device: FakeCudaTensor(model, n))
+    objs = {f"{prefix}/ds/{i:02d}": payload(1000 * i + 7, f"ds-{i}") for i in range(12)}
+    with sluice.Client(stack.socket) as c:
+        for k, v in objs.items():
+            c.put(k, v)
+    opts = {"cuda": model, "gpu_lane_bytes": LANE}
+    ds = st.ShimDataset(f"{prefix}/ds/", stack.socket, device="cuda:0", client_options=opts)
+    assert len(ds) == 12
+    batch = ds.__getitems__([3, 0, 11, 5])
+    assert [b.bytes() for b in batch] == [objs[ds.path(i)] for i in (3, 0, 11, 5)]
+    assert ds[7].bytes() == objs[ds.path(7)]
+    it = st.ShimIterableDataset(f"{prefix}/ds/", stack.socket, device="cuda:0", prefetch=5, client_options=opts)
+    assert [s.bytes() for s in it] == [objs[k] for k in sorted(objs)]
