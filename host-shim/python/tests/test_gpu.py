@@ -214,3 +214,38 @@ def test_datasets_yield_samples_read_into_gpu_memory(stack, model, prefix, monke
     assert ds[7].bytes() == objs[ds.path(7)]
     it = st.ShimIterableDataset(f"{prefix}/ds/", stack.socket, device="cuda:0", prefetch=5, client_options=opts)
     assert [s.bytes() for s in it] == [objs[k] for k in sorted(objs)]
+
+
+def test_releasing_a_gpu_region_waits_for_its_copies_in_flight(stack, model, prefix):
+    """release() during a GET: the GET stops at its next part (or finishes),
+    and release returns only once no copy into the memory is pending, so the
+    memory's owner can free it safely."""
+    import threading
+    import time
+
+    data = payload(8 << 20, "gpu-release")
+    with sluice.Client(stack.socket, cuda=model, gpu_lane_bytes=LANE) as c:
+        c.put(f"{prefix}/rel", data)
+        ptr = model.alloc(len(data))
+        g = c.register_gpu(ptr, nbytes=len(data))
+        out = {}
+
+        def reader():
+            try:
+                out["t"] = c.get(f"{prefix}/rel", into=g)
+            except sluice.SluiceError as e:
+                out["e"] = e
+            out["done"] = time.monotonic()
+
+        t = threading.Thread(target=reader)
+        t.start()
+        time.sleep(0.05)
+        g.release()
+        released_at = time.monotonic()
+        t.join(30)
+        assert "done" in out and out["done"] <= released_at, "release() returned while the GET still ran"
+        assert "t" in out or isinstance(out["e"], sluice.RegionReleased), out
+        with pytest.raises(sluice.RegionReleased):
+            c.get(f"{prefix}/rel", into=g)
+        res = c.get_many([sluice.GetSpec(f"{prefix}/rel", g, 0)])
+        assert isinstance(res[0].error, sluice.RegionReleased)

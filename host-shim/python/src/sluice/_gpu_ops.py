@@ -149,6 +149,24 @@ class GpuOps:
         from ._core import Call, _span, one
 
         gr._check(offset, 0)
+        gr._enter()
+        try:
+            return (yield from self._gpu_get_in(path, gr, offset, rng, if_match, request_id, max_bytes))
+        finally:
+            gr._leave()
+
+    def _gpu_get_in(
+        self,
+        path: str,
+        gr: gpu.GpuRegion,
+        offset: int,
+        rng: Optional[Dict[str, Any]],
+        if_match: str,
+        request_id: str,
+        max_bytes: Optional[int],
+    ) -> "Op[Transfer]":
+        from ._core import Call, _span, one
+
         st, lane = yield from self._lane_op(gr.device)
         d = st.driver
         try:
@@ -219,6 +237,18 @@ class GpuOps:
         from ._core import Call, one
 
         n = gr.nbytes - offset if length is None else length
+        gr._check(offset, n)
+        gr._enter()
+        try:
+            return (yield from self._gpu_put_in(path, gr, offset, n, content_type, request_id))
+        finally:
+            gr._leave()
+
+    def _gpu_put_in(
+        self, path: str, gr: gpu.GpuRegion, offset: int, n: int, content_type: str, request_id: str
+    ) -> "Op[Transfer]":
+        from ._core import Call, one
+
         src = gr._check(offset, n)
         st, lane = yield from self._lane_op(gr.device)
         d = st.driver
@@ -259,6 +289,30 @@ class GpuOps:
 
         if not items:
             return
+        # Every region stays in use (release() waits) until its copies are done.
+        regions: Dict[int, gpu.GpuRegion] = {}
+        for it in list(items):
+            gr = it[2]
+            if id(gr) in regions:
+                continue
+            try:
+                gr._enter()
+                regions[id(gr)] = gr
+            except SluiceError as e:
+                for j in [x for x in items if x[2] is gr]:
+                    results[j[0]].error = e
+                items = [x for x in items if x[2] is not gr]
+        try:
+            yield from self._gpu_items_in(items, results)
+        finally:
+            for gr in regions.values():
+                gr._leave()
+
+    def _gpu_items_in(
+        self, items: List[Tuple[int, str, gpu.GpuRegion, int, Optional[ByteRange], str]], results: List[ItemResult]
+    ) -> "Op[None]":
+        from ._core import Call, _batch_outcomes, _range, check
+
         # Each item's room: its range's length, else up to the next item in
         # the same tensor (a batch laid out item after item), else to the
         # tensor's end.
@@ -325,8 +379,13 @@ class GpuOps:
                             results[i].error = e
                             continue
                         t = Transfer._from_wire(rep.body["report"], rep.body["etag"], rep.body["object_size"])
-                        if t.bytes:
-                            d.htod(gr._check(off, t.bytes), lane.addr + half * lane.half + at, t.bytes, lane.stream)
+                        try:
+                            if t.bytes:
+                                dst = gr._check(off, t.bytes)
+                                d.htod(dst, lane.addr + half * lane.half + at, t.bytes, lane.stream)
+                        except SluiceError as e:
+                            results[i].error = e
+                            continue
                         results[i].ok, results[i].transfer, results[i].nbytes = True, t, t.bytes
                     lane.copied(d, half)
                     half ^= 1
@@ -335,7 +394,7 @@ class GpuOps:
                 self._give_lane(st, lane)
         for i, path, gr, off, rng, if_match in big:
             try:
-                t = yield from self._gpu_get_op(path, gr, off, _range(rng), if_match, "", max_bytes=cap[i])
+                t = yield from self._gpu_get_in(path, gr, off, _range(rng), if_match, "", cap[i])
                 results[i].ok, results[i].transfer, results[i].nbytes = True, t, t.bytes
             except SluiceError as e:
                 results[i].error = e

@@ -44,7 +44,7 @@ class GpuRegion:
     it came from alive. ``release()`` (or leaving a ``with`` block) ends its
     use; nothing is registered with the shim, so there is nothing to leak."""
 
-    __slots__ = ("ptr", "nbytes", "device", "_keep", "_released", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "_keep", "_released", "_busy", "_idle", "__weakref__")
 
     def __init__(self, ptr: int, nbytes: int, device: int, keep: Any = None) -> None:
         self.ptr = ptr
@@ -52,14 +52,34 @@ class GpuRegion:
         self.device = device
         self._keep = keep
         self._released = False
+        self._busy = 0  # transfers using it now
+        self._idle = threading.Condition()
 
     @property
     def released(self) -> bool:
         return self._released
 
     def release(self) -> None:
-        self._released = True
-        self._keep = None
+        """Ends its use. A transfer using it stops at its next part
+        (RegionReleased) and its copies already queued finish first: only
+        then is the memory's owner let go (a tensor freed with a copy still
+        on its way would have bytes written into memory reused by another)."""
+        with self._idle:
+            self._released = True
+            while self._busy:
+                self._idle.wait()
+            self._keep = None
+
+    def _enter(self) -> None:
+        with self._idle:
+            if self._released:
+                raise RegionReleased("this GPU region was released")
+            self._busy += 1
+
+    def _leave(self) -> None:
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()
 
     def _check(self, offset: int, length: int) -> int:
         if self._released:
