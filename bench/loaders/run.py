@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -203,12 +203,37 @@ def populate(stack: Stack, sizes: List[Tuple[str, int, int]], bucket: str, prefi
 
 
 # --------------------------------------------------------------- readers --
-def run_reader(name: str, cfg: Dict[str, Any], env: Dict[str, str]) -> Dict[str, Any]:
-    """Runs one reader's worker; returns its info and runs."""
+def reader_env(stack: Stack) -> Dict[str, str]:
+    """The readers' environment: the stack's credentials for the peers (and
+    nothing from this user's AWS configuration)."""
+    env = dict(os.environ)
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        env.pop(k, None)
+    env.update(
+        AWS_ACCESS_KEY_ID=stack.access_key,
+        AWS_SECRET_ACCESS_KEY=stack.secret_key,
+        AWS_REGION="us-east-1",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_CONFIG_FILE="/dev/null",
+        AWS_SHARED_CREDENTIALS_FILE="/dev/null",
+    )
+    return env
+
+
+def run_reader(
+    name: str,
+    cfg: Dict[str, Any],
+    env: Dict[str, str],
+    worker: str = os.path.join(HERE, "worker.py"),
+    argv_prefix: Sequence[str] = (),
+) -> Dict[str, Any]:
+    """Runs one reader's worker (``argv_prefix``: e.g. ``taskset -c 0-3``);
+    returns its info and runs."""
     cfg = dict(cfg, reader=name)
     result: Dict[str, Any] = {"name": name, "runs": [], "available": True}
     p = subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "worker.py")],
+        [*argv_prefix, sys.executable, worker],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -357,18 +382,7 @@ def main() -> None:
     try:
         log(f"stack up in {stack.dir}: gateway {stack.info['gateway']}, shim {stack.info['socket']}")
         md5 = populate(stack, sizes, bucket, prefix)
-        env = dict(os.environ)
-        for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
-            env.pop(k, None)
-        env.update(
-            AWS_ACCESS_KEY_ID=stack.access_key,
-            AWS_SECRET_ACCESS_KEY=stack.secret_key,
-            AWS_REGION="us-east-1",
-            AWS_DEFAULT_REGION="us-east-1",
-            AWS_EC2_METADATA_DISABLED="true",
-            AWS_CONFIG_FILE="/dev/null",
-            AWS_SHARED_CREDENTIALS_FILE="/dev/null",
-        )
+        env = reader_env(stack)
         base = {
             "socket": stack.info["socket"],
             "gateway": stack.info["gateway"],

@@ -511,19 +511,28 @@ def batch_shape(conc: int) -> "tuple[int, int]":
 
 
 def timed_pass(
-    reader: Reader, keys: Sequence[str], size: int, conc: int, pids: Optional[Dict[str, int]] = None
+    reader: Reader,
+    keys: Sequence[str],
+    size: int,
+    conc: int,
+    pids: Optional[Dict[str, int]] = None,
+    shape: "Optional[tuple[int, int]]" = None,
 ) -> Dict[str, Any]:
     """Reads every key once with ``conc`` threads; returns wall seconds,
     sorted per-object latencies and (with ``pids``) the CPU used meanwhile.
-    The threads start (and wait) before the clock and the CPU sample."""
+    The threads start (and wait) before the clock and the CPU sample.
+    ``shape``: (threads, keys per ``read_many`` call) of a batch reader,
+    instead of ``batch_shape(conc)`` (bench/gpu: peers' pinned batches)."""
     counter = itertools.count()
-    lats: List[List[float]] = [[] for _ in range(conc)]
     errors: List[BaseException] = []
 
     # Batch readers: `conc` objects in flight as batches of conc/2 from two
     # threads (one batch is being answered while the other is sent), or
     # one object at a time for conc 1. An object's latency is its batch's.
     threads_n, per_call = batch_shape(conc) if reader.batched else (conc, 1)
+    if shape is not None and reader.batched:
+        threads_n, per_call = shape
+    lats: List[List[float]] = [[] for _ in range(max(conc, threads_n))]
     counter_b = itertools.count()
     go = threading.Barrier(threads_n + 1)
 
@@ -573,10 +582,20 @@ def timed_pass(
 
 
 def emit_run(
-    label: str, size: int, conc: int, repeat: int, objects: int, secs: float, lat: List[float], cpu: Dict[str, Any]
+    label: str,
+    size: int,
+    conc: int,
+    repeat: int,
+    objects: int,
+    secs: float,
+    lat: List[float],
+    cpu: Dict[str, Any],
+    **extra: Any,
 ) -> None:
-    """One timed pass's event: sizes, time, latencies (sorted), CPU deltas."""
+    """One timed pass's event: sizes, time, latencies (sorted), CPU deltas
+    (and ``extra`` fields, kept in the run's JSON)."""
     emit(
+        **extra,
         event="run",
         size=label,
         object_bytes=size,

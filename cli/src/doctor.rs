@@ -2,7 +2,8 @@
 //! and says what to fix at the first step that fails: the shim's socket,
 //! the caller's tenant, the agent (session, TLS), each namespace's store
 //! (reachable, signature accepted, bucket), and the data path a read takes
-//! (RDMA, or the reason it fell back).
+//! (RDMA, or the reason it fell back). Then the GPU: the CUDA driver, the
+//! GPUs, pinned staging, the GPU paths (gpu_doctor.rs).
 
 use std::path::Path;
 
@@ -20,20 +21,25 @@ pub struct DoctorArgs {
 }
 
 /// One check's outcome.
-struct Check {
+pub(crate) struct Check {
     what: String,
     ok: bool,
+    /// Nothing to check, only to say (e.g. no GPU on this node): not a failure.
+    info: bool,
     detail: String,
     /// What to do about a failure.
     fix: String,
 }
 
 impl Check {
-    fn pass(what: impl Into<String>, detail: impl Into<String>) -> Self {
-        Self { what: what.into(), ok: true, detail: detail.into(), fix: String::new() }
+    pub(crate) fn pass(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self { what: what.into(), ok: true, info: false, detail: detail.into(), fix: String::new() }
     }
-    fn fail(what: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Self {
-        Self { what: what.into(), ok: false, detail: detail.into(), fix: fix.into() }
+    pub(crate) fn fail(what: impl Into<String>, detail: impl Into<String>, fix: impl Into<String>) -> Self {
+        Self { what: what.into(), ok: false, info: false, detail: detail.into(), fix: fix.into() }
+    }
+    pub(crate) fn info(what: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self { info: true, ..Self::pass(what, detail) }
     }
 }
 
@@ -160,6 +166,7 @@ async fn probe(c: &Client, ns: &str) -> Result<Check, (ClientError, &'static str
 
 pub async fn run(socket: &Path, args: &DoctorArgs, json: bool) -> anyhow::Result<()> {
     let mut checks = Vec::new();
+    let mut caps = None;
     match Client::connect(socket).await {
         // The shim answered, but could not open the tenant's session.
         Err(e @ ClientError::Shim { .. }) => {
@@ -187,6 +194,7 @@ pub async fn run(socket: &Path, args: &DoctorArgs, json: bool) -> anyhow::Result
                 ));
             }
             checks.push(memory_check(c.capabilities()));
+            caps = Some(c.capabilities().clone());
             for ns in c.namespaces() {
                 if let Some(n) = c.capabilities().namespaces.iter().find(|n| n.name == *ns) {
                     if !n.degraded_reason.is_empty() {
@@ -202,14 +210,22 @@ pub async fn run(socket: &Path, args: &DoctorArgs, json: bool) -> anyhow::Result
             }
         }
     }
+    checks.extend(crate::gpu_doctor::checks(caps.as_ref()));
     let failed = checks.iter().filter(|c| !c.ok).count();
     if json {
-        let list: Vec<_> =
-            checks.iter().map(|c| json!({ "check": c.what, "ok": c.ok, "detail": c.detail, "fix": c.fix })).collect();
+        let list: Vec<_> = checks
+            .iter()
+            .map(|c| json!({ "check": c.what, "ok": c.ok, "info": c.info, "detail": c.detail, "fix": c.fix }))
+            .collect();
         println!("{}", json!({ "checks": list, "failed": failed }));
     } else {
         for c in &checks {
-            println!("{} {}: {}", if c.ok { "ok  " } else { "FAIL" }, c.what, c.detail);
+            let mark = match (c.ok, c.info) {
+                (false, _) => "FAIL",
+                (true, true) => "info",
+                (true, false) => "ok  ",
+            };
+            println!("{mark} {}: {}", c.what, c.detail);
             if !c.ok {
                 println!("     fix: {}", c.fix);
             }

@@ -8,6 +8,8 @@ mod caps;
 mod certs;
 mod demo;
 mod doctor;
+mod gpu;
+mod gpu_doctor;
 mod ops;
 mod stack;
 
@@ -15,7 +17,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use sluice_client::Client;
+use sluice_client::{Client, GpuOptions};
 
 /// Sluice: S3 objects straight into registered memory, through the host shim.
 ///
@@ -41,12 +43,23 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Download an object (or a byte range of it) to a file or stdout.
+    /// Download an object (or a byte range of it) to a file or stdout; with
+    /// --gpu, into GPU memory.
     Get {
         /// namespace/key
         path: String,
-        /// Destination file ("-" for stdout). Default: the key's last component.
+        /// Destination file ("-" for stdout). Default: the key's last
+        /// component. With --gpu: where to save the bytes copied back from
+        /// the GPU (none: they stay on the GPU only).
         dest: Option<PathBuf>,
+        /// Read into a buffer on CUDA device N (through pinned staging and
+        /// the GPU's copy engines); prints bytes, GiB/s and copies.
+        #[arg(long, value_name = "N")]
+        gpu: Option<u32>,
+        /// With --gpu and a file: compare the bytes copied back from the GPU
+        /// with the file instead of writing it.
+        #[arg(long, requires = "gpu", requires = "dest")]
+        verify: bool,
         /// Byte range: START-END (inclusive) or START-.
         #[arg(long)]
         range: Option<String>,
@@ -59,6 +72,10 @@ enum Cmd {
     Put {
         /// Source file.
         src: PathBuf,
+        /// Copy the file into a buffer on CUDA device N first and store the
+        /// object from GPU memory.
+        #[arg(long, value_name = "N")]
+        gpu: Option<u32>,
         /// namespace/key
         path: String,
         /// Content-Type to store.
@@ -144,7 +161,13 @@ async fn main() -> anyhow::Result<()> {
         _ => {}
     }
     let socket = socket_path(&cli);
-    let client = Client::connect(&socket).await.with_context(|| {
+    // `--gpu`: the CUDA driver first (without it, say so before anything else).
+    let cuda = match &cli.cmd {
+        Cmd::Get { gpu: Some(_), .. } | Cmd::Put { gpu: Some(_), .. } => Some(gpu::cuda_for_gpu_flag()?),
+        _ => None,
+    };
+    let gpu_options = GpuOptions { cuda: cuda.clone(), ..Default::default() };
+    let client = Client::connect_with(&socket, gpu_options).await.with_context(|| {
         format!(
             "is the shim running? (start a local stack with `sluice up`, or pass --socket)\nsocket: {}",
             socket.display()
@@ -153,30 +176,44 @@ async fn main() -> anyhow::Result<()> {
     if let Some(t) = cli.request_timeout {
         client.set_timeout(Some(t));
     }
-    match cli.cmd {
-        Cmd::Get { path, dest, range, window } => {
-            ops::get(&client, &path, dest, range.as_deref(), window, cli.json).await
+    match (cli.cmd, cuda) {
+        (Cmd::Get { path, dest, range, gpu: Some(device), verify, .. }, Some(cuda)) => {
+            let args = gpu::GetArgs { device, path: &path, file: dest.as_deref(), range: range.as_deref(), verify };
+            gpu::get(&client, &cuda, args, cli.json).await
         }
-        Cmd::Put { src, path, content_type } => ops::put(&client, &src, &path, &content_type, cli.json).await,
-        Cmd::Ls { path, delimiter } => ops::ls(&client, &path, &delimiter, cli.json).await,
-        Cmd::Rm { path } => ops::rm(&client, &path, cli.json).await,
+        (Cmd::Put { src, path, content_type, gpu: Some(device) }, Some(cuda)) => {
+            gpu::put(&client, &cuda, device, &src, &path, &content_type, cli.json).await
+        }
+        (cmd, _) => run(&client, &socket, cmd, cli.json).await,
+    }
+}
+
+/// The commands that need a shim connection (and no GPU).
+async fn run(client: &Client, socket: &std::path::Path, cmd: Cmd, json: bool) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Get { path, dest, range, window, .. } => {
+            ops::get(client, &path, dest, range.as_deref(), window, json).await
+        }
+        Cmd::Put { src, path, content_type, .. } => ops::put(client, &src, &path, &content_type, json).await,
+        Cmd::Ls { path, delimiter } => ops::ls(client, &path, &delimiter, json).await,
+        Cmd::Rm { path } => ops::rm(client, &path, json).await,
         Cmd::Stat { path, caps: true } => {
             let ns = path.as_deref().map(|p| p.split('/').next().unwrap_or(p));
             if let Some(ns) = ns.filter(|ns| !client.namespaces().iter().any(|n| n == ns)) {
                 anyhow::bail!("namespace {ns:?} is not one of this tenant's: {}", client.namespaces().join(", "));
             }
             let c = client.capabilities();
-            if cli.json {
+            if json {
                 println!("{}", caps::to_json(c, ns));
             } else {
                 print!("{}", caps::to_text(c, ns));
             }
             Ok(())
         }
-        Cmd::Stat { path, caps: false } => ops::stat(&client, path.as_deref().unwrap_or_default(), cli.json).await,
-        Cmd::Whoami => ops::whoami(&client, cli.json).await,
-        Cmd::Demo(args) => demo::run(&client, &args, cli.json).await,
-        Cmd::Bench(args) => bench::run(&client, &socket, &args, cli.json).await,
+        Cmd::Stat { path, caps: false } => ops::stat(client, path.as_deref().unwrap_or_default(), json).await,
+        Cmd::Whoami => ops::whoami(client, json).await,
+        Cmd::Demo(args) => demo::run(client, &args, json).await,
+        Cmd::Bench(args) => bench::run(client, socket, &args, json).await,
         Cmd::Up(_) | Cmd::Down { .. } | Cmd::Restart(_) | Cmd::Certs(_) | Cmd::Doctor(_) => Ok(()),
     }
 }

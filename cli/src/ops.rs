@@ -40,7 +40,7 @@ pub fn parse_range(s: &str) -> anyhow::Result<(u64, Option<u64>)> {
     Ok((start, Some(end - start + 1)))
 }
 
-fn summary(t: &Transfer, secs: f64) -> String {
+pub(crate) fn summary(t: &Transfer, secs: f64) -> String {
     let gib = t.bytes as f64 / (1u64 << 30) as f64;
     format!(
         "{} bytes in {:.3}s ({:.2} GiB/s) via {}{} [request {}]",

@@ -115,6 +115,11 @@ impl DcOwner {
         self.at
     }
 
+    /// The protection domain this owner's windows are registered in.
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
     pub fn dct_number(&self) -> u32 {
         self.target.number()
     }

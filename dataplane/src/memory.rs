@@ -99,8 +99,20 @@ pub trait RegionMemory: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Why the CPU cannot touch this memory here, when it cannot: GPU
+    /// memory a co-located agent reaches only through its NIC (a dma-buf
+    /// memory region). `write_at`/`read_at` then fail, so such a region
+    /// takes only direct one-sided transfers through
+    /// [`nic_window`](Self::nic_window) (verbs RC, DC): no HTTP part, no
+    /// staged copy, no software transport, no checksum pass over its
+    /// bytes. Callers refuse a request that would need one before it starts.
+    fn nic_only(&self) -> Option<&str> {
+        None
+    }
+
     /// For memory that is not [`pinned`](Self::pinned) here but that the NIC
-    /// can still reach (host memory imported on a DPU): a key for
+    /// can still reach (host memory imported on a DPU, GPU memory registered
+    /// as a dma-buf): a key for
     /// `[offset, offset + len)` valid on `pd`. `None`: not reachable that way.
     fn nic_window(
         &self,

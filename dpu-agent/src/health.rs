@@ -33,9 +33,14 @@ pub struct Health {
 impl Health {
     /// The readiness of `agent`, whose devices and transports are open.
     pub fn new(agent: &Agent) -> Self {
-        let mut opened = match &agent.memory_capabilities().gpu_staging {
-            Some(gpu) => format!("host memory: DOCA exports of host and GPU memory ({gpu})\n"),
-            None => "host memory: co-located memfds\n".to_owned(),
+        let memory = agent.memory_capabilities();
+        let gpu_direct = memory.kinds.contains(&crate::hostmem::MemoryKind::GpuDmabuf);
+        let mut opened = match (&memory.gpu_staging, gpu_direct) {
+            (Some(gpu), _) => format!("host memory: DOCA exports of host and GPU memory ({gpu})\n"),
+            (None, true) => "host memory: co-located memfds; GPU memory as dma-bufs registered with the verbs \
+                             device (direct RDMA placement only)\n"
+                .to_owned(),
+            (None, false) => "host memory: co-located memfds\n".to_owned(),
         };
         for (name, store) in agent.stores() {
             let c = store.capabilities(&name);

@@ -81,10 +81,11 @@ fn grpc_server() -> tonic::transport::Server {
 /// when it needs its memory socket served.
 type Backend = (Arc<dyn HostMemory>, Option<Arc<ColocatedMemory>>);
 
-fn host_memory(cfg: &AgentConfig) -> Result<Backend, ServeError> {
+fn host_memory(cfg: &AgentConfig, transports: &RunningTransports) -> Result<Backend, ServeError> {
     match cfg.host_memory.backend {
         BackendKind::Colocated => {
-            let m = ColocatedMemory::new();
+            // GPU memory as dma-bufs, when the verbs device registers them.
+            let m = ColocatedMemory::with_gpu(transports.gpu_path());
             Ok((m.clone(), Some(m)))
         }
         BackendKind::Doca => doca_memory(cfg).map(|m| (m, None)),
@@ -117,8 +118,8 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     crate::tls::install_crypto_provider();
     let metrics = Arc::new(Metrics::new()?);
-    let (memory, colocated) = host_memory(&cfg)?;
     let transports = RunningTransports::start(&cfg, &metrics).await?;
+    let (memory, colocated) = host_memory(&cfg, &transports)?;
     let agent = Arc::new(Agent::new(&cfg, memory, metrics.clone(), &transports)?);
     // Sessions of shims that died are closed within a lease.
     tokio::spawn(agent.clone().reap_sessions());

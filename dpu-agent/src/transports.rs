@@ -111,6 +111,32 @@ impl RunningTransports {
         Ok(me)
     }
 
+    /// Whether a co-located agent can take GPU memory: only through a
+    /// running verbs transport (verbs RC or DC; the tcp transport copies
+    /// with the CPU) whose device registers dma-bufs. Probed once, at
+    /// start; a device that cannot is logged, and the capability exchange
+    /// then offers no GPU memory (regions refused up front).
+    pub fn gpu_path(&self) -> crate::hostmem::gpu::GpuPath {
+        use crate::hostmem::gpu::{DmabufDevice, GpuPath};
+        let mut pds = self.verbs.values().map(|o| o.pd()).chain(self.dc.values().flatten().map(|o| o.pd()));
+        let Some(pd) = pds.next() else {
+            return GpuPath::Unavailable(
+                "no verbs transport runs (GPU memory needs a namespace with data_path = \"rdma\" over verbs-rc or dc)"
+                    .into(),
+            );
+        };
+        match DmabufDevice::probe(pd) {
+            Ok(device) => {
+                info!(device = device.name(), "GPU memory (dma-buf) regions: registered with the verbs device");
+                GpuPath::Available(device)
+            }
+            Err(why) => {
+                warn!(why = %why, "GPU memory (dma-buf) regions are not offered: the verbs device cannot register them");
+                GpuPath::Unavailable(why)
+            }
+        }
+    }
+
     /// The transport for `ns` of `tenant`.
     pub fn choose(&self, tenant: &str, ns: &NamespaceConfig) -> Result<Chosen, ChooseError> {
         if ns.data_path == DataPathMode::Http {

@@ -97,12 +97,26 @@ impl AgentLink {
 
     /// Hands `fd` to the agent and returns the ticket that redeems it.
     pub async fn hand_over(&self, fd: BorrowedFd<'_>) -> Result<String, ShimError> {
-        tokio::time::timeout(HAND_OVER_TIMEOUT, self.hand_over_now(fd)).await.map_err(|_| {
+        self.hand_over_frame(b"R", fd).await
+    }
+
+    /// Hands a GPU region's dma-buf to a co-located agent (which registers
+    /// it with its RDMA NIC); returns the ticket.
+    pub async fn hand_over_dmabuf(
+        &self,
+        fd: BorrowedFd<'_>,
+        region: sluice_shm::DmabufHandOver,
+    ) -> Result<String, ShimError> {
+        self.hand_over_frame(&region.encode(), fd).await
+    }
+
+    async fn hand_over_frame(&self, frame: &[u8], fd: BorrowedFd<'_>) -> Result<String, ShimError> {
+        tokio::time::timeout(HAND_OVER_TIMEOUT, self.hand_over_now(frame, fd)).await.map_err(|_| {
             ShimError::AgentUnavailable(format!("the agent's memory socket did not answer in {HAND_OVER_TIMEOUT:?}"))
         })?
     }
 
-    async fn hand_over_now(&self, fd: BorrowedFd<'_>) -> Result<String, ShimError> {
+    async fn hand_over_now(&self, frame: &[u8], fd: BorrowedFd<'_>) -> Result<String, ShimError> {
         let mut guard = self.memory.lock().await;
         // One retry with a fresh connection covers an agent restart.
         for attempt in 0..2 {
@@ -115,7 +129,7 @@ impl AgentLink {
             let Some(conn) = guard.as_mut() else { continue };
             let mut line = String::new();
             let res = async {
-                sluice_shm::send_with_fds(conn.get_ref(), b"R", &[fd]).await?;
+                sluice_shm::send_with_fds(conn.get_ref(), frame, &[fd]).await?;
                 conn.read_line(&mut line).await
             }
             .await;

@@ -19,7 +19,8 @@ pub fn from_agent(answer: Option<Capabilities>, backend: &MemoryBackend, tenant:
             tenant,
             "the agent sent no capabilities (an older agent); assuming it reaches this shim's memory"
         );
-        Capabilities { agent_memory: backend.kinds().into_iter().map(|k| k as i32).collect(), ..Default::default() }
+        let agent_memory = backend.kinds_older_agents_reach().into_iter().map(|k| k as i32).collect();
+        Capabilities { agent_memory, ..Default::default() }
     })
 }
 
@@ -40,7 +41,9 @@ fn describe(kind: MemoryKind) -> &'static str {
     match kind {
         MemoryKind::Memfd => "shared memory handed over as a memfd (a co-located agent)",
         MemoryKind::DocaHost => "host memory exported with DOCA (an agent on this host's BlueField)",
-        MemoryKind::GpuDmabuf => "GPU memory exported with DOCA",
+        MemoryKind::GpuDmabuf => {
+            "GPU memory (a CUDA dma-buf: exported with DOCA, or registered with the RDMA NIC of a co-located agent)"
+        }
         MemoryKind::Unspecified => "unspecified memory",
     }
 }
@@ -87,6 +90,8 @@ mod tests {
     fn an_older_agent_without_capabilities_is_taken_to_reach_the_shims_memory() {
         let caps = from_agent(None, &MemoryBackend::Colocated, "t");
         assert!(check_region(&caps, MemoryKind::Memfd).is_ok());
+        // GPU memory on a co-located agent came later: not assumed.
+        assert!(matches!(check_region(&caps, MemoryKind::GpuDmabuf), Err(ShimError::Unsupported(_))));
         let sent = agent(&[MemoryKind::DocaHost]);
         assert_eq!(from_agent(Some(sent.clone()), &MemoryBackend::Colocated, "t"), sent);
     }
@@ -100,6 +105,6 @@ mod tests {
         let agent = Capabilities { max_batch_items: 4096, ..agent(&[MemoryKind::Memfd]) };
         let caps = for_clients(agent, &MemoryBackend::Colocated, &cfg);
         assert_eq!((caps.max_batch_items, caps.max_region_bytes), (100, 4096));
-        assert_eq!(caps.shim_memory, vec![MemoryKind::Memfd as i32]);
+        assert_eq!(caps.shim_memory, vec![MemoryKind::Memfd as i32, MemoryKind::GpuDmabuf as i32]);
     }
 }

@@ -179,6 +179,11 @@ async fn register(
     if r.kind != pb::RegionKind::SharedMemory as i32 && !gpu {
         return Err(ShimError::BadRequest(format!("unknown region kind {}", r.kind)));
     }
+    // A descriptor that is not a dma-buf, or a range outside it, is the
+    // caller's mistake whatever the agent reaches: said first.
+    if let (true, Some(fd)) = (gpu, &fd) {
+        crate::memory::check_dmabuf(fd, r.dmabuf_offset, r.length)?;
+    }
     // Before anything is exported: memory the agent cannot reach is refused
     // (memory this shim cannot register is refused below, with its reason).
     let ours = shared.memory.kinds();

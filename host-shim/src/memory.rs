@@ -1,7 +1,10 @@
 //! How the shim makes a registered region reachable to the agent.
 //!
 //! * co-located: the region's memfd goes over the agent's memory socket and
-//!   the agent maps it (agent and shim on the same host);
+//!   the agent maps it (agent and shim on the same host). GPU memory (a
+//!   CUDA dma-buf) goes the same way, and the agent registers it with its
+//!   RDMA NIC when that can (the capability exchange says so) — the
+//!   storage side then WRITEs straight into HBM;
 //! * DOCA (`--features doca`, agent on this host's BlueField): the shim maps
 //!   the region with `doca_mmap_export_pci` and sends the descriptor, in a
 //!   Sluice envelope, on RegisterRegion. GPU memory arrives as a CUDA dma-buf
@@ -58,11 +61,23 @@ impl MemoryBackend {
     }
 
     /// Region memory this backend registers (the capability exchange).
+    /// Co-located GPU memory needs an agent that says it reaches it.
     pub fn kinds(&self) -> Vec<MemoryKind> {
+        match self {
+            Self::Colocated => vec![MemoryKind::Memfd, MemoryKind::GpuDmabuf],
+            #[cfg(feature = "doca")]
+            Self::Doca(_) => vec![MemoryKind::DocaHost, MemoryKind::GpuDmabuf],
+        }
+    }
+
+    /// What an agent that sent no capabilities (older than the exchange)
+    /// is taken to reach: GPU memory on a co-located agent came later, so
+    /// such an agent reaches memfds only.
+    pub fn kinds_older_agents_reach(&self) -> Vec<MemoryKind> {
         match self {
             Self::Colocated => vec![MemoryKind::Memfd],
             #[cfg(feature = "doca")]
-            Self::Doca(_) => vec![MemoryKind::DocaHost, MemoryKind::GpuDmabuf],
+            Self::Doca(_) => self.kinds(),
         }
     }
 
@@ -91,6 +106,9 @@ impl MemoryBackend {
     pub async fn export_again(&self, link: &AgentLink, source: &RegionSource) -> Result<Export, ShimError> {
         match source {
             RegionSource::Memfd(fd) => Ok(Export::ColocatedTicket(link.hand_over(fd.as_fd()).await?)),
+            RegionSource::Dmabuf { fd, region } => {
+                Ok(Export::ColocatedTicket(link.hand_over_dmabuf(fd.as_fd(), *region).await?))
+            }
             RegionSource::Blob(b) => Ok(Export::DocaExport(b.clone())),
         }
     }
@@ -107,45 +125,23 @@ impl MemoryBackend {
             return Err(ShimError::BadRequest("a GPU region needs its CUDA address (gpu_address)".into()));
         }
         check_dmabuf(&fd, offset, len)?;
+        let region = sluice_shm::DmabufHandOver { offset, len, gpu_address };
+        region.check_address().map_err(|e| ShimError::BadRequest(e.to_string()))?;
         match self {
-            Self::Colocated => {
-                let _ = (fd, gpu_address);
-                Err(ShimError::Unsupported(
-                    "GPU (dma-buf) regions need memory_backend = \"doca\" (the agent on this host's BlueField \
-                     reaches GPU memory over PCIe); a co-located agent cannot map GPU memory"
-                        .into(),
-                ))
-            }
+            // The agent checks the dma-buf again and registers it with its
+            // NIC; whether it can was settled by the capability exchange.
+            Self::Colocated => Ok((RegionSource::Dmabuf { fd, region }, None)),
             #[cfg(feature = "doca")]
             Self::Doca(x) => x.export_dmabuf(fd, offset, len, gpu_address),
         }
     }
 }
 
-/// Refuses descriptors that are not dma-bufs, and ranges outside the buffer.
-/// A dma-buf's fdinfo has an `exp_name:` line (the exporting driver) and its
-/// size is what `lseek(SEEK_END)` returns.
+/// Refuses descriptors that are not dma-bufs, and ranges outside the buffer
+/// ([`sluice_shm::check_dmabuf`]: the `exp_name:` line of its fdinfo, its
+/// `lseek(SEEK_END)` size).
 pub fn check_dmabuf(fd: &OwnedFd, offset: u64, len: u64) -> Result<(), ShimError> {
-    use std::os::fd::AsRawFd;
-    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd()))
-        .map_err(|e| ShimError::BadRequest(format!("cannot inspect the passed descriptor: {e}")))?;
-    let Some(exporter) = info.lines().find_map(|l| l.strip_prefix("exp_name:")).map(str::trim) else {
-        return Err(ShimError::BadRequest(
-            "the descriptor passed for a GPU region is not a dma-buf (export one with cuMemGetHandleForAddressRange)"
-                .into(),
-        ));
-    };
-    let size = fd
-        .try_clone()
-        .map(std::fs::File::from)
-        .and_then(|mut f| std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)))
-        .map_err(|e| ShimError::BadRequest(format!("dma-buf from {exporter}: cannot read its size: {e}")))?;
-    if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
-        return Err(ShimError::BadRequest(format!(
-            "{len} bytes at offset {offset} do not fit the {size}-byte dma-buf from {exporter}"
-        )));
-    }
-    Ok(())
+    sluice_shm::check_dmabuf(fd.as_fd(), offset, len).map(|_| ()).map_err(|e| ShimError::BadRequest(e.to_string()))
 }
 
 #[cfg(feature = "doca")]
@@ -239,5 +235,26 @@ mod tests {
             Err(ShimError::BadRequest(why)) => assert!(why.contains("not a dma-buf"), "{why}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The co-located backend refuses what is not a dma-buf before keeping
+    /// anything, and a GPU region needs its CUDA address.
+    #[test]
+    fn colocated_gpu_regions_are_checked_before_they_are_kept() {
+        let memfd = || sluice_shm::create_memfd("t", 4096).expect("memfd");
+        let (r, _w) = std::io::pipe().expect("pipe");
+        let b = MemoryBackend::Colocated;
+        for (what, fd) in [("memfd", memfd()), ("pipe", OwnedFd::from(r))] {
+            match b.prepare_dmabuf(fd, 0, 4096, 0x7f00_0000_0000) {
+                Err(ShimError::BadRequest(why)) => assert!(why.contains("not a dma-buf"), "{what}: {why}"),
+                Err(e) => panic!("{what}: {e}"),
+                Ok(_) => panic!("{what} kept as a dma-buf"),
+            }
+        }
+        assert!(
+            matches!(b.prepare_dmabuf(memfd(), 0, 4096, 0), Err(ShimError::BadRequest(m)) if m.contains("CUDA address"))
+        );
+        assert_eq!(b.kinds(), vec![MemoryKind::Memfd, MemoryKind::GpuDmabuf]);
+        assert_eq!(b.kinds_older_agents_reach(), vec![MemoryKind::Memfd]);
     }
 }

@@ -30,6 +30,9 @@ use crate::server::Shared;
 pub enum RegionSource {
     /// Co-located: the memfd, handed over again for a new ticket.
     Memfd(OwnedFd),
+    /// Co-located GPU memory: the client's dma-buf and where the region
+    /// lies in it, handed over again for a new ticket.
+    Dmabuf { fd: OwnedFd, region: sluice_shm::DmabufHandOver },
     /// DOCA: the export descriptor (its mapping lives in the guard).
     Blob(Vec<u8>),
 }

@@ -1,7 +1,8 @@
 //! A safe wrapper over rdma-core verbs and rdma_cm for Sluice's verbs
 //! transport: device list, context, protection domain, memory regions that
-//! own or pin their memory, completion queues driven by tokio, and RC queue
-//! pairs connected with rdma_cm that post one-sided WRITE and READ.
+//! own or pin their memory (or are dma-bufs: GPU memory the NIC reaches
+//! directly), completion queues driven by tokio, and RC queue pairs
+//! connected with rdma_cm that post one-sided WRITE and READ.
 //!
 //! On a kernel without RDMA every entry point fails with
 //! [`RdmaError::NoDevice`] instead of crashing.
@@ -10,6 +11,7 @@ mod cq;
 pub mod dc;
 pub mod dci;
 mod device;
+mod dmabuf;
 mod error;
 mod memory;
 mod port;
@@ -18,6 +20,7 @@ mod qp;
 pub use cq::CompletionQueue;
 pub use cq::PostResult;
 pub use device::{devices, DeviceInfo};
+pub use dmabuf::DMABUF_UNSUPPORTED;
 pub use error::{RdmaError, Result};
 pub use memory::{Access, Buffer, Context, MemoryRegion, PinnedMemory, ProtectionDomain};
 pub use port::{pick_ipv4_gid, GidEntry, PortInfo};

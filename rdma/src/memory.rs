@@ -61,6 +61,19 @@ impl Context {
         Ok(Arc::new(Self { ptr, owned: true, _keep: None }))
     }
 
+    /// The device's name (`rxe0`, `mlx5_0`), for messages.
+    pub fn device_name(&self) -> String {
+        // SAFETY: a live context points at its device, whose name is a
+        // NUL-terminated string libibverbs owns for as long as the context.
+        unsafe {
+            let dev = (*self.ptr.as_ptr()).device;
+            if dev.is_null() {
+                return "unknown device".into();
+            }
+            std::ffi::CStr::from_ptr(sys::ibv_get_device_name(dev)).to_string_lossy().into_owned()
+        }
+    }
+
     /// A context rdma_cm opened for a cm id; valid while `keep` lives.
     pub(crate) fn borrowed(
         ptr: *mut sys::ibv_context,
@@ -223,7 +236,7 @@ impl Access {
     pub const REMOTE_READ: Self = Self { remote_write: false, remote_read: true };
     pub const REMOTE_ALL: Self = Self { remote_write: true, remote_read: true };
 
-    fn flags(self) -> i32 {
+    pub(crate) fn flags(self) -> i32 {
         let mut f = sys::IBV_ACCESS_LOCAL_WRITE;
         if self.remote_write {
             f |= sys::IBV_ACCESS_REMOTE_WRITE;
@@ -242,14 +255,26 @@ impl std::fmt::Debug for MemoryRegion {
     }
 }
 
+/// What a region's keys reach: host memory the wrapper keeps pinned, or a
+/// dma-buf (GPU memory) the kernel holds its own reference to. Held for the
+/// region's lifetime, never read.
+pub(crate) enum Backing {
+    Host(#[allow(dead_code)] Arc<dyn PinnedMemory>),
+    /// The kernel took its own reference to the dma-buf at registration;
+    /// the descriptor is kept anyway so the exporter's buffer visibly
+    /// outlives every key to it.
+    Dmabuf(#[allow(dead_code)] Arc<std::os::fd::OwnedFd>),
+}
+
 /// A registered memory region; it keeps its memory and PD alive.
 pub struct MemoryRegion {
-    ptr: NonNull<sys::ibv_mr>,
-    mem: Arc<dyn PinnedMemory>,
-    _pd: Arc<ProtectionDomain>,
-    /// The registered window within `mem`.
-    offset: usize,
-    len: usize,
+    pub(crate) ptr: NonNull<sys::ibv_mr>,
+    pub(crate) _backing: Backing,
+    pub(crate) _pd: Arc<ProtectionDomain>,
+    /// The address remotes use for the first registered byte: the host
+    /// address of the window, or the IOVA a dma-buf was registered at.
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
 }
 
 // SAFETY: verbs are thread safe (rdma-core); the MR's keys are plain data.
@@ -264,8 +289,8 @@ impl MemoryRegion {
         // fixed while `mem` lives, and the MR holds `mem` until deregistered.
         let mr = unsafe { sys::ibv_reg_mr(pd.ptr.as_ptr(), mem.as_ptr().cast(), mem.len(), access.flags()) };
         let ptr = NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))?;
-        let len = mem.len();
-        Ok(Arc::new(Self { ptr, mem, _pd: pd.clone(), offset: 0, len }))
+        let (addr, len) = (mem.as_ptr() as u64, mem.len());
+        Ok(Arc::new(Self { ptr, _backing: Backing::Host(mem), _pd: pd.clone(), addr, len }))
     }
 
     /// Registers `[offset, offset+len)` of `mem` only: a remote holding this
@@ -284,7 +309,8 @@ impl MemoryRegion {
         // contract keeps valid and fixed while the MR holds it.
         let mr = unsafe { sys::ibv_reg_mr(pd.ptr.as_ptr(), mem.as_ptr().add(offset).cast(), len, access.flags()) };
         let ptr = NonNull::new(mr).ok_or_else(|| RdmaError::last_os("ibv_reg_mr"))?;
-        Ok(Arc::new(Self { ptr, mem, _pd: pd.clone(), offset, len }))
+        let addr = mem.as_ptr() as u64 + offset as u64;
+        Ok(Arc::new(Self { ptr, _backing: Backing::Host(mem), _pd: pd.clone(), addr, len }))
     }
 
     pub fn lkey(&self) -> u32 {
@@ -297,7 +323,7 @@ impl MemoryRegion {
     }
     /// Address of the first registered byte (what remotes use with the rkey).
     pub fn addr(&self) -> u64 {
-        self.mem.as_ptr() as u64 + self.offset as u64
+        self.addr
     }
     pub fn len(&self) -> u64 {
         self.len as u64
@@ -309,7 +335,8 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        // SAFETY: registered by us and deregistered once; `mem` is dropped after.
+        // SAFETY: registered by us and deregistered once; the backing memory
+        // is dropped after (fields drop after `drop` returns).
         unsafe { sys::ibv_dereg_mr(self.ptr.as_ptr()) };
     }
 }

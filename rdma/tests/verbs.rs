@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sluice_rdma::{
     devices, Access, Buffer, CompletionQueue, Context, Listener, MemoryRegion, ProtectionDomain, QueuePair, RdmaError,
+    DMABUF_UNSUPPORTED,
 };
 
 fn device() -> String {
@@ -248,4 +249,113 @@ fn port_and_gid_table() {
     let pd = ProtectionDomain::new(&ctx).unwrap();
     let at = sluice_rdma::dc::DcAddress { dct_number: 1, lid: port.lid, gid: Some(picked.gid) };
     sluice_rdma::dci::AddressHandle::create(&pd, &at, 1, picked.index).expect("address handle from a token's address");
+}
+
+/// A real dma-buf in the guest: a vgem (virtual GEM) dumb buffer exported
+/// with DRM PRIME. The lane's Debian 6.1 kernel has no udmabuf
+/// (`CONFIG_UDMABUF` is not set) but builds vgem as a module, which
+/// scripts/vm/guest.sh loads. Returns the dma-buf and its size.
+fn vgem_dmabuf(len: u32) -> Result<(std::os::fd::OwnedFd, u64), String> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    #[repr(C)]
+    struct CreateDumb {
+        height: u32,
+        width: u32,
+        bpp: u32,
+        flags: u32,
+        handle: u32,
+        pitch: u32,
+        size: u64,
+    }
+    #[repr(C)]
+    struct PrimeHandle {
+        handle: u32,
+        flags: u32,
+        fd: i32,
+    }
+    // DRM_IOWR(0xB2, struct drm_mode_create_dumb) and
+    // DRM_IOWR(0x2d, struct drm_prime_handle) from <drm/drm.h>.
+    const DRM_IOCTL_MODE_CREATE_DUMB: u64 = 0xC020_64B2;
+    const DRM_IOCTL_PRIME_HANDLE_TO_FD: u64 = 0xC00C_642D;
+
+    let dir = "/sys/devices/platform/vgem/drm";
+    let card = std::fs::read_dir(dir)
+        .map_err(|e| format!("{dir}: {e} (is the vgem module loaded?)"))?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .find(|n| n.starts_with("card"))
+        .ok_or_else(|| format!("{dir} lists no card"))?;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/dri/{card}"))
+        .map_err(|e| format!("/dev/dri/{card}: {e}"))?;
+    // 1024 pixels of 4 bytes per row: `len / 4096` rows.
+    let mut dumb = CreateDumb { height: len / 4096, width: 1024, bpp: 32, flags: 0, handle: 0, pitch: 0, size: 0 };
+    // SAFETY: the request number matches the struct, whose layout is the
+    // kernel's; the kernel writes handle, pitch and size into it.
+    if unsafe { libc::ioctl(dev.as_raw_fd(), DRM_IOCTL_MODE_CREATE_DUMB as _, &mut dumb) } != 0 {
+        return Err(format!("DRM_IOCTL_MODE_CREATE_DUMB: {}", std::io::Error::last_os_error()));
+    }
+    let mut prime = PrimeHandle { handle: dumb.handle, flags: (libc::O_CLOEXEC | libc::O_RDWR) as u32, fd: -1 };
+    // SAFETY: as above; the kernel writes a new descriptor into `fd`.
+    if unsafe { libc::ioctl(dev.as_raw_fd(), DRM_IOCTL_PRIME_HANDLE_TO_FD as _, &mut prime) } != 0 || prime.fd < 0 {
+        return Err(format!("DRM_IOCTL_PRIME_HANDLE_TO_FD: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: a descriptor the kernel just made for us and nobody else owns.
+    // (The dma-buf keeps the buffer alive after `dev` closes.)
+    Ok((unsafe { std::os::fd::OwnedFd::from_raw_fd(prime.fd) }, dumb.size))
+}
+
+/// GPU memory's registration path on a real device with a real dma-buf:
+/// either the device registers it — then a remote WRITE lands in it and a
+/// READ returns it — or it says clearly that it cannot, and the probe the
+/// agent relies on agrees. Soft-RoCE takes the second branch (its provider
+/// has no `ibv_reg_dmabuf_mr`); the first has not run anywhere yet (it
+/// needs a NIC that registers dma-bufs, e.g. mlx5, with this test pointed
+/// at it through SLUICE_RXE_DEVICE/SLUICE_RXE_ADDR).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dmabuf_regions_are_registered_or_refused_clearly() {
+    use std::os::fd::AsFd;
+    const LEN: u32 = 64 << 10;
+    let p = pair(LEN as usize).await;
+    let pd = p._listener.pd();
+    let (fd, size) = vgem_dmabuf(LEN).expect("the lane makes a real dma-buf with vgem");
+    let fd = Arc::new(fd);
+    // The checks the shim and the agent run pass a real dma-buf...
+    let info = sluice_shm::check_dmabuf(fd.as_fd(), 0, u64::from(LEN)).expect("a real dma-buf passes the checks");
+    assert_eq!(info.size, size);
+    assert!(!info.exporter.is_empty(), "{info:?}");
+    // ...and refuse windows outside it, as the wrapper does before asking
+    // the device.
+    assert!(sluice_shm::check_dmabuf(fd.as_fd(), 4096, size).is_err());
+    let iova = 0x7f00_0000_0000u64;
+    for (offset, len, at) in [(0, 0, iova), (4096, size as usize, iova), (0, 4096, iova + 8)] {
+        match MemoryRegion::register_dmabuf(pd, &fd, offset, len, at, Access::REMOTE_ALL) {
+            Err(RdmaError::Invalid(_)) => {}
+            other => panic!("{offset}+{len} at {at:#x}: {other:?}"),
+        }
+    }
+
+    let probe = pd.probe_dmabuf();
+    match MemoryRegion::register_dmabuf(pd, &fd, 0, LEN as usize, iova, Access::REMOTE_ALL) {
+        Err(RdmaError::Unsupported(m)) => {
+            assert!(m.starts_with(DMABUF_UNSUPPORTED) && m.contains(&device()), "{m}");
+            let e = probe.expect_err("the probe agrees: this device cannot register dma-bufs");
+            assert!(e.to_string().starts_with(DMABUF_UNSUPPORTED), "{e}");
+            println!("dma-buf ({}) MR on {}: refused clearly ({m}); the probe agrees", info.exporter, device());
+        }
+        Ok(mr) => {
+            probe.expect("the probe agrees: this device registers dma-bufs");
+            assert_eq!((mr.addr(), mr.len()), (iova, u64::from(LEN)));
+            let data = pattern(10_000, 5);
+            let src = local(&p.qp, &data);
+            p.qp.write(src, 0, data.len() as u32, mr.addr() + 100, mr.rkey()).await.map_err(|(e, _)| e).unwrap();
+            let back = Buffer::zeroed(data.len());
+            let dst = MemoryRegion::register(p.qp.pd(), back.clone(), Access::LOCAL).unwrap();
+            p.qp.read(dst, 0, data.len() as u32, mr.addr() + 100, mr.rkey()).await.map_err(|(e, _)| e).unwrap();
+            assert_eq!(back.to_vec(), data, "READ returns what WRITE placed in the dma-buf");
+            println!("dma-buf MR on {}: WRITE then READ through it verified", device());
+        }
+        Err(e) => panic!("neither registered nor a clear refusal: {e}"),
+    }
 }

@@ -4,7 +4,9 @@
 WORK=$(dirname "$0")
 . "$WORK/env"
 m() { /sbin/modprobe -d "$KDIR" "$@" || echo "guest: modprobe $* failed"; }
-for mod in virtio_net crc32_generic rdma_rxe ib_uverbs rdma_ucm; do m "$mod"; done
+# vgem: a virtual GEM device whose buffers export as real dma-bufs (this
+# kernel has no udmabuf), for the dma-buf registration test.
+for mod in virtio_net crc32_generic rdma_rxe ib_uverbs rdma_ucm vgem; do m "$mod"; done
 ip link set lo up
 ip link set eth0 up
 ip addr add 10.0.2.15/24 dev eth0

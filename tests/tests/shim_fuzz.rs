@@ -85,6 +85,18 @@ fn u64_field(rng: &mut Rng, near: u64) -> u64 {
     }
 }
 
+/// An `if_match` value: mostly none, else a plausible ETag, a hostile one
+/// (quotes, control bytes, very long) or a weak one.
+fn etag(rng: &mut Rng) -> String {
+    match rng.below(10) {
+        0 => "\"0123456789abcdef0123456789abcdef\"".into(),
+        1 => format!("W/\"{}\"", rng.below(1 << 20)),
+        2 => "\"\u{0}\r\n\"".into(),
+        3 => "e".repeat(rng.below(5000) as usize),
+        _ => String::new(),
+    }
+}
+
 fn path(rng: &mut Rng) -> String {
     if rng.chance(10) {
         let n = rng.below(1100) as usize;
@@ -158,6 +170,7 @@ fn request(rng: &mut Rng, id: u64, regions: &[String]) -> (pb::Request, bool) {
                     region_id: region.clone(),
                     offset: u64_field(rng, 1 << 20),
                     max_bytes: u64_field(rng, 1 << 20),
+                    if_match: etag(rng),
                 })
                 .collect();
             Op::GetBatch(pb::GetBatch { items })
@@ -168,6 +181,7 @@ fn request(rng: &mut Rng, id: u64, regions: &[String]) -> (pb::Request, bool) {
             region_id: region,
             offset: u64_field(rng, 1 << 20),
             max_bytes: if rng.chance(70) { 0 } else { u64_field(rng, 1 << 20) },
+            if_match: etag(rng),
         }),
         6 => Op::Put(pb::Put {
             path: path(rng),

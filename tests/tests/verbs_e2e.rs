@@ -3,6 +3,7 @@
 //! RDMA-READs from (PUT) the host region itself through rxe0.
 #![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
+use sluice_client::MemoryKind;
 use sluice_tests::{pattern, sha256, Options, Stack};
 
 fn ip() -> String {
@@ -44,7 +45,17 @@ async fn get_and_put_over_verbs() {
     assert_eq!((g.bytes, g.data_path), (2 << 20, "rdma"));
     assert_eq!(&r.as_slice()[4096..4096 + (2 << 20)], &data[1000..1000 + (2 << 20)]);
     assert_eq!(r.as_slice()[4095], 0xAB);
-    println!("verbs e2e: 4 PUTs, 5 GETs over verbs RC on rxe0, bytes verified");
+    // GPU memory: the agent probed rxe0, which cannot register dma-bufs
+    // (its provider has no ibv_reg_dmabuf_mr), so GPU regions are not
+    // offered (the shim refuses them up front) and the log says why.
+    assert!(c.capabilities().agent_memory().all(|k| k != MemoryKind::GpuDmabuf));
+    let log = stack.log("sluice-agent");
+    assert!(
+        log.contains("GPU memory (dma-buf) regions are not offered")
+            && log.contains("cannot register dma-buf (GPU) memory"),
+        "{log}"
+    );
+    println!("verbs e2e: 4 PUTs, 5 GETs over verbs RC on rxe0, bytes verified; GPU regions not offered on rxe0");
 }
 
 /// A namespace configured for mlx5 DC on rxe0 (which has no DC) falls back

@@ -164,6 +164,11 @@ impl Transport for TcpOwner {
             return Err(TransportError::WindowTooLarge(grant.len));
         }
         grant.memory.check(grant.offset, grant.len).map_err(|e| TransportError::Rejected(e.to_string()))?;
+        // The software transport copies with the CPU: memory only a NIC
+        // reaches is refused here, not when the peer's first WRITE fails.
+        if let Some(why) = grant.memory.nic_only() {
+            return Err(TransportError::Unsupported(format!("the tcp transport cannot reach this memory: {why}")));
+        }
         let cap = self.table.grant(grant);
         // The descriptor: GID = owner IP, LID = owner port, rkey + DCT +
         // base address = the capability key.

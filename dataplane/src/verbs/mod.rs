@@ -42,8 +42,9 @@ pub(crate) struct Registered {
 
 /// Registers exactly the granted window in `pd`, for the granted direction
 /// only: the MR's rkey is the capability, deregistration revokes it. Memory
-/// that is not pinned here but reachable through another stack's key
-/// (`nic_window`: DOCA host memory on a DPU) uses that key instead.
+/// that is not pinned here but reachable through another key (`nic_window`:
+/// DOCA host memory on a DPU, a GPU dma-buf registered in `pd`) uses it
+/// instead.
 pub(crate) fn register_window(pd: &Arc<ProtectionDomain>, grant: &Grant) -> Result<Registered, TransportError> {
     if grant.len == 0 || grant.len > MAX_WINDOW_BYTES {
         return Err(TransportError::WindowTooLarge(grant.len));
@@ -99,6 +100,12 @@ impl VerbsOwner {
 
     pub fn port(&self) -> u16 {
         self.listener.port()
+    }
+
+    /// The protection domain this owner's windows are registered in (its
+    /// device: what a dma-buf probe asks).
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        self.listener.pd()
     }
 
     /// Connections accepted so far.

@@ -3,14 +3,18 @@
 //! gRPC RegisterRegion call then redeems the ticket and the agent maps the fd.
 //!
 //! Memory socket protocol (one exchange per fd, on a long-lived connection):
-//! the shim sends the single byte `R` with exactly one fd attached; the agent
-//! answers one line, `OK <ticket>\n` or `ERR <reason>\n`.
+//! the shim sends the single byte `R` with exactly one fd attached (a
+//! memfd), or `D` and 24 bytes ([`sluice_shm::DmabufHandOver`]: offset,
+//! length, CUDA address) with a CUDA dma-buf attached (GPU memory, taken
+//! only when the agent's verbs device registers dma-bufs, see [`super::gpu`]);
+//! the agent answers one line, `OK <ticket>\n` or `ERR <reason>\n`.
 //!
-//! The agent maps memory it did not create, so a descriptor is accepted only
-//! if it can never shrink under the mapping (a memfd with `F_SEAL_SHRINK`);
-//! anything else is refused and closed at once. Descriptors held for tickets
-//! are bounded per connection and in total, connections are bounded, and a
-//! message with too many descriptors closes all of them.
+//! The agent maps memory it did not create, so a memfd is accepted only
+//! if it can never shrink under the mapping (`F_SEAL_SHRINK`); a dma-buf
+//! only if it is one and holds the range. Anything else is refused and
+//! closed at once. Descriptors held for tickets are bounded per connection
+//! and in total, connections are bounded, and a message with too many
+//! descriptors closes all of them.
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -19,10 +23,11 @@ use std::time::{Duration, Instant};
 
 use sluice_dataplane::SharedRegion;
 use sluice_shm::MappedRegion;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
+use super::gpu::{Deposit, GpuPath};
 use super::{HostMemory, HostRegion, MemError, RegionExport};
 
 /// Tickets not redeemed within this time are dropped (and their fds closed).
@@ -36,9 +41,18 @@ const MAX_PENDING: usize = 4096;
 const MAX_PENDING_PER_CONNECTION: usize = 256;
 /// Most memory-socket connections at once (a shim keeps one).
 const MAX_CONNECTIONS: usize = 64;
+/// Longest the rest of a frame may take once its first byte came (the
+/// shim writes a frame in one message).
+const FRAME_REST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A descriptor held for a ticket.
+enum Deposited {
+    Memfd(OwnedFd),
+    Dmabuf(Deposit),
+}
 
 struct Pending {
-    fd: OwnedFd,
+    what: Deposited,
     at: Instant,
     connection: u64,
 }
@@ -48,6 +62,8 @@ pub struct ColocatedMemory {
     pending: Mutex<HashMap<String, Pending>>,
     connections: Arc<tokio::sync::Semaphore>,
     next_connection: std::sync::atomic::AtomicU64,
+    /// Whether GPU regions (dma-bufs) are taken, and with which device.
+    gpu: GpuPath,
 }
 
 impl Default for ColocatedMemory {
@@ -56,19 +72,42 @@ impl Default for ColocatedMemory {
             pending: Mutex::default(),
             connections: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
             next_connection: std::sync::atomic::AtomicU64::new(1),
+            gpu: GpuPath::Unavailable("no verbs transport was asked".into()),
         }
     }
 }
 
 impl ColocatedMemory {
+    /// Host memory only (memfds).
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
-    /// Stores an fd and returns its ticket. The fd must be a memfd that
-    /// cannot shrink; anything else is refused (and closed on return).
-    fn deposit(&self, fd: OwnedFd, connection: u64) -> Result<String, MemError> {
-        sluice_shm::check_sealed(std::os::fd::AsFd::as_fd(&fd))?;
+    /// Memfds, and GPU memory as dma-bufs when `gpu` is available.
+    pub fn with_gpu(gpu: GpuPath) -> Arc<Self> {
+        Arc::new(Self { gpu, ..Self::default() })
+    }
+
+    /// Checks a descriptor for what its frame says it is: a memfd that
+    /// cannot shrink, or a dma-buf holding the range (when GPU memory is
+    /// taken at all). Anything else is refused (and closed on return).
+    fn check(&self, fd: OwnedFd, dmabuf: Option<sluice_shm::DmabufHandOver>) -> Result<Deposited, MemError> {
+        match dmabuf {
+            None => {
+                sluice_shm::check_sealed(std::os::fd::AsFd::as_fd(&fd))?;
+                Ok(Deposited::Memfd(fd))
+            }
+            Some(hand) => match &self.gpu {
+                GpuPath::Available(_) => Ok(Deposited::Dmabuf(Deposit::check(fd, hand)?)),
+                GpuPath::Unavailable(why) => {
+                    Err(MemError::Unsupported(format!("this co-located agent takes no GPU memory: {why}")))
+                }
+            },
+        }
+    }
+
+    /// Stores a checked descriptor and returns its ticket.
+    fn deposit(&self, what: Deposited, connection: u64) -> Result<String, MemError> {
         self.expire_tickets();
         let mut map = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         if map.len() >= MAX_PENDING {
@@ -80,7 +119,7 @@ impl ColocatedMemory {
             )));
         }
         let ticket = crate::ids::random_id();
-        map.insert(ticket.clone(), Pending { fd, at: Instant::now(), connection });
+        map.insert(ticket.clone(), Pending { what, at: Instant::now(), connection });
         Ok(ticket)
     }
 
@@ -144,10 +183,25 @@ impl ColocatedMemory {
                     return;
                 }
             }
-            let reply = if buf[0] != b'R' || fds.len() != 1 {
-                format!("ERR expected 'R' with exactly one fd, got {:?} with {} fds\n", buf[0] as char, fds.len())
+            let dmabuf = if buf[0] == sluice_shm::DmabufHandOver::TAG {
+                let mut body = [0u8; sluice_shm::DmabufHandOver::BODY_LEN];
+                match tokio::time::timeout(FRAME_REST_TIMEOUT, stream.read_exact(&mut body)).await {
+                    Ok(Ok(_)) => Some(sluice_shm::DmabufHandOver::decode(&body)),
+                    // A frame cut short: nothing after it can be parsed.
+                    _ => return,
+                }
             } else {
-                match fds.pop().map(|fd| self.deposit(fd, connection)) {
+                None
+            };
+            let reply = if !(buf[0] == b'R' || dmabuf.is_some()) || fds.len() != 1 {
+                format!(
+                    "ERR expected 'R' or 'D' with exactly one fd, got {:?} with {} fds\n",
+                    buf[0] as char,
+                    fds.len()
+                )
+            } else {
+                let taken = fds.pop().map(|fd| self.check(fd, dmabuf).and_then(|d| self.deposit(d, connection)));
+                match taken {
                     Some(Ok(t)) => format!("OK {t}\n"),
                     Some(Err(e)) => format!("ERR {e}\n"),
                     None => "ERR no fd\n".into(),
@@ -162,8 +216,14 @@ impl ColocatedMemory {
 
 impl HostMemory for ColocatedMemory {
     fn capabilities(&self) -> super::MemoryCaps {
-        // GPU memory is not mappable from the host CPU side this way.
-        super::MemoryCaps { kinds: vec![super::MemoryKind::Memfd], gpu_staging: None }
+        // GPU memory only by direct placement (no staging: the agent has
+        // no CPU view of it), and only where the verbs device can register
+        // dma-bufs.
+        let mut kinds = vec![super::MemoryKind::Memfd];
+        if matches!(self.gpu, GpuPath::Available(_)) {
+            kinds.push(super::MemoryKind::GpuDmabuf);
+        }
+        super::MemoryCaps { kinds, gpu_staging: None }
     }
 
     fn discard(&self, export: &RegionExport) {
@@ -188,8 +248,14 @@ impl HostMemory for ColocatedMemory {
         if pending.at.elapsed() >= TICKET_TTL {
             return Err(MemError::UnknownTicket);
         }
-        let region = MappedRegion::map(pending.fd, len)?;
-        Ok(Arc::new(SharedRegion::new(region)))
+        match (pending.what, &self.gpu) {
+            (Deposited::Memfd(fd), _) => Ok(Arc::new(SharedRegion::new(MappedRegion::map(fd, len)?))),
+            (Deposited::Dmabuf(d), GpuPath::Available(device)) => d.import(len, device),
+            // Not deposited without a device; kept total all the same.
+            (Deposited::Dmabuf(_), GpuPath::Unavailable(why)) => {
+                Err(MemError::Unsupported(format!("this co-located agent takes no GPU memory: {why}")))
+            }
+        }
     }
 }
 
@@ -264,6 +330,47 @@ mod tests {
             assert!(line.starts_with("ERR") && line.contains("sealed"), "{what}: {line}");
         }
         assert!(mem.pending.lock().unwrap().is_empty(), "nothing was kept");
+    }
+
+    /// Without a verbs device that registers dma-bufs, GPU memory is not
+    /// offered and a dma-buf frame is refused with the reason, its
+    /// descriptor closed.
+    #[tokio::test]
+    async fn gpu_memory_is_refused_without_a_dmabuf_device() {
+        let why = "no verbs transport runs";
+        let mem = ColocatedMemory::with_gpu(GpuPath::Unavailable(why.into()));
+        let caps = mem.capabilities();
+        assert_eq!((caps.kinds, caps.gpu_staging), (vec![super::super::MemoryKind::Memfd], None));
+        let (a, b) = UnixStream::pair().unwrap();
+        tokio::spawn(mem.clone().handle_owned(b));
+        let mut reader = tokio::io::BufReader::new(a);
+        let region = MappedRegion::create("t", 4096).unwrap();
+        let frame = sluice_shm::DmabufHandOver { offset: 0, len: 4096, gpu_address: 0x7f00_0000_0000 }.encode();
+        sluice_shm::send_with_fds(reader.get_ref(), &frame, &[region.fd().as_fd()]).await.unwrap();
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap();
+        assert!(line.starts_with("ERR this co-located agent takes no GPU memory") && line.contains(why), "{line}");
+        assert!(mem.pending.lock().unwrap().is_empty(), "nothing was kept");
+        // The connection still serves memfds.
+        sluice_shm::send_with_fds(reader.get_ref(), b"R", &[region.fd().as_fd()]).await.unwrap();
+        line.clear();
+        reader.read_line(&mut line).await.unwrap();
+        assert!(line.starts_with("OK "), "{line}");
+    }
+
+    /// A dma-buf frame cut short ends the connection: its descriptor is
+    /// closed and nothing is kept.
+    #[tokio::test]
+    async fn a_cut_short_dmabuf_frame_closes_the_connection() {
+        let mem = ColocatedMemory::new();
+        let (a, b) = UnixStream::pair().unwrap();
+        let served = tokio::spawn(mem.clone().handle_owned(b));
+        let region = MappedRegion::create("t", 4096).unwrap();
+        let frame = sluice_shm::DmabufHandOver { offset: 0, len: 4096, gpu_address: 1 << 40 }.encode();
+        sluice_shm::send_with_fds(&a, &frame[..9], &[region.fd().as_fd()]).await.unwrap();
+        drop(a);
+        tokio::time::timeout(Duration::from_secs(10), served).await.expect("the handler ends").unwrap();
+        assert!(mem.pending.lock().unwrap().is_empty());
     }
 
     #[tokio::test]

@@ -1,7 +1,9 @@
 //! How the agent reaches host memory. One trait, several backends:
 //!
 //! * [`colocated`]: the agent runs on the host itself; the shim hands each
-//!   region's memfd over a Unix socket and the agent maps it.
+//!   region's memfd over a Unix socket and the agent maps it. GPU memory
+//!   (a CUDA dma-buf) is handed over the same way and registered with the
+//!   verbs device ([`gpu`]), when it can register dma-bufs.
 //! * [`doca`] (on a BlueField; `--features doca`): the shim exports the
 //!   region with `doca_mmap_export_pci`, the agent imports the descriptor.
 //!
@@ -10,6 +12,7 @@
 pub mod colocated;
 #[cfg(feature = "doca")]
 pub mod doca;
+pub mod gpu;
 
 use std::sync::Arc;
 
@@ -154,7 +157,9 @@ pub enum MemoryKind {
     Memfd,
     /// Host RAM exported with DOCA over PCIe.
     DocaHost,
-    /// GPU memory (a CUDA dma-buf) exported with DOCA.
+    /// GPU memory (a CUDA dma-buf): exported with DOCA on a BlueField, or
+    /// handed to a co-located agent whose verbs device registers dma-bufs
+    /// (then reached by direct RDMA placement only).
     GpuDmabuf,
 }
 
@@ -163,7 +168,9 @@ pub enum MemoryKind {
 pub struct MemoryCaps {
     pub kinds: Vec<MemoryKind>,
     /// How bytes reach GPU memory when a transfer cannot place them
-    /// directly; `None` when the backend cannot reach GPU memory.
+    /// directly; `None` when nothing stages them: GPU memory is then
+    /// unreachable, or (a co-located agent with `GpuDmabuf` in `kinds`)
+    /// reachable by direct RDMA placement only.
     pub gpu_staging: Option<String>,
 }
 

@@ -49,6 +49,11 @@ pub enum S3Error {
     /// HTTP; this error never leaves the S3 client's caller).
     #[error("{0}")]
     RdmaDeclined(String),
+    /// The request cannot be served into or from this region here (GPU
+    /// memory on a namespace that would need the CPU); refused before
+    /// anything moved.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 fn attempts_note(n: u32) -> String {
@@ -95,6 +100,7 @@ impl S3Error {
             Self::RdmaDeclined(_) => ErrorCode::TransferFailed,
             Self::Integrity(_) => ErrorCode::Integrity,
             Self::Quota(_) => ErrorCode::QuotaExceeded,
+            Self::Unsupported(_) => ErrorCode::Unsupported,
         }
     }
 

@@ -102,6 +102,10 @@ impl ObjectStore {
         if length == Some(0) {
             return Err(S3Error::InvalidRange("a range must cover at least one byte".into()));
         }
+        // A region only the NIC reaches (GPU memory on a co-located agent) is
+        // refused before anything moves when this namespace would need HTTP,
+        // staging, the CPU or a checksum pass.
+        self.check_reach(region.as_ref(), super::gpu::Direction::Get)?;
         if let Some(enc) = &self.encryption {
             return self.get_encrypted(enc, key, start, length, region, offset, room, if_match, request_id, gate).await;
         }

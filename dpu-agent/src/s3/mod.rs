@@ -10,6 +10,7 @@ mod error;
 #[cfg(test)]
 mod failing;
 mod get;
+pub mod gpu;
 pub mod http_client;
 #[cfg(test)]
 mod mock;

@@ -51,6 +51,9 @@ impl ObjectStore {
         request_id: &str,
         gate: Gate<'_>,
     ) -> Result<PutOutcome, S3Error> {
+        // A region only the NIC reaches (GPU memory on a co-located agent)
+        // is refused before any upload starts.
+        self.check_reach(region.as_ref(), super::gpu::Direction::Put)?;
         if let Some(enc) = &self.encryption {
             return self.put_encrypted(enc, key, region, offset, len, content_type, request_id, gate).await;
         }

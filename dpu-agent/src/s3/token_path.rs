@@ -126,11 +126,51 @@ fn classify(e: S3Error) -> Result<Fallback, S3Error> {
     }
 }
 
+/// A part that would fall back to HTTP fails instead when its region is
+/// one only the NIC reaches (GPU memory on a co-located agent): HTTP
+/// cannot write there, and the failure names what went wrong with RDMA.
+pub(super) fn unless_nic_only(
+    region: &dyn HostRegion,
+    done: Result<Option<Fallback>, S3Error>,
+) -> Result<Option<Fallback>, S3Error> {
+    match (done, region.nic_only()) {
+        (Ok(Some(f)), Some(why)) => {
+            tracing::warn!(kind = f.kind, reason = %f.message, "RDMA GET part failed; GPU memory cannot take it over HTTP");
+            Err(S3Error::TransferFailed {
+                message: format!(
+                    "the RDMA part failed ({}: {}) and cannot go over HTTP instead: {why}",
+                    f.kind, f.message
+                ),
+                attempts: 1,
+            })
+        }
+        (done, _) => done,
+    }
+}
+
 impl ObjectStore {
     /// GETs `[from, to)` into `region` at `dst` over RDMA. `Ok(None)`: done;
-    /// `Ok(Some(f))`: fetch it over HTTP instead; `Err`: a real S3 error.
+    /// `Ok(Some(f))`: fetch it over HTTP instead; `Err`: a real S3 error
+    /// (or an RDMA failure into a region HTTP cannot reach).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn get_part_rdma(
+        &self,
+        rdma: &TokenPath,
+        full: &str,
+        from: u64,
+        to: u64,
+        version: super::get::Version<'_>,
+        region: &Arc<dyn HostRegion>,
+        dst: u64,
+        base: usize,
+        request_id: &str,
+    ) -> Result<Option<Fallback>, S3Error> {
+        let done = self.try_part_rdma(rdma, full, from, to, version, region, dst, base, request_id).await;
+        unless_nic_only(region.as_ref(), done)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn try_part_rdma(
         &self,
         rdma: &TokenPath,
         full: &str,

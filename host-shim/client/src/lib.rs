@@ -11,8 +11,17 @@
 //!
 //! Requests may be issued concurrently from many tasks on one client; they are
 //! pipelined on the one connection.
+//!
+//! GPU memory of this process is a region too ([`Client::register_gpu`],
+//! then [`Client::get_gpu`], [`Client::get_many_gpu`], [`Client::put_gpu`]):
+//! bytes pass through pinned staging lanes and the GPU's copy engines, in
+//! this process (see the `gpu` module). CUDA is loaded at run time
+//! ([`cuda`]); without it those calls fail with `UNSUPPORTED`.
 
 #![forbid(unsafe_code)]
+
+mod gpu;
+mod gpu_ops;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -30,6 +39,10 @@ use tokio::sync::{oneshot, Mutex};
 pub use sluice_proto::common::ErrorCode as Code;
 pub use sluice_proto::common::ObjectInfo as Object;
 pub use sluice_proto::common::{Capabilities, MemoryKind, NamespaceCapabilities};
+
+pub use gpu::{GpuBatchGet, GpuOptions, GpuRegion, GpuTransfer, PinRegions, DEFAULT_LANE_BYTES, DEFAULT_STAGING_BYTES};
+/// The CUDA layer the GPU calls use (its driver, host model and types).
+pub use sluice_cuda as cuda;
 
 /// Errors from the client.
 #[derive(Debug, thiserror::Error)]
@@ -52,13 +65,23 @@ pub enum ClientError {
     /// the same deadline and stop the request too).
     #[error("no answer from the shim within {0:?}")]
     Timeout(std::time::Duration),
+    /// A transfer to or from GPU memory refused or failed in this process
+    /// (e.g. `RegionTooSmall` before any byte reached the GPU).
+    #[error("{message} [{code:?}{}]", if request_id.is_empty() { String::new() } else { format!(", request {request_id}") })]
+    Gpu { code: ErrorCode, message: String, request_id: String },
+    /// CUDA refused: no driver or device here (`UNSUPPORTED`), or memory
+    /// that is not this process's GPU memory (`BAD_REQUEST`).
+    #[error(transparent)]
+    Cuda(#[from] sluice_cuda::CudaError),
 }
 
 impl ClientError {
     /// The typed code, for errors the shim reported.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            Self::Shim { code, .. } => Some(*code),
+            Self::Shim { code, .. } | Self::Gpu { code, .. } => Some(*code),
+            Self::Cuda(e) if e.is_bad_request() => Some(ErrorCode::BadRequest),
+            Self::Cuda(_) => Some(ErrorCode::Unsupported),
             _ => None,
         }
     }
@@ -68,10 +91,24 @@ impl ClientError {
 #[derive(Debug)]
 pub struct Region {
     id: String,
-    map: MappedRegion,
+    map: Arc<MappedRegion>,
+    /// Pinned for CUDA ([`PinRegions`]); holds the mapping, so the memory
+    /// is unpinned before it is unmapped.
+    pinned: Option<Arc<sluice_cuda::PinnedHost>>,
 }
 
 impl Region {
+    fn new(id: String, map: MappedRegion) -> Self {
+        Self { id, map: Arc::new(map), pinned: None }
+    }
+    /// Whether the region is pinned for CUDA: copies between it and a GPU
+    /// run at the copy engines' full speed.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.is_some()
+    }
+    pub(crate) fn memory(&self) -> Arc<dyn sluice_cuda::HostMemory> {
+        self.map.clone()
+    }
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -159,6 +196,13 @@ enum Waiter {
 
 type Pending = std::sync::Mutex<HashMap<u64, Waiter>>;
 
+/// Regions the shim registered for this client that nothing holds any
+/// more: registered by a request whose caller stopped waiting (cancelled,
+/// timed out), or staging dropped mid-request. Released with the shim at
+/// the next registration or GPU request, so they do not count against the
+/// session's limits until the connection ends.
+type Orphans = std::sync::Mutex<Vec<String>>;
+
 /// `Response.item` of an answer about a whole batch (refused as such).
 const WHOLE_BATCH: u32 = u32::MAX;
 
@@ -197,6 +241,8 @@ pub struct Client {
     tenant: String,
     namespaces: Vec<String>,
     capabilities: Capabilities,
+    gpu: gpu::GpuState,
+    orphans: Arc<Orphans>,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -209,13 +255,20 @@ impl Drop for Client {
 impl Client {
     /// Connects and performs the versioned handshake.
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        Self::connect_with(path, GpuOptions::default()).await
+    }
+
+    /// As [`Client::connect`], with GPU settings (the CUDA driver, staging,
+    /// pinning of host regions).
+    pub async fn connect_with(path: impl AsRef<Path>, gpu: GpuOptions) -> Result<Self, ClientError> {
         let path = path.as_ref();
         let stream = UnixStream::connect(path)
             .await
             .map_err(|source| ClientError::Connect { path: path.display().to_string(), source })?;
         let stream = Arc::new(stream);
         let pending: Arc<Pending> = Arc::default();
-        let reader = tokio::spawn(read_loop(stream.clone(), pending.clone()));
+        let orphans: Arc<Orphans> = Arc::default();
+        let reader = tokio::spawn(read_loop(stream.clone(), pending.clone(), orphans.clone()));
         let mut client = Self {
             stream,
             write: Mutex::new(()),
@@ -225,6 +278,8 @@ impl Client {
             tenant: String::new(),
             namespaces: Vec::new(),
             capabilities: Capabilities::default(),
+            gpu: gpu::GpuState::new(gpu),
+            orphans,
             reader,
         };
         let hello = Op::Hello(pb::Hello {
@@ -392,25 +447,51 @@ impl Client {
         Ok(out.into_iter().map(|r| r.unwrap_or(Err(ClientError::Disconnected))).collect())
     }
 
-    /// Registers a new shared-memory region of `len` bytes, created by the shim.
+    /// Registers a new shared-memory region of `len` bytes, created by the
+    /// shim. It is pinned for CUDA as [`GpuOptions::pin_regions`] says
+    /// ([`Region::is_pinned`]).
     pub async fn register(&self, len: u64) -> Result<Region, ClientError> {
+        let region = self.register_unpinned(len).await?;
+        self.pin_or_release(region).await
+    }
+
+    /// A new region, never pinned here (lanes pin their own).
+    pub(crate) async fn register_unpinned(&self, len: u64) -> Result<Region, ClientError> {
+        self.release_orphans().await;
         let reply = self.call(Op::Register(pb::Register { length: len, ..Default::default() }), None, "").await?;
         match (reply.resp.result, reply.fd) {
             (Some(Res::Registered(r)), Some(fd)) if r.fd_attached => {
-                Ok(Region { id: r.region_id, map: MappedRegion::map(fd, r.length)? })
+                Ok(Region::new(r.region_id, MappedRegion::map(fd, r.length)?))
             }
             (Some(Res::Registered(_)), None) => Err(ClientError::Protocol("Registered without a descriptor".into())),
             (other, _) => Err(unexpected(other)),
         }
     }
 
-    /// Registers memory this process already has: `map`'s memfd.
+    /// Registers memory this process already has: `map`'s memfd (pinned
+    /// for CUDA as [`Client::register`] pins).
     pub async fn register_mapped(&self, map: MappedRegion) -> Result<Region, ClientError> {
+        self.release_orphans().await;
         let op = Op::Register(pb::Register { length: map.len(), fd_attached: true, ..Default::default() });
         let reply = self.call(op, Some(map.fd()), "").await?;
         match reply.resp.result {
-            Some(Res::Registered(r)) => Ok(Region { id: r.region_id, map }),
+            Some(Res::Registered(r)) => self.pin_or_release(Region::new(r.region_id, map)).await,
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// Pins a new region for CUDA if so configured; a failure that must
+    /// fail the registration (`PinRegions::Always`) releases it first.
+    async fn pin_or_release(&self, mut region: Region) -> Result<Region, ClientError> {
+        match self.gpu.pin_new(&region) {
+            Ok(pinned) => {
+                region.pinned = pinned;
+                Ok(region)
+            }
+            Err(e) => {
+                let _ = self.release_id(&region.id).await;
+                Err(e.into())
+            }
         }
     }
 
@@ -448,6 +529,17 @@ impl Client {
         match self.call(op, Some(fd), "").await?.resp.result {
             Some(Res::Registered(r)) => Ok(r.region_id),
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// Releases the regions in [`Orphans`], one at a time (a release sent
+    /// is done by the shim even if this caller stops waiting).
+    pub(crate) async fn release_orphans(&self) {
+        loop {
+            let Some(id) = self.orphans.lock().unwrap_or_else(|p| p.into_inner()).pop() else { return };
+            if let Err(e) = self.release_id(&id).await {
+                tracing::debug!(region = %id, error = %e, "releasing an abandoned region");
+            }
         }
     }
 
@@ -606,8 +698,14 @@ fn unexpected(r: Option<Res>) -> ClientError {
 }
 
 /// Routes responses to waiting calls; when the connection ends, every
-/// waiting call sees `Disconnected`.
-async fn read_loop(stream: Arc<UnixStream>, pending: Arc<Pending>) {
+/// waiting call sees `Disconnected`. A region registered for a caller that
+/// no longer waits goes to `orphans`.
+async fn read_loop(stream: Arc<UnixStream>, pending: Arc<Pending>, orphans: Arc<Orphans>) {
+    let orphan = |resp: pb::Response| {
+        if let Some(Res::Registered(r)) = resp.result {
+            orphans.lock().unwrap_or_else(|p| p.into_inner()).push(r.region_id);
+        }
+    };
     let mut reader = FrameReader::new(stream, MAX_FRAME_LEN);
     while let Ok(Some(frame)) = reader.next_frame().await {
         let Ok(resp) = pb::Response::decode(frame.as_slice()) else { break };
@@ -625,7 +723,9 @@ async fn read_loop(stream: Arc<UnixStream>, pending: Arc<Pending>) {
         match map.remove(&resp.id) {
             Some(Waiter::One(tx)) => {
                 drop(map);
-                let _ = tx.send(Reply { resp, fd });
+                if let Err(reply) = tx.send(Reply { resp, fd }) {
+                    orphan(reply.resp);
+                }
             }
             Some(Waiter::Many(tx)) => {
                 // The caller removes it once it has every item.
@@ -634,7 +734,10 @@ async fn read_loop(stream: Arc<UnixStream>, pending: Arc<Pending>) {
                     map.insert(id, Waiter::Many(tx));
                 }
             }
-            None => {}
+            None => {
+                drop(map);
+                orphan(resp);
+            }
         }
     }
     pending.lock().unwrap_or_else(|p| p.into_inner()).clear();

@@ -249,3 +249,17 @@ def test_releasing_a_gpu_region_waits_for_its_copies_in_flight(stack, model, pre
             c.get(f"{prefix}/rel", into=g)
         res = c.get_many([sluice.GetSpec(f"{prefix}/rel", g, 0)])
         assert isinstance(res[0].error, sluice.RegionReleased)
+
+
+def test_gpu_paths_say_what_this_node_can_do(stack, model, monkeypatch):
+    with sluice.Client(stack.socket, cuda=model) as c:
+        paths = dict(c.gpu_paths())
+        assert paths.get("client-staging", "").startswith("host-model: 1 device(s)"), paths
+        # A co-located agent without an RDMA NIC that registers dma-bufs.
+        assert c.capabilities.gpu_dmabuf_path == "" and "dmabuf-rdma" not in paths
+    import sluice.cuda as cu
+
+    monkeypatch.setenv("SLUICE_LIBCUDA", "/nonexistent/libcuda.so.1")
+    monkeypatch.setattr(cu, "_DRIVER", None)
+    with sluice.Client(stack.socket) as c:
+        assert c.gpu_paths() == []

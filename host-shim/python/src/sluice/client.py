@@ -375,6 +375,32 @@ class Client(CoreClient):
         until :meth:`GpuRegion.release` (or the end of a ``with`` block)."""
         return validate_gpu(self._driver(), memory, nbytes, device)
 
+    def gpu_paths(self) -> List[Tuple[str, str]]:
+        """The ways GPU memory can be reached from here, ``(name, detail)``:
+        ``"client-staging"`` (this process has the CUDA driver and a GPU:
+        :meth:`register_gpu` works on any node), ``"dmabuf-doca"`` and
+        ``"dmabuf-rdma"`` (the agent places bytes in GPU memory itself:
+        :meth:`register_dmabuf`; from the capability exchange). Empty: no GPU
+        path (``sluice doctor`` says why)."""
+        out: List[Tuple[str, str]] = []
+        from .cuda import try_driver
+
+        d = self._cuda if self._cuda is not None else try_driver()
+        if d is not None:
+            try:
+                n = d.device_count()
+                if n:
+                    names = ", ".join(d.device_name(i) for i in range(n))
+                    out.append(("client-staging", f"{d.name}: {n} device(s): {names}"))
+            except SluiceError:
+                pass
+        via = self.capabilities.gpu_dmabuf_path
+        if via == "doca":
+            out.append(("dmabuf-doca", f"the agent on this host's BlueField: {self.capabilities.gpu_staging}"))
+        elif via == "rdma":
+            out.append(("dmabuf-rdma", "a co-located agent whose RDMA NIC registers dma-bufs (direct RDMA GETs)"))
+        return out
+
     def pinned(self, region: Region) -> bool:
         """Whether ``region`` is pinned for CUDA (``pin_regions``)."""
         return super().pinned(region)

@@ -227,8 +227,9 @@ class IntegrityError(SluiceError):
 
 class Unsupported(SluiceError):
     """UNSUPPORTED: not possible in this deployment (memory backend, hardware,
-    build features), e.g. a GPU dma-buf region on a shim without the DOCA
-    backend."""
+    build features), e.g. a GPU dma-buf region where the agent reaches no GPU
+    memory (no DOCA, no RDMA NIC that registers dma-bufs), or GPU memory in
+    a process without the CUDA driver."""
 
     CODE = ErrorCode.UNSUPPORTED
 

@@ -251,6 +251,18 @@ class Capabilities:
     def region_memory(self) -> List[str]:
         return [k for k in self.agent_memory if k in self.shim_memory]
 
+    @property
+    def gpu_dmabuf_path(self) -> str:
+        """How the agent reaches GPU memory registered as a dma-buf
+        (``Client.register_dmabuf``): ``"doca"`` (a BlueField: DMA through
+        DPU memory, any data path), ``"rdma"`` (a co-located agent whose NIC
+        registers dma-bufs: direct RDMA GETs only), or "" (not here; GPU
+        regions then go through the client's own staging, see
+        ``Client.gpu_paths``)."""
+        if "gpu-dmabuf" not in self.region_memory:
+            return ""
+        return "doca" if self.gpu_staging else "rdma"
+
     @classmethod
     def _from_wire(cls, d: Optional[Dict[str, Any]]) -> "Capabilities":
         if d is None:
