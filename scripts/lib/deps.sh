@@ -1,9 +1,11 @@
 # Shared helpers for scripts/: install what a fresh Debian machine lacks.
 # Sourced, not executed.
 
-# ensure_apt PKG...: installs the Debian packages that are not installed yet.
+# ensure_apt [--no-install-recommends] PKG...: installs the Debian packages
+# that are not installed yet (as root, else with sudo).
 ensure_apt() {
-  local missing=()
+  local missing=() opts=()
+  if [ "${1:-}" = --no-install-recommends ]; then opts+=("$1"); shift; fi
   for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
@@ -12,7 +14,7 @@ ensure_apt() {
     local sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq ${opts[@]+"${opts[@]}"} "${missing[@]}" >/dev/null
   fi
 }
 

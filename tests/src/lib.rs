@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
+pub mod ceph;
 pub mod moto;
 mod proxy;
 pub mod stores;

@@ -1,9 +1,10 @@
 //! The S3 stores the agent's operations run against — our gateway, s3s-fs
 //! (`cargo install s3s-fs@0.14.1 --features binary --locked`) and moto with
 //! its IAM signature checks on (`pip install moto[server]`); scripts/test
-//! installs both — each with a stack in front of it and oracles that do not
-//! go through Sluice: boto3 with the store's own keys, and the store's files
-//! where it keeps objects as files.
+//! installs both; with the feature `ceph`, also Ceph RGW (`crate::ceph`,
+//! the Ceph lane of scripts/test) — each with a stack in front of it and
+//! oracles that do not go through Sluice: boto3 with the store's own keys,
+//! and the store's files where it keeps objects as files.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,6 +22,9 @@ pub enum StoreKind {
     S3sFs,
     /// moto, checking every signature against keys its IAM issued.
     Moto,
+    /// Ceph RGW 16.2: a tenant of its own on the test binary's cluster,
+    /// namespace "data" over both gateways.
+    Rgw,
 }
 
 /// What keeps a third-party store running (each stops on drop).
@@ -29,6 +33,19 @@ enum Guard {
     S3sFs(S3sFs),
     /// Kept for its drop.
     Moto(#[allow(dead_code)] crate::moto::Moto),
+    /// The shared cluster outlives the test; the tenant names its requests
+    /// in the gateways' logs.
+    Rgw(crate::ceph::Tenant),
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Guard::Rgw(tenant) = self {
+            if std::thread::panicking() {
+                tenant.print_requests();
+            }
+        }
+    }
 }
 
 /// A running s3s-fs over a temporary directory. Stopped on drop.
@@ -66,7 +83,7 @@ impl StoreUnderTest {
     /// Starts `kind` and a stack shaped by `opts` (given the defaults with
     /// the store's endpoint and keys); `opts` may put proxies in front.
     pub fn with(kind: StoreKind, opts: impl FnOnce(Options) -> Options) -> Self {
-        let (addr, keys, guard) = match kind {
+        let (addr, endpoints, keys, guard) = match kind {
             StoreKind::Gateway => {
                 let stack = Stack::with(opts(Options::default()));
                 let addr = stack.gateway_addr.expect("the gateway runs");
@@ -76,16 +93,23 @@ impl StoreUnderTest {
             StoreKind::S3sFs => {
                 let fs = start_s3s_fs();
                 let addr = SocketAddr::from(([127, 0, 0, 1], fs.port));
-                (addr, (ACCESS_KEY.to_owned(), SECRET_KEY.to_owned()), Guard::S3sFs(fs))
+                (addr, vec![format!("http://{addr}")], (ACCESS_KEY.to_owned(), SECRET_KEY.to_owned()), Guard::S3sFs(fs))
             }
             StoreKind::Moto => {
                 let moto = crate::moto::start();
                 let addr = SocketAddr::from(([127, 0, 0, 1], moto.port));
-                (addr, (moto.access_key.clone(), moto.secret_key.clone()), Guard::Moto(moto))
+                let keys = (moto.access_key.clone(), moto.secret_key.clone());
+                (addr, vec![format!("http://{addr}")], keys, Guard::Moto(moto))
+            }
+            StoreKind::Rgw => {
+                let cluster = crate::ceph::CephCluster::shared();
+                let tenant = cluster.tenant();
+                let keys = (tenant.access_key.clone(), tenant.secret_key.clone());
+                (cluster.endpoints[0], cluster.urls(), keys, Guard::Rgw(tenant))
             }
         };
         let stack = Stack::with(opts(Options {
-            endpoints: vec![format!("http://{addr}")],
+            endpoints,
             agent_credentials: keys.clone(),
             gateway: false,
             scoped_prefix: format!("tenants{sep}alpha{sep}", sep = separator(kind)),
@@ -110,7 +134,7 @@ impl StoreUnderTest {
         let path = match &self.guard {
             Guard::None => self.stack.stored_file(bucket, key),
             Guard::S3sFs(fs) => fs.root.path().join(bucket).join(key),
-            Guard::Moto(_) => return None,
+            Guard::Moto(_) | Guard::Rgw(_) => return None,
         };
         std::fs::read(path).ok()
     }
@@ -193,7 +217,8 @@ pub fn start_s3s_fs() -> S3sFs {
 }
 
 /// Runs each listed `async fn(StoreKind)` test body against every store:
-/// `gateway::name`, `s3s_fs::name` and `moto::name`.
+/// `gateway::name`, `s3s_fs::name` and `moto::name`; with the feature
+/// `ceph` also `rgw::name` (the Ceph lane runs those).
 #[macro_export]
 macro_rules! against_every_store {
     ($($name:ident),* $(,)?) => {
@@ -213,6 +238,13 @@ macro_rules! against_every_store {
             $(#[tokio::test]
             async fn $name() {
                 super::$name($crate::stores::StoreKind::Moto).await
+            })*
+        }
+        #[cfg(feature = "ceph")]
+        mod rgw {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name($crate::stores::StoreKind::Rgw).await
             })*
         }
     };
