@@ -37,7 +37,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_tracing(args.log_json);
+    // tonic reports refused TLS handshakes (a shim's expired or foreign
+    // certificate, a plaintext shim) only at debug level: show those.
+    sluice_telemetry::init_logging(args.log_json, "info,tonic::transport::server::io_stream=debug");
     let cfg = AgentConfig::from_file(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
     if args.print_nic_rules {
         let rules = sluice_agent::server::nic_rules(&cfg).context("the configuration has no [nic] section")??;
@@ -51,36 +53,8 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("configuration is valid");
         return Ok(());
     }
-    sluice_agent::server::run(cfg, Some(args.config.clone()), shutdown_signal()).await.context("agent failed")?;
+    sluice_agent::server::run(cfg, Some(args.config.clone()), sluice_telemetry::shutdown_signal())
+        .await
+        .context("agent failed")?;
     Ok(())
-}
-
-fn init_tracing(json: bool) {
-    // tonic reports refused TLS handshakes (a shim's expired or foreign
-    // certificate, a plaintext shim) only at debug level: show those.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,tonic::transport::server::io_stream=debug"));
-    // Colours only on a terminal: log files and journald get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    if json {
-        b.json().init();
-    } else {
-        b.init();
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

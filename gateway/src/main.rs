@@ -30,7 +30,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_tracing(args.log_json);
+    sluice_telemetry::init_logging(args.log_json, "info");
     let mut cfg = GatewayConfig::from_file(&args.config)?;
     if let Some(l) = args.listen {
         cfg.listen = l;
@@ -39,31 +39,6 @@ async fn main() -> anyhow::Result<()> {
         cfg.addr_file = Some(f);
     }
     let gw = Gateway::bind(&cfg).await.context("starting the gateway")?;
-    gw.serve(shutdown_signal()).await;
+    gw.serve(sluice_telemetry::shutdown_signal()).await;
     Ok(())
-}
-
-fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only on a terminal: log files and journald get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    if json {
-        b.json().init();
-    } else {
-        b.init();
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }

@@ -5,6 +5,9 @@
 
 #![forbid(unsafe_code)]
 
+mod daemon;
+pub use daemon::{init_logging, shutdown_signal};
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;

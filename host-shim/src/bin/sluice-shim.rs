@@ -24,16 +24,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only on a terminal: log files and journald get plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    if args.log_json {
-        b.json().init();
-    } else {
-        b.init();
-    }
+    sluice_telemetry::init_logging(args.log_json, "info");
     let cfg = ShimConfig::from_file(&args.config).with_context(|| format!("loading {}", args.config.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cfg.worker_threads)
@@ -44,18 +35,6 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(cfg: ShimConfig) -> anyhow::Result<()> {
-    sluice_shim::server::run(cfg, async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut t) => {
-                tokio::select! { _ = t.recv() => {}, _ = tokio::signal::ctrl_c() => {} }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    })
-    .await
-    .context("shim failed")?;
+    sluice_shim::server::run(cfg, sluice_telemetry::shutdown_signal()).await.context("shim failed")?;
     Ok(())
 }
