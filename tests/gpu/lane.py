@@ -343,6 +343,29 @@ def run_checks(torch, stack: Stack, large: int) -> None:
             return f"pinned {rates[0]:.1f} GiB/s, unpinned {rates[1]:.1f} GiB/s"
 
     pinned()
+
+    @check("checkpoints: DCP save from and load into CUDA tensors, and torch.save/load through a stream")
+    def checkpoints():
+        from sluice import checkpoint as ck
+        from sluice import dcp
+
+        state = {
+            "w": torch.randn(4096, 4096, device="cuda"),
+            "b": torch.randn(4096, device="cuda").to(torch.bfloat16),
+            "step": 11,
+        }
+        dcp.save(state, "data/lane-dcp", c)
+        back = {"w": torch.zeros_like(state["w"]), "b": torch.zeros_like(state["b"]), "step": 0}
+        dcp.load(back, "data/lane-dcp", c)
+        torch.cuda.synchronize()
+        assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"]) and back["step"] == 11
+        with ck.CheckpointWriter(c, "data/lane-stream.pt") as w:
+            torch.save(state, w)
+        with ck.open_read(c, "data/lane-stream.pt") as r:
+            got = torch.load(r, map_location="cuda")
+        assert torch.equal(got["w"], state["w"])
+
+    checkpoints()
     c.close()
 
 

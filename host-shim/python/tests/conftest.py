@@ -96,7 +96,7 @@ def stack() -> Iterator[Stack]:
     d = tempfile.mkdtemp(prefix="slpy-", dir="/tmp")  # short: the socket path must stay < 100 chars
     try:
         p = subprocess.run(
-            [str(exe), "up", "--dir", d, "--bin-dir", str(bins), "--json"],
+            [str(exe), "up", "--dir", d, "--bin-dir", str(bins), "--json", "--encrypted"],
             capture_output=True,
             text=True,
             timeout=180,

@@ -1,0 +1,416 @@
+"""Checkpoints through the shim: file-like streams that are never half-written.
+
+:class:`CheckpointWriter` is a write-only file (``torch.save(obj, w)``): the
+bytes go into registered memory, ``chunk_bytes`` at a time, and each full
+chunk is stored as an object of its own while the caller fills the next
+(double buffered; the agent sends a large chunk as a multipart upload with
+parallel parts). Closing stores the *manifest* last, at the stream's own
+path: a JSON object naming every chunk with its size and ETag. Until the
+manifest exists there is no checkpoint at that path, so a writer that dies
+mid-way leaves no half-written checkpoint; its chunks are garbage that the
+next commit to the same path removes (:func:`collect_garbage` does it on
+demand), and a chunk upload cut short is aborted by the agent.
+
+:class:`CheckpointReader` is a read-only, seekable file (``torch.load(r)``):
+it reads the manifest, then the chunks into registered memory, several in
+flight ahead of the reader, each pinned to the ETag the manifest recorded
+(a chunk replaced since is refused, not mixed in) and checked for size.
+
+The stored layout (``<path>`` the manifest, ``<path>.chunks/<writer>/<n>``
+the chunks) is Sluice's own; `sluice.dcp` writes torch.distributed
+checkpoints in plain objects.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import io
+import json
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional
+
+from .errors import BadRequest, NoSuchKey, PreconditionFailed, SluiceError
+
+#: The manifest's format name (and version).
+FORMAT = "sluice-checkpoint-stream/1"
+#: Default bytes per chunk object.
+DEFAULT_CHUNK_BYTES = 64 << 20
+
+
+class IncompleteCheckpoint(SluiceError):
+    """The checkpoint is missing or incomplete (no manifest, or a piece it
+    names is gone or changed); the message names what is missing."""
+
+
+def chunk_prefix(path: str) -> str:
+    return f"{path}.chunks/"
+
+
+class CheckpointWriter(io.RawIOBase):
+    """A write-only stream stored at ``path`` (``"namespace/key"``) when
+    closed. Use it as a context manager: leaving the block with an exception
+    aborts (nothing is committed and the chunks written so far are
+    deleted).
+
+    Args:
+        client: a :class:`sluice.Client`.
+        chunk_bytes: bytes per chunk object (and per staging buffer).
+        buffers: staging buffers (2: the caller fills one while the other
+            is stored). Peak memory is ``buffers * chunk_bytes``.
+    """
+
+    def __init__(self, client: Any, path: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, buffers: int = 2) -> None:
+        super().__init__()
+        if chunk_bytes < 1 or buffers < 1:
+            raise ValueError("chunk_bytes and buffers must be >= 1")
+        self._client, self.path = client, path
+        self.chunk_bytes = chunk_bytes
+        self._token = f"{int(time.time())}-{secrets.token_hex(6)}"
+        self._regions = [client.register(chunk_bytes) for _ in range(buffers)]
+        self._pending: List[Optional[cf.Future]] = [None] * buffers
+        self._pool = cf.ThreadPoolExecutor(max_workers=buffers, thread_name_prefix="sluice-ckpt-put")
+        self._cur, self._fill = 0, 0
+        self._chunks: List[Optional[Dict[str, Any]]] = []
+        self._size = 0
+        self._error: Optional[BaseException] = None
+        self._committed = False
+
+    # -- io.RawIOBase --
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        if self.closed:
+            raise ValueError("write to a closed checkpoint writer")
+        self._raise_failed()
+        src = memoryview(b).cast("B")
+        done = 0
+        while done < src.nbytes:
+            room = self.chunk_bytes - self._fill
+            n = min(room, src.nbytes - done)
+            self._regions[self._cur].view[self._fill : self._fill + n] = src[done : done + n]
+            self._fill += n
+            done += n
+            if self._fill == self.chunk_bytes:
+                self._submit()
+        self._size += done
+        return done
+
+    def tell(self) -> int:
+        return self._size
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if not self._committed and self._error is None:
+                self._commit()
+        finally:
+            self._shutdown()
+            super().close()
+
+    # -- the work --
+    def _key(self, n: int) -> str:
+        return f"{chunk_prefix(self.path)}{self._token}/{n:06d}"
+
+    def _submit(self) -> None:
+        """Stores the current buffer as the next chunk, in the background,
+        and moves to a buffer whose last chunk is stored."""
+        n, i, length = len(self._chunks), self._cur, self._fill
+        self._chunks.append(None)
+        self._pending[i] = self._pool.submit(self._put, n, i, length)
+        self._cur = (self._cur + 1) % len(self._regions)
+        self._fill = 0
+        self._wait(self._cur)
+
+    def _put(self, n: int, i: int, length: int) -> None:
+        t = self._client.put(self._key(n), self._regions[i], 0, length)
+        self._chunks[n] = {"key": self._key(n).split("/", 1)[1], "size": length, "etag": t.etag}
+
+    def _wait(self, i: int) -> None:
+        f, self._pending[i] = self._pending[i], None
+        if f is not None:
+            try:
+                f.result()
+            except BaseException as e:  # the write that needs this buffer reports it
+                self._error = self._error or e
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        if self._error is not None:
+            raise SluiceError(f"checkpoint {self.path}: storing a chunk failed: {self._error}") from self._error
+
+    def _commit(self) -> None:
+        if self._fill or not self._chunks:
+            self._submit()
+        for i in range(len(self._regions)):
+            self._wait(i)
+        ns = self.path.split("/", 1)[0]
+        previous = _manifest_or_none(self._client, self.path)
+        manifest = {
+            "format": FORMAT,
+            "size": self._size,
+            "chunk_bytes": self.chunk_bytes,
+            "namespace": ns,
+            "chunks": self._chunks,
+            "written_at": time.time(),
+        }
+        # The manifest last: only now does a checkpoint exist at `path`.
+        self._client.put(self.path, json.dumps(manifest).encode())
+        self._committed = True
+        # Chunks no manifest names any more: the previous save's, and those
+        # of writers that died before committing.
+        keep = {c["key"] for c in self._chunks if c}
+        try:
+            collect_garbage(self._client, self.path, keep=keep, previous=previous)
+        except SluiceError:
+            pass  # garbage is harmless; the next commit tries again
+
+    def abort(self) -> None:
+        """Gives up: nothing is committed, chunks stored so far are deleted."""
+        if self.closed:
+            return
+        self._error = self._error or SluiceError("aborted")
+        try:
+            for i in range(len(self._regions)):
+                f, self._pending[i] = self._pending[i], None
+                if f is not None:
+                    try:
+                        f.result()
+                    except BaseException:  # noqa: BLE001 - aborting anyway
+                        pass
+            for n in range(len(self._chunks)):
+                try:
+                    self._client.delete(self._key(n))
+                except SluiceError:
+                    pass
+        finally:
+            self._shutdown()
+            super().close()
+
+    def _shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
+        for r in self._regions:
+            try:
+                r.release()
+            except SluiceError:
+                pass
+
+    def __enter__(self) -> "CheckpointWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+
+def _manifest_or_none(client: Any, path: str) -> Optional[Dict[str, Any]]:
+    try:
+        m = json.loads(client.get_bytes(path))
+    except NoSuchKey:
+        return None
+    except (ValueError, SluiceError):
+        return None
+    return m if isinstance(m, dict) and m.get("format") == FORMAT else None
+
+
+def read_manifest(client: Any, path: str) -> Dict[str, Any]:
+    """The manifest at ``path``; :class:`IncompleteCheckpoint` if there is
+    none (never committed) or it is not a Sluice checkpoint stream."""
+    try:
+        raw = client.get_bytes(path)
+    except NoSuchKey:
+        raise IncompleteCheckpoint(f"no checkpoint at {path}: its manifest is missing (the save did not complete)") from None
+    try:
+        m = json.loads(raw)
+    except ValueError:
+        raise IncompleteCheckpoint(f"{path} is not a Sluice checkpoint stream (not a JSON manifest)") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise IncompleteCheckpoint(f"{path} is not a Sluice checkpoint stream (format {m.get('format') if isinstance(m, dict) else None!r})")
+    if sum(c["size"] for c in m["chunks"]) != m["size"]:
+        raise IncompleteCheckpoint(f"{path}: the manifest's chunks do not add up to its size")
+    return m
+
+
+def collect_garbage(
+    client: Any, path: str, *, keep: Optional[set] = None, previous: Optional[Dict[str, Any]] = None
+) -> int:
+    """Deletes chunk objects under ``path`` that its manifest does not name
+    (left by a previous save, or by a writer that died); returns how many."""
+    ns = path.split("/", 1)[0]
+    if keep is None:
+        m = _manifest_or_none(client, path)
+        keep = {c["key"] for c in m["chunks"]} if m else set()
+    stale = [o.key for o in client.list(chunk_prefix(path)) if o.key not in keep]
+    if previous:
+        stale += [c["key"] for c in previous.get("chunks", []) if c and c["key"] not in keep and c["key"] not in stale]
+    for key in stale:
+        try:
+            client.delete(f"{ns}/{key}")
+        except NoSuchKey:
+            pass
+    return len(stale)
+
+
+class CheckpointReader(io.RawIOBase):
+    """A read-only, seekable stream of the checkpoint at ``path``.
+
+    Args:
+        client: a :class:`sluice.Client`.
+        prefetch: chunks read ahead of the reader (in registered memory).
+    """
+
+    def __init__(self, client: Any, path: str, *, prefetch: int = 2) -> None:
+        super().__init__()
+        self._client, self.path = client, path
+        self._m = read_manifest(client, path)
+        self._ns = self._m["namespace"]
+        self._starts = []
+        pos = 0
+        for c in self._m["chunks"]:
+            self._starts.append(pos)
+            pos += c["size"]
+        self._size = pos
+        self._pos = 0
+        self._prefetch = max(0, prefetch)
+        width = max([c["size"] for c in self._m["chunks"]] + [1])
+        self._free = [client.register(width) for _ in range(self._prefetch + 1)]
+        self._loaded: "OrderedDict[int, Any]" = OrderedDict()  # chunk -> (region, future)
+        self._pool = cf.ThreadPoolExecutor(max_workers=max(1, self._prefetch + 1), thread_name_prefix="sluice-ckpt-get")
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
+        pos = base + offset
+        if pos < 0:
+            raise ValueError(f"seek to {pos}, before the start")
+        self._pos = pos
+        return pos
+
+    def readinto(self, b: Any) -> int:
+        if self.closed:
+            raise ValueError("read from a closed checkpoint reader")
+        dst = memoryview(b).cast("B")
+        want = max(0, min(dst.nbytes, self._size - self._pos))
+        done = 0
+        while done < want:
+            i = self._chunk_of(self._pos)
+            region = self._chunk(i)
+            off = self._pos - self._starts[i]
+            n = min(want - done, self._m["chunks"][i]["size"] - off)
+            dst[done : done + n] = region.view[off : off + n]
+            done += n
+            self._pos += n
+        return done
+
+    def _chunk_of(self, pos: int) -> int:
+        lo, hi = 0, len(self._starts) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._starts[mid] <= pos:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _chunk(self, i: int) -> Any:
+        """The region holding chunk ``i`` (read now if it is not), with the
+        next chunks started."""
+        self._start(i)
+        # Newest first out of the way of eviction: the prefetches below
+        # evict least recently used chunks, never this one.
+        self._loaded.move_to_end(i)
+        for j in range(i + 1, min(i + 1 + self._prefetch, len(self._starts))):
+            self._start(j)
+        region, fut = self._loaded[i]
+        fut.result()
+        return region
+
+    def _start(self, i: int) -> None:
+        if i in self._loaded:
+            return
+        if not self._free:
+            # Reuse the least recently used chunk's region (its read is done
+            # or waited for first).
+            old = next(iter(self._loaded))
+            region, fut = self._loaded.pop(old)
+            try:
+                fut.result()
+            except SluiceError:
+                pass
+            self._free.append(region)
+        region = self._free.pop()
+        self._loaded[i] = (region, self._pool.submit(self._get, i, region))
+
+    def _get(self, i: int, region: Any) -> None:
+        c = self._m["chunks"][i]
+        key = f"{self._ns}/{c['key']}"
+        try:
+            t = self._client.get(key, into=region, if_match=c["etag"])
+        except NoSuchKey:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: chunk {key} is missing") from None
+        except PreconditionFailed:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: chunk {key} was replaced since it was written") from None
+        if t.bytes != c["size"]:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: chunk {key} has {t.bytes} bytes, the manifest says {c['size']}")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._pool.shutdown(wait=True)
+        for region, _ in self._loaded.values():
+            self._free.append(region)
+        for r in self._free:
+            try:
+                r.release()
+            except SluiceError:
+                pass
+        super().close()
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def open_write(client: Any, path: str, **kw: Any) -> CheckpointWriter:
+    return CheckpointWriter(client, path, **kw)
+
+
+def open_read(client: Any, path: str, **kw: Any) -> io.BufferedReader:
+    """A buffered reader (``torch.load`` reads small pieces at a time)."""
+    return io.BufferedReader(CheckpointReader(client, path, **kw), buffer_size=1 << 20)
+
+
+__all__ = [
+    "BadRequest",
+    "CheckpointReader",
+    "CheckpointWriter",
+    "DEFAULT_CHUNK_BYTES",
+    "FORMAT",
+    "IncompleteCheckpoint",
+    "collect_garbage",
+    "open_read",
+    "open_write",
+    "read_manifest",
+]

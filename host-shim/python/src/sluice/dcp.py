@@ -1,0 +1,379 @@
+"""``torch.distributed.checkpoint`` (DCP) storage through the shim.
+
+:class:`StorageWriter` / :class:`StorageReader` plug into
+``torch.distributed.checkpoint.save`` / ``load`` (with or without a process
+group; each rank writes its own objects). A checkpoint at ``ns/prefix`` is:
+
+* ``ns/prefix/__<rank>_<n>.distcp``: one object per large tensor, its raw
+  bytes (a GPU tensor is read straight from GPU memory through the client's
+  GPU regions, and loaded straight back into GPU memory), and per rank one
+  object packing its small tensors and non-tensor items;
+* ``ns/prefix/.metadata``: DCP's metadata (pickled), written **last**, by
+  the coordinator, after every rank's objects are stored. A checkpoint
+  without it does not exist (:func:`load` says so, naming it), so a save
+  that dies mid-way is never mistaken for one; objects it left are
+  overwritten by the next save to the same prefix.
+
+Every object's size and ETag are recorded in the metadata; a load reads
+each pinned to its ETag (an object replaced since is refused) and checks
+its size; the agent checks the bytes against the store's CRC64NVME.
+:func:`async_save` returns once the state is captured and stores it in the
+background (a ``concurrent.futures.Future``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import io
+import pickle
+from typing import Any, Dict, List, Optional, Tuple
+
+from .checkpoint import IncompleteCheckpoint
+from .errors import NoSuchKey, PreconditionFailed, SluiceError
+
+try:
+    import torch
+    from torch.distributed.checkpoint import metadata as _md
+    from torch.distributed.checkpoint import planner as _pl
+    from torch.distributed.checkpoint import storage as _st
+
+    HAVE_DCP = True
+    _WriterBase, _ReaderBase = _st.StorageWriter, _st.StorageReader
+except ImportError:  # pragma: no cover - without torch the module still imports
+    HAVE_DCP = False
+    _WriterBase = _ReaderBase = object  # type: ignore[assignment,misc]
+
+#: Tensors at least this big get an object of their own.
+DEFAULT_OBJECT_THRESHOLD = 1 << 20
+METADATA = ".metadata"
+
+
+@dataclasses.dataclass(frozen=True)
+class SluiceItem:
+    """Where one DCP item is stored (kept in the checkpoint's metadata)."""
+
+    key: str  # relative to the checkpoint prefix
+    offset: int
+    length: int
+    etag: str
+    #: For raw tensors: dtype name and shape of the stored bytes.
+    dtype: str = ""
+    shape: Tuple[int, ...] = ()
+
+
+def _client_of(client: Any) -> Any:
+    if client is None or isinstance(client, str):
+        from .client import Client
+
+        return Client(client)
+    return client
+
+
+def _split(path: str) -> Tuple[str, str]:
+    ns, _, prefix = str(path).partition("/")
+    if not ns or not prefix:
+        raise ValueError(f"a checkpoint path is 'namespace/prefix', not {path!r}")
+    return ns, prefix.rstrip("/")
+
+
+class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
+    """Writes a DCP checkpoint at ``path`` (``"namespace/prefix"``).
+
+    Args:
+        path: where the checkpoint goes (``checkpoint_id`` overrides it).
+        client: a :class:`sluice.Client` (default: one for ``$SLUICE_SOCKET``).
+        threads: objects stored at once per rank.
+        object_threshold: tensors at least this big get an object each.
+    """
+
+    def __init__(
+        self, path: str = "", client: Any = None, *, threads: int = 8, object_threshold: int = DEFAULT_OBJECT_THRESHOLD
+    ) -> None:
+        if not HAVE_DCP:
+            raise SluiceError("sluice.dcp needs torch with torch.distributed.checkpoint")
+        super().__init__()
+        self.path = path
+        self._client = _client_of(client)
+        self.threads = max(1, threads)
+        self.object_threshold = object_threshold
+        self._prefix = ""
+
+    # -- StorageWriter --
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id:
+            self.path = str(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool) -> None:
+        _split(self.path)
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        return plan
+
+    def prepare_global_plan(self, plans: List[Any]) -> List[Any]:
+        return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        rank_prefix = plan.storage_data
+        ns, prefix = _split(self.path)
+        own: List[Tuple[Any, Any]] = []
+        packed: List[Tuple[Any, bytes, str, Tuple[int, ...]]] = []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == _pl.WriteItemType.BYTE_IO:
+                packed.append((item, bytes(data.getbuffer()), "", ()))
+                continue
+            t = data.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            nbytes = t.numel() * t.element_size()
+            if nbytes >= self.object_threshold:
+                own.append((item, t))
+            else:
+                cpu = t.cpu()
+                packed.append((item, _tensor_bytes(cpu), str(t.dtype), tuple(t.shape)))
+        results: List[Any] = []
+        with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-put") as pool:
+            futs = []
+            for n, (item, t) in enumerate(own):
+                key = f"{rank_prefix}{n}.distcp"
+                futs.append(pool.submit(self._put_tensor, ns, prefix, key, item, t))
+            if packed:
+                key = f"{rank_prefix}{len(own)}.distcp"
+                futs.append(pool.submit(self._put_packed, ns, prefix, key, packed))
+            for f in futs:
+                r = f.result()
+                results.extend(r if isinstance(r, list) else [r])
+        fut = torch.futures.Future()  # what DCP waits on
+        fut.set_result(results)
+        return fut
+
+    def _put_tensor(self, ns: str, prefix: str, key: str, item: Any, t: Any) -> Any:
+        path = f"{ns}/{prefix}/{key}"
+        nbytes = t.numel() * t.element_size()
+        if t.is_cuda:
+            # Straight from GPU memory (the client's staging lanes).
+            with self._client.register_gpu(t) as g:
+                tr = self._client.put(path, g, 0, nbytes)
+        else:
+            tr = self._client.put(path, _tensor_bytes(t))
+        info = SluiceItem(key, 0, nbytes, tr.etag, str(t.dtype), tuple(t.shape))
+        return _st.WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=info)
+
+    def _put_packed(self, ns: str, prefix: str, key: str, packed: List[Any]) -> List[Any]:
+        blob = io.BytesIO()
+        spans = []
+        for item, data, dtype, shape in packed:
+            spans.append((item, blob.tell(), len(data), dtype, shape))
+            blob.write(data)
+        tr = self._client.put(f"{ns}/{prefix}/{key}", blob.getbuffer())
+        return [
+            _st.WriteResult(index=item.index, size_in_bytes=n, storage_data=SluiceItem(key, off, n, tr.etag, dtype, shape))
+            for item, off, n, dtype, shape in spans
+        ]
+
+    def finish(self, metadata: Any, results: List[List[Any]]) -> None:
+        storage: Dict[Any, Any] = {}
+        for rank_results in results:
+            storage.update({r.index: r.storage_data for r in rank_results})
+        metadata.storage_data = storage
+        ns, prefix = _split(self.path)
+        # Last: the checkpoint exists from here on.
+        self._client.put(f"{ns}/{prefix}/{METADATA}", pickle.dumps(metadata))
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        try:
+            _split(str(checkpoint_id))
+            return True
+        except ValueError:
+            return False
+
+    def storage_meta(self) -> Any:
+        return _md.StorageMeta(checkpoint_id=self.path)
+
+
+class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
+    """Reads a DCP checkpoint written by :class:`StorageWriter`."""
+
+    def __init__(self, path: str = "", client: Any = None, *, threads: int = 8) -> None:
+        if not HAVE_DCP:
+            raise SluiceError("sluice.dcp needs torch with torch.distributed.checkpoint")
+        super().__init__()
+        self.path = path
+        self._client = _client_of(client)
+        self.threads = max(1, threads)
+        self.storage_data: Dict[Any, SluiceItem] = {}
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        self.storage_data = {}
+        if checkpoint_id:
+            self.path = str(checkpoint_id)
+
+    def read_metadata(self) -> Any:
+        ns, prefix = _split(self.path)
+        key = f"{ns}/{prefix}/{METADATA}"
+        try:
+            raw = self._client.get_bytes(key)
+        except NoSuchKey:
+            raise IncompleteCheckpoint(
+                f"no checkpoint at {self.path}: {key} is missing (the save did not complete, or nothing was saved)"
+            ) from None
+        metadata = pickle.loads(raw)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = _md.StorageMeta()
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool) -> None:
+        self.storage_data = metadata.storage_data
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        return plan
+
+    def prepare_global_plan(self, plans: List[Any]) -> List[Any]:
+        return plans
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        ns, prefix = _split(self.path)
+        with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-get") as pool:
+            for f in [pool.submit(self._read_item, ns, prefix, req, planner) for req in plan.items]:
+                f.result()
+        fut = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_item(self, ns: str, prefix: str, req: Any, planner: Any) -> None:
+        info = self.storage_data[req.storage_index]
+        path = f"{ns}/{prefix}/{info.key}"
+        try:
+            if req.type == _pl.LoadItemType.BYTE_IO:
+                data = self._get(path, info)
+                planner.load_bytes(req, io.BytesIO(data))
+                return
+            target = planner.resolve_tensor(req).detach()
+            whole = tuple(req.lengths) == tuple(info.shape) and all(o == 0 for o in req.storage_offsets)
+            if whole and target.is_cuda and target.is_contiguous() and not info.offset:
+                # Straight into GPU memory.
+                with self._client.register_gpu(target) as g:
+                    t = self._client.get(path, into=g, range=(info.offset, info.length), if_match=info.etag)
+                _check(t.bytes, info, path)
+            else:
+                # Into registered memory, then one copy into the target (on
+                # the GPU, from pinned memory if the client pins regions).
+                with self._client.register(max(info.length, 1)) as r:
+                    t = self._client.get(path, into=r, range=(info.offset, info.length) if info.length else None,
+                                         if_match=info.etag)
+                    _check(t.bytes, info, path)
+                    stored = torch.frombuffer(r.view, dtype=_dtype(info.dtype), count=info.length // _itemsize(info.dtype))
+                    part = narrow_tensor_by_index(stored.view(info.shape), req.storage_offsets, req.lengths)
+                    if target.size() != part.size():
+                        raise IncompleteCheckpoint(
+                            f"{path}: stored shape {tuple(part.size())}, expected {tuple(target.size())}"
+                        )
+                    target.copy_(part)
+                    del stored, part
+            planner.commit_tensor(req, target)
+        except NoSuchKey:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
+        except PreconditionFailed:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} was replaced since it was saved") from None
+
+    def _get(self, path: str, info: SluiceItem) -> bytes:
+        with self._client.register(max(info.length, 1)) as r:
+            t = self._client.get(path, into=r, range=(info.offset, info.length) if info.length else None,
+                                 if_match=info.etag)
+            _check(t.bytes, info, path)
+            return r.read(0, info.length)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return StorageWriter.validate_checkpoint_id(checkpoint_id)
+
+
+def narrow_tensor_by_index(t: Any, offsets: Any, lengths: Any) -> Any:
+    """The piece of ``t`` a read item asks for (a shard of the stored chunk)."""
+    for dim, (off, n) in enumerate(zip(offsets, lengths)):
+        if off != 0 or n != t.size(dim):
+            t = t.narrow(dim, off, n)
+    return t
+
+
+def _check(got: int, info: SluiceItem, path: str) -> None:
+    if got != info.length:
+        raise IncompleteCheckpoint(f"{path}: {got} bytes where the checkpoint recorded {info.length}")
+
+
+def _dtype(name: str) -> Any:
+    return getattr(torch, name.replace("torch.", ""))
+
+
+def _itemsize(name: str) -> int:
+    return torch.empty((), dtype=_dtype(name)).element_size()
+
+
+def _tensor_bytes(t: Any) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy."""
+    flat = t.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _typed(e: BaseException) -> BaseException:
+    """DCP wraps every rank's error in a CheckpointException: the Sluice
+    error behind it, when there is one, says what to fix."""
+    for v in getattr(e, "failures", {}).values():
+        exc = v[0] if isinstance(v, tuple) else v
+        if isinstance(exc, SluiceError):
+            return exc
+    return e
+
+
+def save(state_dict: Dict[str, Any], path: str, client: Any = None, **kw: Any) -> Any:
+    """``torch.distributed.checkpoint.save`` into ``path`` through the shim."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        return dcp.save(state_dict, storage_writer=StorageWriter(path, client), **kw)
+    except dcp.CheckpointException as e:
+        raise _typed(e) from e
+
+
+def load(state_dict: Dict[str, Any], path: str, client: Any = None, **kw: Any) -> None:
+    """``torch.distributed.checkpoint.load`` from ``path`` (in place); an
+    incomplete checkpoint raises :class:`~sluice.checkpoint.IncompleteCheckpoint`
+    naming what is missing."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.load(state_dict, storage_reader=StorageReader(path, client), **kw)
+    except dcp.CheckpointException as e:
+        raise _typed(e) from e
+
+
+def async_save(state_dict: Dict[str, Any], path: str, client: Any = None, **kw: Any) -> "cf.Future[Any]":
+    """Captures ``state_dict`` now and saves it in the background: returns a
+    future for the save's metadata (or its error). The capture copies CPU
+    tensors and snapshots GPU tensors on the GPU, so the training loop may
+    change them as soon as this returns; the upload then holds only that
+    copy."""
+    snapshot = _capture(state_dict)
+    pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-dcp-async")
+    fut = pool.submit(save, snapshot, path, client, **kw)
+    pool.shutdown(wait=False)
+    return fut
+
+
+def _capture(obj: Any) -> Any:
+    if HAVE_DCP and isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, dict):
+        return {k: _capture(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_capture(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_capture(v) for v in obj)
+    return pickle.loads(pickle.dumps(obj))
+
+
+__all__ = ["HAVE_DCP", "SluiceItem", "StorageReader", "StorageWriter", "async_save", "load", "save"]

@@ -1,0 +1,259 @@
+"""Checkpoints through the shim (sluice.checkpoint, sluice.dcp) against a
+real stack: streams that are never half-written, DCP with and without a
+process group, a writer killed mid-save, corruption refused."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import sluice
+from sluice import checkpoint as ck
+from _helpers import payload
+
+MIB = 1 << 20
+
+
+def test_a_stream_round_trips_through_chunks_with_seeks(client, prefix):
+    data = payload(3 * MIB + 12345, "stream")
+    w = ck.CheckpointWriter(client, f"{prefix}/s", chunk_bytes=MIB)
+    rng = random.Random(1)
+    pos = 0
+    while pos < len(data):
+        n = rng.choice([1, 7, 4096, 300_000, 2 * MIB])
+        assert w.write(data[pos : pos + n]) == min(n, len(data) - pos)
+        pos += n
+    w.close()
+    m = ck.read_manifest(client, f"{prefix}/s")
+    assert m["size"] == len(data) and len(m["chunks"]) == 4
+    with ck.CheckpointReader(client, f"{prefix}/s", prefetch=2) as r:
+        assert r.read(10) == data[:10]
+        for _ in range(50):
+            at = rng.randrange(len(data))
+            n = rng.choice([1, 100, 70_000, 2 * MIB])
+            r.seek(at)
+            assert r.read(n) == data[at : at + n], at
+        r.seek(-5, os.SEEK_END)
+        assert r.read() == data[-5:] and r.read(1) == b""
+    with ck.open_read(client, f"{prefix}/s") as r:
+        assert r.read() == data
+
+
+def test_nothing_is_committed_when_a_save_fails_or_is_abandoned(client, prefix):
+    with pytest.raises(RuntimeError):
+        with ck.CheckpointWriter(client, f"{prefix}/bad", chunk_bytes=MIB) as w:
+            w.write(payload(2 * MIB + 5, "bad"))
+            raise RuntimeError("the training loop failed mid-save")
+    with pytest.raises(ck.IncompleteCheckpoint, match="manifest is missing"):
+        ck.CheckpointReader(client, f"{prefix}/bad")
+    assert list(client.list(ck.chunk_prefix(f"{prefix}/bad"))) == [], "an aborted save deletes its chunks"
+
+
+def test_a_later_save_replaces_the_earlier_and_removes_its_chunks(client, prefix):
+    for i in range(2):
+        with ck.CheckpointWriter(client, f"{prefix}/v", chunk_bytes=MIB) as w:
+            w.write(payload(2 * MIB + i, f"v{i}"))
+    with ck.CheckpointReader(client, f"{prefix}/v") as r:
+        assert r.read() == payload(2 * MIB + 1, "v1")
+    keys = {o.key for o in client.list(ck.chunk_prefix(f"{prefix}/v"))}
+    named = {c["key"] for c in ck.read_manifest(client, f"{prefix}/v")["chunks"]}
+    assert keys == named, "only the committed save's chunks are left"
+
+
+def test_a_missing_or_replaced_chunk_is_refused_naming_it(client, prefix):
+    with ck.CheckpointWriter(client, f"{prefix}/c", chunk_bytes=MIB) as w:
+        w.write(payload(3 * MIB, "c"))
+    m = ck.read_manifest(client, f"{prefix}/c")
+    ns = prefix.split("/", 1)[0]
+    second = f"{ns}/{m['chunks'][1]['key']}"
+    client.put(second, payload(MIB, "corrupt"))  # same size, other bytes
+    with ck.CheckpointReader(client, f"{prefix}/c") as r:
+        with pytest.raises(ck.IncompleteCheckpoint, match="replaced since it was written"):
+            r.read()
+    client.delete(second)
+    with ck.CheckpointReader(client, f"{prefix}/c") as r:
+        r.seek(MIB)
+        with pytest.raises(ck.IncompleteCheckpoint, match=f"chunk {second} is missing"):
+            r.read(10)
+
+
+KILLED_WRITER = r"""
+import sys, sluice, time
+from sluice import checkpoint as ck
+c = sluice.Client(sys.argv[1])
+w = ck.CheckpointWriter(c, sys.argv[2], chunk_bytes=64 << 20)
+block = bytes(range(256)) * 4096
+print("writing", flush=True)
+while True:
+    w.write(block)
+"""
+
+
+def test_a_writer_killed_mid_save_leaves_no_checkpoint_and_no_upload(stack, client, prefix):
+    p = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, stack.socket, f"{prefix}/killed"],
+                         stdout=subprocess.PIPE, text=True, env={**os.environ})
+    assert p.stdout.readline().strip() == "writing"
+    time.sleep(2.0)  # well into a multipart chunk upload
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    with pytest.raises(ck.IncompleteCheckpoint, match="manifest is missing"):
+        ck.read_manifest(client, f"{prefix}/killed")
+    # The agent aborts the uploads of a connection that died: ask the store.
+    import boto3
+
+    ak, sk = (Path(stack.dir) / "credentials").read_text().strip().split(":", 1)
+    s3 = boto3.client("s3", endpoint_url=stack.gateway, aws_access_key_id=ak, aws_secret_access_key=sk,
+                      region_name="us-east-1")
+    deadline = time.monotonic() + 20
+    while True:
+        left = s3.list_multipart_uploads(Bucket="data").get("Uploads", [])
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert left == [], f"multipart uploads left at the store: {[u['Key'] for u in left]}"
+    assert ck.collect_garbage(client, f"{prefix}/killed") >= 0
+    assert list(client.list(ck.chunk_prefix(f"{prefix}/killed"))) == []
+
+
+torch = pytest.importorskip("torch")
+dcp_mod = pytest.importorskip("torch.distributed.checkpoint")
+from sluice import dcp  # noqa: E402
+
+
+def model_state(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {
+            "embed.weight": torch.randn(1000, 64, generator=g),
+            "layers": [{"w": torch.randn(64, 64, generator=g), "b": torch.zeros(64)} for _ in range(3)],
+            "head.weight": torch.randn(64, 10, generator=g).to(torch.bfloat16),
+        },
+        "optim": {"step": 17, "lr": 3e-4, "betas": (0.9, 0.95), "name": "adamw"},
+        "rng": torch.get_rng_state(),
+        "big": torch.randn(600_000, generator=g),  # > 1 MiB: an object of its own
+    }
+
+
+def test_torch_save_and_load_through_a_stream(client, prefix):
+    state = model_state(1)
+    with ck.CheckpointWriter(client, f"{prefix}/t.pt", chunk_bytes=MIB) as w:
+        torch.save(state, w)
+    with ck.open_read(client, f"{prefix}/t.pt") as r:
+        back = torch.load(r, weights_only=False)
+    assert torch.equal(back["big"], state["big"]) and back["optim"] == state["optim"]
+    assert torch.equal(back["model"]["head.weight"], state["model"]["head.weight"])
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _zeros_like(obj):
+    if isinstance(obj, torch.Tensor):
+        return torch.zeros_like(obj)
+    if isinstance(obj, dict):
+        return {k: _zeros_like(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_zeros_like(v) for v in obj]
+    return obj
+
+
+def test_dcp_without_a_process_group(client, prefix):
+    state = model_state(2)
+    dcp.save(state, f"{prefix}/dcp", client)
+    back = _zeros_like(state)
+    back["optim"] = {"step": 0, "lr": 0.0, "betas": (0, 0), "name": ""}
+    dcp.load(back, f"{prefix}/dcp", client)
+    assert _equal(back["model"], state["model"]) and _equal(back["big"], state["big"])
+    assert back["optim"] == state["optim"]
+
+
+def test_dcp_load_of_an_incomplete_or_corrupted_checkpoint_is_refused(client, prefix):
+    state = model_state(3)
+    dcp.save(state, f"{prefix}/inc", client)
+    client.delete(f"{prefix}/inc/.metadata")
+    with pytest.raises(ck.IncompleteCheckpoint, match=r"\.metadata is missing"):
+        dcp.load(_zeros_like(state), f"{prefix}/inc", client)
+    dcp.save(state, f"{prefix}/cor", client)
+    victim = next(o.key for o in client.list(f"{prefix}/cor/") if o.key.endswith(".distcp") and o.size > 1 << 20)
+    ns = prefix.split("/", 1)[0]
+    size = client.head(f"{ns}/{victim}").size
+    client.put(f"{ns}/{victim}", payload(size, "flipped"))
+    with pytest.raises(ck.IncompleteCheckpoint, match="replaced since it was saved"):
+        dcp.load(_zeros_like(state), f"{prefix}/cor", client)
+
+
+def test_async_save_returns_after_the_capture_and_reports_errors(client, prefix):
+    state = model_state(4)
+    fut = dcp.async_save(state, f"{prefix}/async", client)
+    state["big"].zero_()  # the loop goes on; the saved copy is the captured one
+    fut.result(timeout=120)
+    back = _zeros_like(model_state(4))
+    dcp.load(back, f"{prefix}/async", client)
+    assert _equal(back["big"], model_state(4)["big"])
+    bad = dcp.async_save(state, "no-such-namespace/x", client)
+    with pytest.raises(sluice.SluiceError):
+        bad.result(timeout=60)
+
+
+RANK = r"""
+import os, sys, torch, torch.distributed as dist, sluice
+from sluice import dcp
+rank, world, path, sock = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+dist.init_process_group("gloo", rank=rank, world_size=world)
+c = sluice.Client(sock)
+g = torch.Generator().manual_seed(100 + rank)
+state = {f"rank{rank}.w": torch.randn(300_000, generator=g), "shared.step": torch.tensor([7])}
+if sys.argv[5] == "save":
+    dcp.save(state, path, c)
+else:
+    back = {k: torch.zeros_like(v) for k, v in state.items()}
+    dcp.load(back, path, c)
+    assert all(torch.equal(back[k], state[k]) for k in state), rank
+dist.destroy_process_group()
+print("ok", rank, flush=True)
+"""
+
+
+def test_dcp_with_two_ranks_on_gloo(stack, prefix):
+    for mode in ("save", "load"):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + random.randrange(1000))}
+        procs = [
+            subprocess.Popen([sys.executable, "-c", RANK, str(r), "2", f"{prefix}/ranks", stack.socket, mode],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(2)
+        ]
+        outs = [p.communicate(timeout=180) for p in procs]
+        for p, (out, err) in zip(procs, outs):
+            assert p.returncode == 0 and out.startswith("ok"), f"{mode}: {out}\n{err[-2000:]}"
+
+
+def test_encrypted_namespace_checkpoints(stack, client):
+    enc = [n for n in client.namespaces if client.capabilities.namespaces[n].encryption != "none"]
+    if not enc:
+        pytest.fail("the test stack has no encrypted namespace (sluice up should configure one)")
+    ns = enc[0]
+    data = payload(2 * MIB + 3, "enc")
+    with ck.CheckpointWriter(client, f"{ns}/pytest-ckpt/enc", chunk_bytes=MIB) as w:
+        w.write(data)
+    with ck.open_read(client, f"{ns}/pytest-ckpt/enc") as r:
+        assert r.read() == data
+    state = model_state(5)
+    dcp.save(state, f"{ns}/pytest-ckpt/dcp", client)
+    back = _zeros_like(state)
+    dcp.load(back, f"{ns}/pytest-ckpt/dcp", client)
+    assert _equal(back["big"], state["big"])
