@@ -13,6 +13,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::config::{AgentLink as LinkConfig, AgentTls};
 use crate::error::{ShimError, StartupError};
+use crate::link_kind::LinkKind;
 
 /// Longest one memfd hand-over may take (the agent answers at once).
 const HAND_OVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -25,22 +26,6 @@ fn endpoint(e: Endpoint) -> Endpoint {
         .http2_keep_alive_interval(std::time::Duration::from_secs(10))
         .keep_alive_timeout(std::time::Duration::from_secs(20))
         .keep_alive_while_idle(true)
-}
-
-/// How this shim reaches its agent, for error messages: 0 Unix socket,
-/// 1 plaintext TCP, 2 TLS.
-static LINK_KIND: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// What to add to an error of the link to the agent, by how it is made.
-pub fn link_hint() -> &'static str {
-    match LINK_KIND.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => " (if the agent's listener uses TLS, dial https:// with [agent.tls])",
-        2 => {
-            " (over TLS: the agent may have refused this shim's certificate, expired or not signed by its \
-             client_ca; the agent logs why)"
-        }
-        _ => "",
-    }
 }
 
 /// Mutual TLS to the agent: its certificate checked against `ca`, ours
@@ -86,9 +71,9 @@ impl AgentLink {
             let mut e = endpoint(Endpoint::from_shared(cfg.grpc.clone()).map_err(address_err)?).tcp_nodelay(true);
             if let Some(tls) = &cfg.tls {
                 e = e.tls_config(client_tls(tls)?).map_err(address_err)?;
-                LINK_KIND.store(2, std::sync::atomic::Ordering::Relaxed);
+                LinkKind::Tls.remember();
             } else {
-                LINK_KIND.store(1, std::sync::atomic::Ordering::Relaxed);
+                LinkKind::Plaintext.remember();
             }
             e.connect_lazy()
         };

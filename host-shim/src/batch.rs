@@ -10,9 +10,8 @@ use sluice_proto::common::ErrorDetail;
 use sluice_proto::shim::{self as pb, response::Result as Res};
 
 use crate::error::ShimError;
-use crate::path::object_path;
-use crate::server::Shared;
-use crate::session::Session;
+use crate::requests::{GetObject, RequestCtx};
+use crate::session::{session_gone, Session};
 
 /// Where item answers go: the connection's writer.
 pub trait Answer {
@@ -58,23 +57,22 @@ impl Open {
     }
 }
 
-/// Serves `batch`; answers items through `out`, marking them in `open`. An
-/// `Err` is for the items still open (the caller answers them with it).
+/// Serves `batch` in the caller's session `s`; answers items through
+/// `out`, marking them in `open`. An `Err` is for the items still open (the
+/// caller answers them with it).
 pub async fn get_batch(
-    shared: &Shared,
     s: &Session,
     batch: pb::GetBatch,
-    request_id: &str,
-    timeout_ms: u32,
+    ctx: &RequestCtx,
     open: &mut Open,
     out: &mut impl Answer,
 ) -> Result<(), ShimError> {
     // Checked locally first: each item's path and region; the rest go to
     // the agent in one call. `sent[k]` is the batch index of agent item k.
-    let mut parsed = Vec::with_capacity(batch.items.len());
+    let mut parsed: Vec<(usize, GetObject)> = Vec::with_capacity(batch.items.len());
     for (i, g) in batch.items.into_iter().enumerate() {
-        match object_path(&g.path) {
-            Ok((ns, key)) => parsed.push((i, ns.to_owned(), key.to_owned(), g)),
+        match GetObject::try_from(g) {
+            Ok(get) => parsed.push((i, get)),
             Err(e) => {
                 open.close(i);
                 out.answer(i as u32, Res::Error(e.detail())).await;
@@ -85,22 +83,14 @@ pub async fn get_batch(
         return Ok(());
     }
     for attempt in 0..2 {
-        parsed.retain(|(i, ..)| open.open[*i]);
-        let (snap, region_ids) = s.snapshot_many(parsed.iter().map(|(_, _, _, g)| g.region_id.as_str()));
+        parsed.retain(|(i, _)| open.open[*i]);
+        let (snap, region_ids) = s.snapshot_many(parsed.iter().map(|(_, get)| get.region.as_str()));
         let mut items = Vec::with_capacity(parsed.len());
         let mut sent = Vec::with_capacity(parsed.len());
-        for ((i, ns, key, g), region_id) in parsed.iter().zip(region_ids) {
+        for ((i, get), region_id) in parsed.iter().zip(region_ids) {
             match region_id {
                 Ok(region_id) => {
-                    items.push(apb::GetItem {
-                        namespace: ns.clone(),
-                        key: key.clone(),
-                        range: g.range,
-                        region_id,
-                        offset: g.offset,
-                        max_bytes: g.max_bytes,
-                        if_match: g.if_match.clone(),
-                    });
+                    items.push(get.item(region_id));
                     sent.push(*i);
                 }
                 Err(e) => {
@@ -113,14 +103,18 @@ pub async fn get_batch(
             return Ok(());
         }
         let generation = snap.generation();
-        let req =
-            apb::GetManyRequest { session_id: snap.session_id, request_id: request_id.to_owned(), timeout_ms, items };
-        let mut stream = match shared.agent.grpc.clone().get_many(req).await {
+        let req = apb::GetManyRequest {
+            session_id: snap.session_id,
+            request_id: ctx.request_id.clone(),
+            timeout_ms: ctx.timeout_ms,
+            items,
+        };
+        let mut stream = match s.agent().get_many(req).await {
             Ok(r) => r.into_inner(),
-            Err(status) if attempt == 0 && crate::session::session_gone(&status) => {
+            Err(status) if attempt == 0 && session_gone(&status) => {
                 // The agent restarted or expired the session: re-open it
                 // (registering the regions again) and send the batch again.
-                s.reestablish(shared, generation).await?;
+                s.reestablish(generation).await?;
                 continue;
             }
             Err(status) => return Err(status.into()),

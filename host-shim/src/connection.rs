@@ -4,6 +4,10 @@
 //! Requests are read in order; each is then served on its own task, so a slow
 //! GET never holds up a HEAD behind it. Responses go out through one writer
 //! task, which keeps frames (and their descriptors) whole.
+//!
+//! Every request but Hello runs in the session Hello opened for the tenant
+//! the caller's uid/gid map to: `Caller::session` is the one place a
+//! request finds its session, and handlers take nothing else.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -18,10 +22,11 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, warn, Instrument};
 
-use crate::config::ShimLimits;
+use crate::config::{ShimConfig, ShimLimits};
 use crate::error::ShimError;
-use crate::server::Shared;
-use crate::session::Session;
+use crate::metrics::ShimMetrics;
+use crate::requests::RequestCtx;
+use crate::session::{Session, SessionContext};
 
 /// Extra time past a client's deadline for the agent's own DEADLINE_EXCEEDED
 /// answer to come back before the shim gives up waiting.
@@ -37,6 +42,51 @@ pub const WHOLE_BATCH: u32 = u32::MAX;
 
 /// Most bytes of queued frames the writer joins into one write.
 const COALESCE_BYTES: usize = 64 << 10;
+
+/// What every connection shares, and all a connection uses: the config
+/// (callers and limits), the session layer (to open a session at Hello),
+/// the open connections and the metrics.
+pub struct ConnectionContext {
+    config: Arc<ShimConfig>,
+    sessions: Arc<SessionContext>,
+    counts: ConnectionCounts,
+    metrics: Arc<ShimMetrics>,
+}
+
+impl ConnectionContext {
+    pub fn new(config: Arc<ShimConfig>, sessions: Arc<SessionContext>, metrics: Arc<ShimMetrics>) -> Self {
+        Self { config, sessions, counts: ConnectionCounts::default(), metrics }
+    }
+
+    /// Open connections, per uid.
+    pub fn counts(&self) -> &ConnectionCounts {
+        &self.counts
+    }
+}
+
+/// Who is on the other end of a connection.
+enum Caller {
+    /// Before Hello: only Hello is served.
+    Unbound { uid: u32, gid: u32 },
+    /// After Hello: the session opened for the tenant the caller's uid/gid
+    /// map to. Every later request of the connection runs in it.
+    Bound(Arc<Session>),
+}
+
+impl Caller {
+    /// The session a request runs in: the check every request but Hello
+    /// passes, and the only way a handler gets a session.
+    fn session(&self, config: &ShimConfig) -> Result<Arc<Session>, ShimError> {
+        match self {
+            Self::Bound(s) => Ok(s.clone()),
+            Self::Unbound { uid, gid } => Err(if config.tenant_for(*uid, *gid).is_none() {
+                ShimError::UnknownCaller { uid: *uid, gid: *gid }
+            } else {
+                ShimError::Protocol("send Hello first".into())
+            }),
+        }
+    }
+}
 
 /// A response on its way out, with the descriptor it carries (if any).
 struct Outgoing {
@@ -100,7 +150,7 @@ fn new_request_id() -> String {
 }
 
 /// Serves one client until it disconnects, then releases everything it held.
-pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
+pub async fn serve(ctx: Arc<ConnectionContext>, stream: UnixStream) {
     let (uid, gid, pid) = match stream.peer_cred() {
         Ok(c) => (c.uid(), c.gid(), c.pid().unwrap_or(0)),
         Err(e) => {
@@ -108,15 +158,15 @@ pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
             return;
         }
     };
-    shared.metrics.connections.inc();
+    ctx.metrics.connections.inc();
     struct Open<'a>(&'a prometheus::IntGauge);
     impl Drop for Open<'_> {
         fn drop(&mut self) {
             self.0.dec();
         }
     }
-    let _open = Open(&shared.metrics.connections);
-    let _slot = match shared.connections.admit(uid, &shared.config.limits) {
+    let _open = Open(&ctx.metrics.connections);
+    let _slot = match ctx.counts.admit(uid, &ctx.config.limits) {
         Ok(slot) => slot,
         Err(e) => {
             warn!(uid, pid, error = %e, "connection refused");
@@ -166,9 +216,9 @@ pub async fn serve(shared: Arc<Shared>, stream: UnixStream) {
     });
 
     let span = tracing::info_span!("client", uid, gid, pid);
-    let session = read_loop(&shared, stream, tx, uid, gid).instrument(span.clone()).await;
-    if let Some(s) = session {
-        s.close(&shared).instrument(span).await;
+    let caller = read_loop(&ctx, stream, tx, uid, gid).instrument(span.clone()).await;
+    if let Caller::Bound(s) = caller {
+        s.close().instrument(span).await;
     }
     let _ = writer.await;
 }
@@ -193,21 +243,21 @@ impl crate::batch::Answer for BatchFrames {
 }
 
 async fn read_loop(
-    shared: &Arc<Shared>,
+    ctx: &Arc<ConnectionContext>,
     stream: Arc<UnixStream>,
     tx: mpsc::Sender<Outgoing>,
     uid: u32,
     gid: u32,
-) -> Option<Arc<Session>> {
-    let limits = &shared.config.limits;
+) -> Caller {
+    let limits = &ctx.config.limits;
     let mut reader = FrameReader::new(stream, MAX_FRAME_LEN);
-    let mut session: Option<Arc<Session>> = None;
+    let mut caller = Caller::Unbound { uid, gid };
     let permits = Arc::new(Semaphore::new(limits.max_in_flight_per_connection));
     let hello_by = Instant::now() + Duration::from_millis(limits.hello_timeout_ms);
     loop {
         // Until Hello succeeds the connection is on a clock: an idle or
         // trickling peer cannot hold a slot (and an fd) for long.
-        let next = if session.is_some() {
+        let next = if matches!(caller, Caller::Bound(_)) {
             reader.next_frame().await
         } else {
             match tokio::time::timeout_at(hello_by, reader.next_frame()).await {
@@ -271,7 +321,7 @@ async fn read_loop(
         }
 
         if let Op::Hello(h) = op {
-            let out = match hello(shared, &mut session, h, uid, gid).await {
+            let out = match hello(ctx, &mut caller, h).await {
                 Ok(ok) => Outgoing {
                     frame: encode_frame(&pb::Response { id, request_id, result: Some(Res::Hello(ok)), item: 0 }),
                     fd: None,
@@ -281,14 +331,12 @@ async fn read_loop(
             let _ = tx.send(out).await;
             continue;
         }
-        let Some(s) = session.clone() else {
-            let e = if shared.config.tenant_for(uid, gid).is_none() {
-                ShimError::UnknownCaller { uid, gid }
-            } else {
-                ShimError::Protocol("send Hello first".into())
-            };
-            let _ = tx.send(error_frame(id, request_id, &e)).await;
-            continue;
+        let s = match caller.session(&ctx.config) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.send(error_frame(id, request_id, &e)).await;
+                continue;
+            }
         };
         if let Op::GetBatch(b) = &op {
             let n = b.items.len();
@@ -306,80 +354,105 @@ async fn read_loop(
             }
         }
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
-        let (shared, tx) = (shared.clone(), tx.clone());
         let limit = match timeout_ms {
-            0 => Duration::from_millis(shared.config.limits.request_timeout_ms),
+            0 => Duration::from_millis(limits.request_timeout_ms),
             ms => Duration::from_millis(u64::from(ms)) + DEADLINE_GRACE,
         };
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
-        let (op_name, started) = (crate::metrics::op_label(&op), std::time::Instant::now());
+        let served = Served {
+            id,
+            req: RequestCtx { request_id, timeout_ms },
+            limit,
+            op: crate::metrics::op_label(&op),
+            started: std::time::Instant::now(),
+            metrics: ctx.metrics.clone(),
+            tx: tx.clone(),
+        };
         tokio::spawn(
             async move {
-                if let Op::GetBatch(b) = op {
-                    let mut open = crate::batch::Open::new(b.items.len());
-                    let mut out = BatchFrames { id, request_id: request_id.clone(), tx };
-                    let work = crate::batch::get_batch(&shared, &s, b, &request_id, timeout_ms, &mut open, &mut out);
-                    let failed = match tokio::time::timeout(limit, work).await {
-                        Ok(Ok(())) => None,
-                        Ok(Err(e)) => Some(e),
-                        Err(_) => Some(ShimError::DeadlineExceeded(limit)),
-                    };
-                    let code = failed.as_ref().map(|e| e.code().as_str_name());
-                    shared.metrics.observe(op_name, code, started.elapsed());
-                    if let Some(e) = failed {
-                        debug!(error = %e, "batch failed");
-                        open.fail_rest(&mut out, &e).await;
-                    }
-                    drop(permit);
-                    return;
-                }
-                let work = crate::handlers::handle(&shared, &s, op, fd, &request_id, timeout_ms);
-                let result = match tokio::time::timeout(limit, work).await {
-                    Ok(r) => r,
-                    Err(_) => Err(ShimError::DeadlineExceeded(limit)),
-                };
-                let code = result.as_ref().err().map(|e| e.code().as_str_name());
-                shared.metrics.observe(op_name, code, started.elapsed());
-                let out = match result {
-                    Ok((result, fd)) => {
-                        let resp = pb::Response { id, request_id, result: Some(result), item: 0 };
-                        Outgoing { frame: encode_frame(&resp), fd }
-                    }
-                    Err(e) => {
-                        debug!(error = %e, "request failed");
-                        error_frame(id, request_id, &e)
-                    }
-                };
-                let _ = tx.send(out).await;
+                served.run(&s, op, fd).await;
                 drop(permit);
             }
             .instrument(span),
         );
     }
-    session
+    caller
 }
 
-async fn hello(
-    shared: &Shared,
-    session: &mut Option<Arc<Session>>,
-    h: pb::Hello,
-    uid: u32,
-    gid: u32,
-) -> Result<pb::HelloOk, ShimError> {
+/// One request on its way through its own task: what it answers with and
+/// what it is counted as.
+struct Served {
+    /// The client's frame id.
+    id: u64,
+    req: RequestCtx,
+    /// When the shim stops waiting for the agent.
+    limit: Duration,
+    /// The metrics label of the operation.
+    op: &'static str,
+    started: std::time::Instant,
+    metrics: Arc<ShimMetrics>,
+    tx: mpsc::Sender<Outgoing>,
+}
+
+impl Served {
+    /// Serves `op` in the caller's session `s` and sends its answers.
+    async fn run(self, s: &Session, op: Op, fd: Option<OwnedFd>) {
+        if let Op::GetBatch(b) = op {
+            let mut open = crate::batch::Open::new(b.items.len());
+            let mut out = BatchFrames { id: self.id, request_id: self.req.request_id.clone(), tx: self.tx };
+            let work = crate::batch::get_batch(s, b, &self.req, &mut open, &mut out);
+            let failed = match tokio::time::timeout(self.limit, work).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(ShimError::DeadlineExceeded(self.limit)),
+            };
+            let code = failed.as_ref().map(|e| e.code().as_str_name());
+            self.metrics.observe(self.op, code, self.started.elapsed());
+            if let Some(e) = failed {
+                debug!(error = %e, "batch failed");
+                open.fail_rest(&mut out, &e).await;
+            }
+            return;
+        }
+        let work = crate::handlers::handle(s, op, fd, &self.req);
+        let result = match tokio::time::timeout(self.limit, work).await {
+            Ok(r) => r,
+            Err(_) => Err(ShimError::DeadlineExceeded(self.limit)),
+        };
+        let code = result.as_ref().err().map(|e| e.code().as_str_name());
+        self.metrics.observe(self.op, code, self.started.elapsed());
+        let (id, request_id) = (self.id, self.req.request_id);
+        let out = match result {
+            Ok((result, fd)) => {
+                let resp = pb::Response { id, request_id, result: Some(result), item: 0 };
+                Outgoing { frame: encode_frame(&resp), fd }
+            }
+            Err(e) => {
+                debug!(error = %e, "request failed");
+                error_frame(id, request_id, &e)
+            }
+        };
+        let _ = self.tx.send(out).await;
+    }
+}
+
+/// Hello: checks the version, maps the caller to a tenant and opens its
+/// session, which binds the connection (`Caller::Bound`) for good.
+async fn hello(ctx: &ConnectionContext, caller: &mut Caller, h: pb::Hello) -> Result<pb::HelloOk, ShimError> {
     if h.version != SHIM_PROTOCOL_VERSION {
         return Err(ShimError::Version { got: h.version, want: SHIM_PROTOCOL_VERSION });
     }
-    if session.is_some() {
+    let &mut Caller::Unbound { uid, gid } = caller else {
         return Err(ShimError::Protocol("Hello was already sent on this connection".into()));
-    }
-    let tenant = shared.config.tenant_for(uid, gid).ok_or(ShimError::UnknownCaller { uid, gid })?.to_owned();
-    if !shared.secrets.contains_key(&tenant) {
+    };
+    let tenant = ctx.config.tenant_for(uid, gid).ok_or(ShimError::UnknownCaller { uid, gid })?.to_owned();
+    if !ctx.sessions.serves(&tenant) {
         return Err(ShimError::UnknownCaller { uid, gid });
     }
-    let (s, namespaces, caps) = tokio::time::timeout(OPEN_TIMEOUT, Session::open(shared, &tenant))
+    let (s, namespaces, caps) = tokio::time::timeout(OPEN_TIMEOUT, Session::open(&ctx.sessions, &tenant))
         .await
         .map_err(|_| ShimError::AgentUnavailable("the agent did not open a session in time".into()))??;
     tracing::info!(tenant = %tenant, client = %h.client, "client connected");
-    *session = Some(s);
+    *caller = Caller::Bound(s);
     Ok(pb::HelloOk { version: SHIM_PROTOCOL_VERSION, tenant, namespaces, capabilities: Some((*caps).clone()) })
 }

@@ -129,7 +129,7 @@ impl From<tonic::Status> for ShimError {
             src = e.source();
         }
         if s.code() != tonic::Code::DeadlineExceeded {
-            why.push_str(crate::agent_link::link_hint());
+            why.push_str(crate::link_kind::hint());
         }
         match s.code() {
             tonic::Code::DeadlineExceeded => Self::AgentUnavailable(format!("deadline: {why}")),

@@ -12,9 +12,11 @@ pub mod config;
 pub mod connection;
 pub mod error;
 pub mod handlers;
+pub mod link_kind;
 pub mod memory;
 pub mod metrics;
 pub mod path;
+pub mod requests;
 pub mod server;
 pub mod session;
 

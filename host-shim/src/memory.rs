@@ -20,7 +20,18 @@ use sluice_proto::common::MemoryKind;
 use crate::agent_link::AgentLink;
 use crate::config::{MemoryBackendKind, ShimConfig};
 use crate::error::{ShimError, StartupError};
-use crate::session::RegionSource;
+
+/// What the shim keeps of a registered region to export it again (after an
+/// agent restart, each registration needs a fresh export).
+pub enum RegionSource {
+    /// Co-located: the memfd, handed over again for a new ticket.
+    Memfd(OwnedFd),
+    /// Co-located GPU memory: the client's dma-buf and where the region
+    /// lies in it, handed over again for a new ticket.
+    Dmabuf { fd: OwnedFd, region: sluice_shm::DmabufHandOver },
+    /// DOCA: the export descriptor (its mapping lives in the guard).
+    Blob(Vec<u8>),
+}
 
 /// What keeps an export valid while the region is registered (the DOCA
 /// mmap); dropped after the agent released the region.
@@ -151,9 +162,8 @@ mod doca {
 
     use sluice_doca::{Access, Device, ExportEnvelope, MemoryKind, Mmap};
 
-    use super::ExportGuard;
+    use super::{ExportGuard, RegionSource};
     use crate::error::ShimError;
-    use crate::session::RegionSource;
 
     /// The DPU reads and writes regions over PCIe (staged copies), and
     /// storage nodes RDMA-WRITE into them through the DPU's re-export

@@ -11,7 +11,7 @@ use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Reg
 use sluice_proto::shim::request::Op;
 use sluice_telemetry::Readiness;
 
-use crate::server::Shared;
+use crate::agent_link::AgentLink;
 
 /// Time between checks of the agent.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
@@ -70,18 +70,19 @@ impl ShimMetrics {
         self.latency.with_label_values(&[op]).observe(elapsed.as_secs_f64());
     }
 
-    /// Checks the agent every few seconds, for as long as the shim runs.
-    pub async fn check_agent_forever(shared: Arc<Shared>) {
+    /// Checks the agent over `link` every few seconds, for as long as the
+    /// shim runs.
+    pub async fn check_agent_forever(self: Arc<Self>, link: Arc<AgentLink>) {
         loop {
-            let mut agent = shared.agent.grpc.clone();
+            let mut agent = link.grpc.clone();
             let ping = agent.renew(sluice_proto::agent::RenewRequest { session_ids: Vec::new() });
             let r = match tokio::time::timeout(CHECK_EVERY, ping).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(crate::error::ShimError::from(e).to_string()),
                 Err(_) => Err(format!("the agent did not answer within {CHECK_EVERY:?}")),
             };
-            *shared.metrics.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            sluice_telemetry::notify_status(&sluice_telemetry::Endpoints::readiness(&*shared.metrics));
+            *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            sluice_telemetry::notify_status(&sluice_telemetry::Endpoints::readiness(&*self));
             tokio::time::sleep(CHECK_EVERY).await;
         }
     }

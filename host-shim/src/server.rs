@@ -1,5 +1,9 @@
-//! The shim's listener: binds the local API socket and serves clients.
+//! The top of the shim: binds the local API socket, builds each layer's
+//! state from the config (the agent link, the memory backend, the session
+//! layer, the connections' shared state, the metrics) and serves clients.
+//! Each module gets only what it uses; nothing below imports this one.
 
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
@@ -8,24 +12,11 @@ use tracing::{info, warn};
 
 use crate::agent_link::AgentLink;
 use crate::config::ShimConfig;
+use crate::connection::ConnectionContext;
 use crate::error::StartupError;
-
-/// State every connection shares.
-pub struct Shared {
-    pub config: ShimConfig,
-    pub agent: AgentLink,
-    pub shim_id: String,
-    /// Per tenant, the secret proven to the agent (never sent).
-    pub secrets: std::collections::HashMap<String, Vec<u8>>,
-    /// How regions are exported to the agent.
-    pub memory: crate::memory::MemoryBackend,
-    /// Every live session, renewed with the agent in one call.
-    pub sessions: crate::session::Registry,
-    /// Open client connections per uid (the limits are in `config`).
-    pub connections: crate::connection::ConnectionCounts,
-    /// Served on `metrics_listen` with the shim's readiness.
-    pub metrics: Arc<crate::metrics::ShimMetrics>,
-}
+use crate::memory::MemoryBackend;
+use crate::metrics::ShimMetrics;
+use crate::session::SessionContext;
 
 /// Binds the socket (replacing a stale one) with the configured mode.
 pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, StartupError> {
@@ -45,16 +36,16 @@ pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, StartupError> {
 /// Serves clients until `shutdown` resolves.
 pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartupError> {
     let listener = bind(&cfg)?;
-    let agent = AgentLink::new(&cfg.agent)?;
+    let agent = Arc::new(AgentLink::new(&cfg.agent)?);
     let shim_id = cfg.shim_id.clone().unwrap_or_else(host_name);
-    let mut secrets = std::collections::HashMap::new();
+    let mut secrets = HashMap::new();
     for (tenant, path) in &cfg.tenant_secrets {
         let secret = sluice_proto::auth::read_secret_file(path)
             .map_err(|source| StartupError::TenantSecret { tenant: tenant.clone(), source })?;
         secrets.insert(tenant.clone(), secret);
     }
-    let memory = crate::memory::MemoryBackend::open(&cfg)?;
-    let metrics = Arc::new(crate::metrics::ShimMetrics::new().map_err(|e| StartupError::Metrics(e.to_string()))?);
+    let memory = MemoryBackend::open(&cfg)?;
+    let metrics = Arc::new(ShimMetrics::new().map_err(|e| StartupError::Metrics(e.to_string()))?);
     let ops_listener = match cfg.metrics_listen {
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|source| StartupError::Bind {
             what: "metrics_listen",
@@ -64,31 +55,24 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         None => None,
     };
     let socket = cfg.socket.clone();
-    let shared = Arc::new(Shared {
-        config: cfg,
-        agent,
-        shim_id,
-        secrets,
-        memory,
-        sessions: Default::default(),
-        connections: Default::default(),
-        metrics,
-    });
-    let renew = tokio::spawn(crate::session::Registry::renew_loop(shared.clone()));
+    let config = Arc::new(cfg);
+    let sessions = Arc::new(SessionContext::new(agent.clone(), shim_id, secrets, memory, config.clone()));
+    let connections = Arc::new(ConnectionContext::new(config.clone(), sessions.clone(), metrics.clone()));
+    let renew = tokio::spawn(sessions.clone().renew_loop());
     // The agent check feeds /ready and `systemctl status`.
-    let mut ops = vec![tokio::spawn(crate::metrics::ShimMetrics::check_agent_forever(shared.clone()))];
+    let mut ops = vec![tokio::spawn(metrics.clone().check_agent_forever(agent))];
     if let Some(l) = ops_listener {
         info!(metrics = ?l.local_addr().ok(), "operations endpoint: /metrics, /ready");
-        ops.push(tokio::spawn(sluice_telemetry::serve(shared.metrics.clone(), l)));
+        ops.push(tokio::spawn(sluice_telemetry::serve(metrics.clone(), l)));
     }
-    info!(socket = %socket.display(), agent = %shared.config.agent.grpc, memory = shared.memory.name(), "shim ready");
+    info!(socket = %socket.display(), agent = %config.agent.grpc, memory = sessions.memory().name(), "shim ready");
     sluice_telemetry::notify_ready();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
             res = listener.accept() => match res {
                 Ok((stream, _)) => {
-                    tokio::spawn(crate::connection::serve(shared.clone(), stream));
+                    tokio::spawn(crate::connection::serve(connections.clone(), stream));
                 }
                 Err(e) => {
                     warn!(error = %e, "accept failed");

@@ -10,31 +10,70 @@
 //! loaders keep their connection and their regions across an agent restart:
 //! calls in flight when it died fail with AGENT_UNAVAILABLE, later ones
 //! succeed.
+//!
+//! Every session holds the [`SessionContext`] (what all sessions share);
+//! handlers reach the agent only through a [`Session`].
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use sluice_proto::agent as apb;
+use sluice_proto::agent::agent_client::AgentClient;
 use sluice_proto::auth;
 use sluice_proto::common::{Capabilities, ErrorCode};
+use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
+use crate::agent_link::AgentLink;
+use crate::config::{ShimConfig, ShimLimits};
 use crate::error::{agent_code, ShimError};
-use crate::memory::ExportGuard;
-use crate::server::Shared;
+use crate::memory::{ExportGuard, MemoryBackend, RegionSource};
 
-/// What the shim keeps to register a region again.
-pub enum RegionSource {
-    /// Co-located: the memfd, handed over again for a new ticket.
-    Memfd(OwnedFd),
-    /// Co-located GPU memory: the client's dma-buf and where the region
-    /// lies in it, handed over again for a new ticket.
-    Dmabuf { fd: OwnedFd, region: sluice_shm::DmabufHandOver },
-    /// DOCA: the export descriptor (its mapping lives in the guard).
-    Blob(Vec<u8>),
+/// What every session of this shim shares, and all the session layer uses:
+/// the agent link, who this shim is, the tenants' secrets, how regions are
+/// exported, the configuration (limits and the shim's part of the
+/// capabilities) and the registry the renew loop walks. Built once at
+/// startup (`server::run`); each [`Session`] holds it.
+pub struct SessionContext {
+    agent: Arc<AgentLink>,
+    shim_id: String,
+    /// Per tenant, the secret proven to the agent (never sent).
+    secrets: HashMap<String, Vec<u8>>,
+    memory: MemoryBackend,
+    config: Arc<ShimConfig>,
+    registry: Registry,
+}
+
+impl SessionContext {
+    pub fn new(
+        agent: Arc<AgentLink>,
+        shim_id: String,
+        secrets: HashMap<String, Vec<u8>>,
+        memory: MemoryBackend,
+        config: Arc<ShimConfig>,
+    ) -> Self {
+        Self { agent, shim_id, secrets, memory, config, registry: Registry::default() }
+    }
+
+    /// Whether this shim can open sessions for `tenant` (it has its secret).
+    pub fn serves(&self, tenant: &str) -> bool {
+        self.secrets.contains_key(tenant)
+    }
+
+    /// How regions are exported to the agent.
+    pub fn memory(&self) -> &MemoryBackend {
+        &self.memory
+    }
+
+    pub fn limits(&self) -> &ShimLimits {
+        &self.config.limits
+    }
+
+    fn grpc(&self) -> AgentClient<Channel> {
+        self.agent.grpc.clone()
+    }
 }
 
 /// A region as the agent knows it.
@@ -69,6 +108,7 @@ struct Inner {
 /// One client connection's session.
 pub struct Session {
     pub tenant: String,
+    ctx: Arc<SessionContext>,
     inner: Mutex<Inner>,
     /// One re-establishment at a time.
     reopen: tokio::sync::Mutex<()>,
@@ -111,8 +151,8 @@ struct AgentSession {
 /// The agent's current epoch, which the session proof must name. Asked
 /// before every open: after an agent restart the epoch is new, and a proof
 /// for the old one is refused.
-async fn agent_epoch(shared: &Shared) -> Result<Vec<u8>, ShimError> {
-    match shared.agent.grpc.clone().get_epoch(apb::GetEpochRequest {}).await {
+async fn agent_epoch(ctx: &SessionContext) -> Result<Vec<u8>, ShimError> {
+    match ctx.grpc().get_epoch(apb::GetEpochRequest {}).await {
         Ok(reply) => Ok(reply.into_inner().epoch),
         Err(status) if status.code() == tonic::Code::Unimplemented => Err(ShimError::AgentUnavailable(
             "the agent does not answer GetEpoch: it is older than this shim; upgrade sluice-agent".into(),
@@ -123,13 +163,13 @@ async fn agent_epoch(shared: &Shared) -> Result<Vec<u8>, ShimError> {
 
 /// Opens an agent session for `tenant`, proving the tenant's secret and
 /// saying which region memory this shim registers.
-async fn open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSession, ShimError> {
-    match try_open_agent_session(shared, tenant).await {
+async fn open_agent_session(ctx: &SessionContext, tenant: &str) -> Result<AgentSession, ShimError> {
+    match try_open_agent_session(ctx, tenant).await {
         // The agent restarted between GetEpoch and OpenSession (the old
         // one answered the first): one more try, with the new epoch.
         Err(OpenError::Agent(status)) if epoch_refused(&status) => {
             tracing::info!(tenant, "the agent restarted while a session was opening; asking its new epoch");
-            try_open_agent_session(shared, tenant).await.map_err(ShimError::from)
+            try_open_agent_session(ctx, tenant).await.map_err(ShimError::from)
         }
         other => other.map_err(ShimError::from),
     }
@@ -157,16 +197,16 @@ impl From<OpenError> for ShimError {
     }
 }
 
-async fn try_open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSession, OpenError> {
-    let secret = shared
+async fn try_open_agent_session(ctx: &SessionContext, tenant: &str) -> Result<AgentSession, OpenError> {
+    let secret = ctx
         .secrets
         .get(tenant)
         .ok_or_else(|| OpenError::Shim(ShimError::BadRequest(format!("no secret for {tenant}"))))?;
-    let epoch = agent_epoch(shared).await.map_err(OpenError::Shim)?;
-    let (shim_id, timestamp_ms, nonce) = (shared.shim_id.clone(), auth::now_ms(), auth::new_nonce());
+    let epoch = agent_epoch(ctx).await.map_err(OpenError::Shim)?;
+    let (shim_id, timestamp_ms, nonce) = (ctx.shim_id.clone(), auth::now_ms(), auth::new_nonce());
     let claim = auth::SessionClaim { tenant, shim_id: &shim_id, epoch: &epoch, timestamp_ms, nonce: &nonce };
     let proof = auth::session_proof(secret, &claim);
-    let shim_memory = shared.memory.kinds().into_iter().map(|k| k as i32).collect();
+    let shim_memory = ctx.memory.kinds().into_iter().map(|k| k as i32).collect();
     let req = apb::OpenSessionRequest {
         tenant: tenant.to_owned(),
         shim_id,
@@ -176,22 +216,26 @@ async fn try_open_agent_session(shared: &Shared, tenant: &str) -> Result<AgentSe
         shim_memory,
         epoch,
     };
-    let reply = shared.agent.grpc.clone().open_session(req).await.map_err(OpenError::Agent)?.into_inner();
+    let reply = ctx.grpc().open_session(req).await.map_err(OpenError::Agent)?.into_inner();
     if reply.lease_ms > 0 {
-        shared.sessions.lease_ms.store(u64::from(reply.lease_ms), Ordering::Relaxed);
+        ctx.registry.lease_ms.store(u64::from(reply.lease_ms), Ordering::Relaxed);
     }
-    let agent = crate::capabilities::from_agent(reply.capabilities, &shared.memory, tenant);
-    let capabilities = Arc::new(crate::capabilities::for_clients(agent, &shared.memory, &shared.config));
+    let agent = crate::capabilities::from_agent(reply.capabilities, &ctx.memory, tenant);
+    let capabilities = Arc::new(crate::capabilities::for_clients(agent, &ctx.memory, &ctx.config));
     Ok(AgentSession { id: reply.session_id, namespaces: reply.namespaces, capabilities })
 }
 
 impl Session {
     /// Opens the agent session for a client that completed Hello; returns
     /// the tenant's namespaces and what the session can do.
-    pub async fn open(shared: &Shared, tenant: &str) -> Result<(Arc<Self>, Vec<String>, Arc<Capabilities>), ShimError> {
-        let opened = open_agent_session(shared, tenant).await?;
+    pub async fn open(
+        ctx: &Arc<SessionContext>,
+        tenant: &str,
+    ) -> Result<(Arc<Self>, Vec<String>, Arc<Capabilities>), ShimError> {
+        let opened = open_agent_session(ctx, tenant).await?;
         let s = Arc::new(Self {
             tenant: tenant.to_owned(),
+            ctx: ctx.clone(),
             inner: Mutex::new(Inner {
                 agent_session: opened.id,
                 capabilities: opened.capabilities.clone(),
@@ -201,8 +245,24 @@ impl Session {
             }),
             reopen: tokio::sync::Mutex::new(()),
         });
-        shared.sessions.add(&s);
+        ctx.registry.add(&s);
         Ok((s, opened.namespaces, opened.capabilities))
+    }
+
+    /// How regions are exported to the agent (a handler prepares a region
+    /// with it before [`Self::register`]).
+    pub fn memory(&self) -> &MemoryBackend {
+        &self.ctx.memory
+    }
+
+    pub fn limits(&self) -> &ShimLimits {
+        self.ctx.limits()
+    }
+
+    /// The agent's gRPC client, for a call that handles a lost session
+    /// itself (a streaming batch); others go through [`Self::call`].
+    pub fn agent(&self) -> AgentClient<Channel> {
+        self.ctx.grpc()
     }
 
     /// What the current agent session can do.
@@ -256,34 +316,29 @@ impl Session {
         (snap, ids)
     }
 
-    /// Runs one agent call; if the agent no longer knows the session, opens
-    /// a new one (registering the regions again) and runs it once more.
-    pub async fn call<T, F, Fut>(&self, shared: &Shared, region: Option<&str>, mut f: F) -> Result<T, ShimError>
+    /// Runs one agent call (`f` gets the agent names and a client); if the
+    /// agent no longer knows the session, opens a new one (registering the
+    /// regions again) and runs it once more.
+    pub async fn call<T, F, Fut>(&self, region: Option<&str>, mut f: F) -> Result<T, ShimError>
     where
-        F: FnMut(Snapshot) -> Fut,
+        F: FnMut(Snapshot, AgentClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let snap = self.snapshot(region)?;
         let generation = snap.generation;
-        match f(snap).await {
+        match f(snap, self.agent()).await {
             Ok(r) => Ok(r.into_inner()),
             Err(status) if session_gone(&status) => {
-                self.reestablish(shared, generation).await?;
-                Ok(f(self.snapshot(region)?).await?.into_inner())
+                self.reestablish(generation).await?;
+                Ok(f(self.snapshot(region)?, self.agent()).await?.into_inner())
             }
             Err(status) => Err(status.into()),
         }
     }
 
     /// Registers a region with the agent and returns the shim's id for it.
-    pub async fn register(
-        &self,
-        shared: &Shared,
-        len: u64,
-        source: RegionSource,
-        guard: ExportGuard,
-    ) -> Result<String, ShimError> {
-        let max = shared.config.limits.max_regions_per_connection;
+    pub async fn register(&self, len: u64, source: RegionSource, guard: ExportGuard) -> Result<String, ShimError> {
+        let max = self.limits().max_regions_per_connection;
         if self.region_count() >= max {
             return Err(ShimError::Limit(format!("{max} regions per connection (max_regions_per_connection)")));
         }
@@ -291,9 +346,9 @@ impl Session {
         // Twice at most: once more if the agent session changed meanwhile.
         for _ in 0..2 {
             let snap = self.snapshot(None)?;
-            let export = shared.memory.export_again(&shared.agent, &source).await?;
+            let export = self.ctx.memory.export_again(&self.ctx.agent, &source).await?;
             let req = apb::RegisterRegionRequest { session_id: snap.session_id, length: len, export: Some(export) };
-            match shared.agent.grpc.clone().register_region(req).await {
+            match self.agent().register_region(req).await {
                 Ok(reply) => {
                     let mut inner = self.inner();
                     if inner.generation == snap.generation && !inner.closed {
@@ -304,7 +359,7 @@ impl Session {
                     }
                     // Registered in a session that has just been replaced.
                 }
-                Err(status) if session_gone(&status) => self.reestablish(shared, snap.generation).await?,
+                Err(status) if session_gone(&status) => self.reestablish(snap.generation).await?,
                 Err(status) => return Err(status.into()),
             }
         }
@@ -312,22 +367,19 @@ impl Session {
     }
 
     /// Releases a region in the agent, then here.
-    pub async fn release(&self, shared: &Shared, region_id: &str) -> Result<(), ShimError> {
+    pub async fn release(&self, region_id: &str) -> Result<(), ShimError> {
         let lost = matches!(
             self.inner().regions.get(region_id).map(|r| matches!(r.agent_id, AgentRegion::Lost(_))),
             Some(true)
         );
         if !lost {
-            self.call(shared, Some(region_id), |snap| {
-                let mut agent = shared.agent.grpc.clone();
-                async move {
-                    agent
-                        .release_region(apb::ReleaseRegionRequest {
-                            session_id: snap.session_id,
-                            region_id: snap.region_id,
-                        })
-                        .await
-                }
+            self.call(Some(region_id), |snap, mut agent| async move {
+                agent
+                    .release_region(apb::ReleaseRegionRequest {
+                        session_id: snap.session_id,
+                        region_id: snap.region_id,
+                    })
+                    .await
             })
             .await?;
         }
@@ -336,7 +388,7 @@ impl Session {
 
     /// Replaces the agent session after the agent lost it, unless that was
     /// done already since `seen` was current; registers every region again.
-    pub async fn reestablish(&self, shared: &Shared, seen: u64) -> Result<(), ShimError> {
+    pub async fn reestablish(&self, seen: u64) -> Result<(), ShimError> {
         let _one = self.reopen.lock().await;
         let todo: Vec<(String, u64, Arc<RegionSource>)> = {
             let inner = self.inner();
@@ -348,16 +400,16 @@ impl Session {
             }
             inner.regions.iter().map(|(id, r)| (id.clone(), r.len, r.source.clone())).collect()
         };
-        let opened = open_agent_session(shared, &self.tenant).await?;
+        let opened = open_agent_session(&self.ctx, &self.tenant).await?;
         let session_id = opened.id;
         let mut again = Vec::with_capacity(todo.len());
         let mut lost = 0usize;
         for (id, len, source) in todo {
             let res = async {
-                let export = shared.memory.export_again(&shared.agent, &source).await?;
+                let export = self.ctx.memory.export_again(&self.ctx.agent, &source).await?;
                 let req =
                     apb::RegisterRegionRequest { session_id: session_id.clone(), length: len, export: Some(export) };
-                Ok::<_, ShimError>(shared.agent.grpc.clone().register_region(req).await?.into_inner().region_id)
+                Ok::<_, ShimError>(self.agent().register_region(req).await?.into_inner().region_id)
             }
             .await;
             if let Err(e) = &res {
@@ -383,14 +435,14 @@ impl Session {
     /// Ends the session when its client disconnects: the agent releases the
     /// regions (waiting for transfers still using them), then the shim drops
     /// what backed them.
-    pub async fn close(&self, shared: &Shared) {
+    pub async fn close(&self) {
         let session_id = {
             let mut inner = self.inner();
             inner.closed = true;
             inner.agent_session.clone()
         };
         let req = apb::CloseSessionRequest { session_id };
-        let mut agent = shared.agent.grpc.clone();
+        let mut agent = self.agent();
         match tokio::time::timeout(Duration::from_secs(60), agent.close_session(req)).await {
             Ok(Ok(_)) => {}
             // A session the agent already forgot (restart, expiry) is closed.
@@ -404,10 +456,10 @@ impl Session {
 }
 
 /// Every live session of this shim, renewed with the agent in one call.
-pub struct Registry {
+struct Registry {
     sessions: Mutex<Vec<Weak<Session>>>,
     /// The agent's session lease, learned at each session open.
-    pub lease_ms: AtomicU64,
+    lease_ms: AtomicU64,
 }
 
 impl Default for Registry {
@@ -436,21 +488,23 @@ impl Registry {
             })
             .collect()
     }
+}
 
+impl SessionContext {
     /// Renews every live session each third of the lease; sessions the
     /// agent no longer knows are re-opened right away, so their regions are
     /// back before the client's next call.
-    pub async fn renew_loop(shared: Arc<Shared>) {
+    pub async fn renew_loop(self: Arc<Self>) {
         loop {
-            let lease = Duration::from_millis(shared.sessions.lease_ms.load(Ordering::Relaxed));
+            let lease = Duration::from_millis(self.registry.lease_ms.load(Ordering::Relaxed));
             let every = (lease / 3).clamp(Duration::from_millis(30), Duration::from_secs(10));
             tokio::time::sleep(every).await;
-            let live = shared.sessions.live();
+            let live = self.registry.live();
             if live.is_empty() {
                 continue;
             }
             let session_ids = live.iter().map(|(_, id, _)| id.clone()).collect();
-            let mut agent = shared.agent.grpc.clone();
+            let mut agent = self.grpc();
             let unknown = match tokio::time::timeout(every, agent.renew(apb::RenewRequest { session_ids })).await {
                 Ok(Ok(reply)) => reply.into_inner().unknown_session_ids,
                 Ok(Err(e)) => {
@@ -464,9 +518,8 @@ impl Registry {
             };
             for (s, id, generation) in live {
                 if unknown.contains(&id) {
-                    let shared = shared.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = s.reestablish(&shared, generation).await {
+                        if let Err(e) = s.reestablish(generation).await {
                             warn!(tenant = %s.tenant, error = %e, "re-opening an agent session failed; retrying later");
                         }
                     });
