@@ -27,7 +27,6 @@ A mismatch fails the reader: no reader is timed with wrong bytes.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import os
 import subprocess
@@ -38,17 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
 
 
-def _load(name: str, path: str) -> Any:
-    """Imports a loaders module under a name of its own (both folders have
-    a run.py; this one must not import itself)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, BENCH)
+from benchlib import load as _load  # noqa: E402
 
 
 lw = _load("sluice_bench_loaders_worker", os.path.join(BENCH, "loaders", "worker.py"))

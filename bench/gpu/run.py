@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import shlex
@@ -54,15 +53,8 @@ BENCH = os.path.dirname(HERE)
 ROOT = os.path.dirname(BENCH)
 
 
-def _load(name: str, path: str) -> Any:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, BENCH)
+from benchlib import load as _load  # noqa: E402
 
 
 lr = _load("sluice_bench_loaders_run", os.path.join(BENCH, "loaders", "run.py"))

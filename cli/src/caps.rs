@@ -29,6 +29,7 @@ fn namespace_json(n: &NamespaceCapabilities) -> serde_json::Value {
         "put_part_bytes": n.put_part_bytes,
         "rdma_min_bytes": n.rdma_min_bytes,
         "request_timeout_ms": n.request_timeout_ms,
+        "store_checksums": short(n.store_checksums().as_str_name(), "STORE_CHECKSUMS_").replace("unspecified", "unknown"),
     })
 }
 
@@ -91,6 +92,16 @@ pub fn to_text(c: &Capabilities, namespace: Option<&str>) -> String {
         }
         out += &format!("  encryption:    {}\n", s("encryption"));
         out += &format!(
+            "  checksums:     {}\n",
+            match s("store_checksums").as_str() {
+                "kept" => "the store checks, keeps and returns them".to_owned(),
+                "ignored" => "the store ignores them: Content-MD5 on uploads, reads checked against the CRC64NVME \
+                              in each object's metadata"
+                    .to_owned(),
+                other => format!("{other} (no reply from the store has told yet)"),
+            }
+        );
+        out += &format!(
             "  limits:        objects up to {}, parts of {} (GET) / {} (PUT){}, {} s per request\n",
             bytes(n.max_object_bytes),
             bytes(n.get_part_bytes),
@@ -151,5 +162,21 @@ mod tests {
         assert!(text.contains("data path:     auto (transport verbs-rc, placement direct)"), "{text}");
         assert!(text.contains("objects up to 80000 MiB"), "{text}");
         assert!(to_text(&caps(), Some("other")).lines().all(|l| !l.starts_with("namespace")));
+    }
+
+    #[test]
+    fn what_the_store_does_with_checksums_is_shown() {
+        use sluice_proto::common::StoreChecksums;
+        let mut c = caps();
+        assert_eq!(to_json(&c, None)["namespaces"][0]["store_checksums"], "unknown");
+        c.namespaces[0].store_checksums = StoreChecksums::Ignored as i32;
+        assert_eq!(to_json(&c, None)["namespaces"][0]["store_checksums"], "ignored");
+        assert!(
+            to_text(&c, None).contains("checksums:     the store ignores them: Content-MD5"),
+            "{}",
+            to_text(&c, None)
+        );
+        c.namespaces[0].store_checksums = StoreChecksums::Kept as i32;
+        assert_eq!(to_json(&c, None)["namespaces"][0]["store_checksums"], "kept");
     }
 }

@@ -6,6 +6,7 @@
 mod bench;
 mod caps;
 mod certs;
+mod cp;
 mod demo;
 mod doctor;
 mod gpu;
@@ -90,6 +91,10 @@ enum Cmd {
         #[arg(short, long, default_value = "")]
         delimiter: String,
     },
+    /// Copy a local file or directory tree to or from a namespace: several
+    /// objects at once, checksummed, resumable.
+    #[command(long_about = cp::HELP)]
+    Cp(cp::CpArgs),
     /// Delete an object.
     Rm {
         /// namespace/key
@@ -197,6 +202,7 @@ async fn run(client: &Client, socket: &std::path::Path, cmd: Cmd, json: bool) ->
         Cmd::Put { src, path, content_type, .. } => ops::put(client, &src, &path, &content_type, json).await,
         Cmd::Ls { path, delimiter } => ops::ls(client, &path, &delimiter, json).await,
         Cmd::Rm { path } => ops::rm(client, &path, json).await,
+        Cmd::Cp(args) => cp::run(client, &args, json).await,
         Cmd::Stat { path, caps: true } => {
             let ns = path.as_deref().map(|p| p.split('/').next().unwrap_or(p));
             if let Some(ns) = ns.filter(|ns| !client.namespaces().iter().any(|n| n == ns)) {

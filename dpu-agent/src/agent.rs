@@ -17,7 +17,7 @@ use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::quota::Quotas;
 use crate::requests::GetObject;
-use crate::s3::setup::{Signers, StoreParts};
+use crate::s3::setup::{Failover, Signers, StoreParts};
 use crate::s3::token_path::Fallback;
 use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore, S3Counters};
 use crate::session::{Registered, Session, Sessions};
@@ -54,6 +54,8 @@ pub struct TransferReport {
     pub etag: String,
     /// GET only: size of the whole object.
     pub object_size: u64,
+    /// Why the bytes could not be checked end to end; `None`: they were.
+    pub unverified: Option<String>,
 }
 
 /// A session the agent opened, and what it can do.
@@ -89,6 +91,8 @@ pub struct Agent {
     quotas: Quotas,
     /// Every namespace's request signer (credentials rotate on SIGHUP).
     signers: Signers,
+    /// The endpoints' health and the upload journal (`s3::setup`).
+    failover: Arc<Failover>,
 }
 
 impl Agent {
@@ -102,7 +106,8 @@ impl Agent {
     ) -> Result<Self, StartupError> {
         let counters =
             S3Counters { retries: metrics.s3_retries.clone(), multipart_aborts: metrics.multipart_aborts.clone() };
-        let parts = StoreParts::from_config(cfg, counters)?;
+        let failover = Arc::new(Failover::from_config(cfg, Some(metrics.endpoints.clone()))?);
+        let parts = StoreParts::from_config(cfg, counters, failover.clone())?;
         let mut signers = Signers::default();
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
@@ -120,7 +125,7 @@ impl Agent {
         let quotas = Quotas::new(cfg, metrics.quota_refusals.clone())?;
         let limits = cfg.limits.clone();
         let sessions = Sessions::new(Duration::from_millis(cfg.limits.session_lease_ms));
-        Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas, signers })
+        Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas, signers, failover })
     }
 
     /// Every namespace's store, as `tenant/namespace` (readiness probes).
@@ -132,6 +137,11 @@ impl Agent {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+
+    /// The endpoints' health checks and the upload journal.
+    pub fn failover(&self) -> &Arc<Failover> {
+        &self.failover
     }
 
     /// The namespaces' signers (credential rotation: [`Signers::rotate`]).
@@ -513,6 +523,7 @@ impl Agent {
                 parts: out.parts,
                 etag: out.etag,
                 object_size: out.object_size,
+                unverified: out.unverified,
             })
         };
         self.run(&s, request_id, namespace, "get", timeout_ms, |r: &TransferReport| (r.bytes, r.data_path), work).await
@@ -562,6 +573,7 @@ impl Agent {
                 parts: out.parts,
                 etag: out.etag,
                 object_size: length,
+                unverified: out.unverified,
             })
         };
         self.run(&s, request_id, namespace, "put", timeout_ms, |r: &TransferReport| (r.bytes, r.data_path), work).await

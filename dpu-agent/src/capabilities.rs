@@ -41,6 +41,8 @@ pub struct NamespaceCaps {
     pub put_part_bytes: u64,
     pub rdma_min_bytes: u64,
     pub request_timeout: Duration,
+    /// What the store does with checksums, as learned so far.
+    pub store_checksums: crate::s3::integrity::StoreChecksums,
 }
 
 /// What a session of one tenant can do.

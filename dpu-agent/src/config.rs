@@ -10,6 +10,9 @@ use serde::Deserialize;
 use sluice_crypt::EncryptionPolicy;
 use sluice_dataplane::transport::TransportKind;
 
+pub mod failover;
+pub mod uploads;
+
 /// Errors reading or validating the config.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -70,6 +73,16 @@ pub struct AgentConfig {
     /// `[tls]`: mutual TLS on the TCP gRPC listeners (or `insecure = true`).
     #[serde(default)]
     pub tls: crate::tls::TlsConfig,
+    /// State kept across restarts (the upload journal, `config::uploads`);
+    /// default `/var/lib/sluice/agent`. Relative to this file.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
+    /// `[uploads]`: uploads left by a killed agent (`config::uploads`).
+    #[serde(default)]
+    pub uploads: uploads::UploadsConfig,
+    /// `[failover]`: endpoint health and deadlines (`config::failover`).
+    #[serde(default)]
+    pub failover: failover::FailoverConfig,
 }
 
 fn default_socket_mode() -> u32 {
@@ -317,8 +330,9 @@ pub struct NamespaceConfig {
     /// cancelled and fails with DEADLINE_EXCEEDED.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
-    /// Check whole-object GETs against the store's full-object CRC64NVME
-    /// (when it keeps one): damaged bytes fail with INTEGRITY. HTTP parts
+    /// Check whole-object GETs against the object's CRC64NVME (the store's,
+    /// and the one the agent keeps in the object's metadata: see
+    /// docs/integrity.md): damaged bytes fail with INTEGRITY. HTTP parts
     /// are summed as they stream; RDMA parts are read back once.
     #[serde(default = "yes")]
     pub verify_checksums: bool,
@@ -512,6 +526,7 @@ impl AgentConfig {
             }
         }
         cfg.tls.resolve(base);
+        cfg.state_dir = cfg.state_dir.take().map(|d| base.join(d));
         crate::s3::store_tls::resolve_paths(&mut cfg, base);
         for t in &mut cfg.tenants {
             if t.shim_secret_file.is_relative() {
@@ -537,6 +552,8 @@ impl AgentConfig {
             return bad(format!("socket_mode {:o} is not a permission mode", self.socket_mode));
         }
         self.host_memory.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.failover.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.uploads.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if self.encryption.engine == CipherEngine::Doca && self.encryption.doca_device.is_none() {
             return bad("[encryption] engine = \"doca\" needs doca_device = \"<PCI address or mlx5_N>\"".into());
         }

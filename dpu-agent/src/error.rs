@@ -32,6 +32,9 @@ pub enum StartupError {
     Transport(#[from] crate::transports::ChooseError),
     #[error("quotas: {0}")]
     Quotas(#[from] sluice_qos::QosError),
+    /// The configured `state_dir` cannot hold the upload journal.
+    #[error("state_dir: {0}")]
+    StateDir(#[from] crate::s3::uploads::UploadsError),
 }
 
 /// Everything an agent operation can fail with. Each variant maps to one

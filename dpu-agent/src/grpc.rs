@@ -25,6 +25,7 @@ mod caps {
     use crate::capabilities::{Capabilities, NamespaceCaps};
     use crate::config::{DataPathMode, Permission, Placement};
     use crate::hostmem::MemoryKind;
+    use crate::s3::integrity::StoreChecksums;
     use sluice_dataplane::TransportKind;
 
     pub fn memory_from_pb(k: pb::MemoryKind) -> Option<MemoryKind> {
@@ -73,6 +74,11 @@ mod caps {
             Placement::Staged => pb::Placement::Staged,
         };
         let encryption = if n.encrypted { pb::Encryption::Aes256Gcm } else { pb::Encryption::None };
+        let store_checksums = match n.store_checksums {
+            StoreChecksums::Unknown => pb::StoreChecksums::Unspecified,
+            StoreChecksums::Kept => pb::StoreChecksums::Kept,
+            StoreChecksums::Ignored => pb::StoreChecksums::Ignored,
+        };
         pb::NamespaceCapabilities {
             name: n.name.clone(),
             access,
@@ -87,6 +93,7 @@ mod caps {
             put_part_bytes: n.put_part_bytes,
             rdma_min_bytes: n.rdma_min_bytes,
             request_timeout_ms: u32::try_from(n.request_timeout.as_millis()).unwrap_or(u32::MAX),
+            store_checksums: store_checksums as i32,
         }
     }
 
@@ -148,6 +155,8 @@ fn report(request_id: &str, r: &agent::TransferReport) -> TransferReport {
         fallback_reason: r.fallback_reason.clone(),
         elapsed_us: r.elapsed.as_micros() as u64,
         parts: r.parts,
+        verified: r.unverified.is_none(),
+        unverified_reason: r.unverified.clone().unwrap_or_default(),
     }
 }
 

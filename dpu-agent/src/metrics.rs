@@ -31,8 +31,13 @@ pub struct Metrics {
     pub sessions_expired: IntCounterVec,
     /// Multipart uploads the agent aborted, by why (`failed`: a part or the
     /// completion failed; `cancelled`: the request was dropped mid-way —
-    /// its shim died or its deadline passed).
+    /// its shim died or its deadline passed; `left`: a previous run left it
+    /// open, aborted at start).
     pub multipart_aborts: IntCounterVec,
+    /// Each store endpoint's health (`store_endpoint_up{endpoint}`,
+    /// `store_endpoint_ejections_total`, `store_endpoint_failbacks_total`,
+    /// `store_endpoint_failures_total{endpoint,kind}`).
+    pub endpoints: crate::s3::endpoints::EndpointMetrics,
     /// The NIC guard's counters (`nic_drift_total{reason}`,
     /// `nic_rules_in_place`, `nic_foreign_flows`).
     pub nic: crate::nic::guard::GuardMetrics,
@@ -89,6 +94,31 @@ impl Metrics {
             Opts::new("multipart_aborts_total", "Multipart uploads aborted by the agent"),
             &["reason"],
         )?;
+        let endpoints = crate::s3::endpoints::EndpointMetrics {
+            up: IntGaugeVec::new(
+                Opts::new("store_endpoint_up", "1 while a store endpoint gets requests, 0 while it is ejected"),
+                &["endpoint"],
+            )?,
+            ejections: IntCounterVec::new(
+                Opts::new("store_endpoint_ejections_total", "Times a store endpoint was ejected after failures"),
+                &["endpoint"],
+            )?,
+            failbacks: IntCounterVec::new(
+                Opts::new("store_endpoint_failbacks_total", "Times an ejected store endpoint came back"),
+                &["endpoint"],
+            )?,
+            failures: IntCounterVec::new(
+                Opts::new(
+                    "store_endpoint_failures_total",
+                    "Requests that failed their store endpoint (refused, deadline, broken, 5xx)",
+                ),
+                &["endpoint", "kind"],
+            )?,
+        };
+        registry.register(Box::new(endpoints.up.clone()))?;
+        registry.register(Box::new(endpoints.ejections.clone()))?;
+        registry.register(Box::new(endpoints.failbacks.clone()))?;
+        registry.register(Box::new(endpoints.failures.clone()))?;
         let nic = crate::nic::guard::GuardMetrics {
             drift: IntCounterVec::new(
                 Opts::new(
@@ -135,6 +165,7 @@ impl Metrics {
             quota_refusals,
             sessions_expired,
             multipart_aborts,
+            endpoints,
             nic,
             process,
         })

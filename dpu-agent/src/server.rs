@@ -124,7 +124,11 @@ pub async fn run(
     // Sessions of shims that died are closed within a lease.
     tokio::spawn(agent.clone().reap_sessions());
     // The store probes feed /ready and `systemctl status`.
-    let health = Arc::new(crate::health::Health::new(&agent));
+    let probe_timeout = std::time::Duration::from_millis(cfg.failover.probe_timeout_ms);
+    let health = Arc::new(crate::health::Health::new(&agent, probe_timeout));
+    // Ejected endpoints are checked until they answer again.
+    tokio::spawn(agent.failover().registry.clone().check_forever());
+    start_upload_cleanup(&cfg, &agent, &metrics);
     // The NIC rules are in place (and guarded) before any listener opens.
     let nic = NicSlot { guard: Arc::default(), metrics: metrics.nic.clone(), health: health.clone() };
     nic.apply(&cfg).await?;
@@ -245,6 +249,30 @@ pub async fn run(
         let _ = std::fs::remove_file(p);
     }
     Ok(())
+}
+
+/// Aborts the multipart uploads the last run left open, and from then on
+/// those whose abort fails, in the background (a store that is down must
+/// not keep the agent from starting); and, when `[uploads]
+/// abort_incomplete_after_days` allows it, gives each namespace's bucket
+/// the lifecycle rule for the uploads no journal names.
+fn start_upload_cleanup(cfg: &AgentConfig, agent: &Arc<Agent>, metrics: &Metrics) {
+    if let Some(journal) = &agent.failover().journal {
+        let aborted = metrics.multipart_aborts.with_label_values(&["left"]);
+        tokio::spawn(crate::s3::uploads::sweep_forever(journal.clone(), agent.stores(), aborted));
+    }
+    let Some(days) = cfg.uploads.abort_incomplete_after_days else { return };
+    let stores = agent.stores();
+    tokio::spawn(async move {
+        for (ns, store) in stores {
+            match store.ensure_abort_rule(days).await {
+                Ok(change) => info!(namespace = %ns, days, ?change, "lifecycle rule for incomplete multipart uploads"),
+                Err(e) => warn!(namespace = %ns, error = %e,
+                    "cannot set the bucket's lifecycle rule for incomplete multipart uploads (needs \
+                     s3:GetLifecycleConfiguration and s3:PutLifecycleConfiguration)"),
+            }
+        }
+    });
 }
 
 /// The rule set `[nic]` asks for, if the config has one (tenants without

@@ -1,8 +1,8 @@
 # The Ceph RGW lane, sourced by scripts/test: the agent against Ceph RGW
 # 16.2 on a throwaway one-host cluster (scripts/ceph). Runs the
-# store-generic operation bodies of tests/tests/operations.rs (`rgw::*`) and
-# tests/tests/ceph_rgw.rs (feature `ceph` of sluice-tests), one cluster per
-# test binary, under one time budget. Needs the workspace binaries built and
+# store-generic operation bodies of tests/tests/operations.rs (`rgw::*`),
+# tests/tests/ceph_rgw.rs and tests/tests/ceph_failover.rs (feature `ceph`
+# of sluice-tests), one cluster per test binary, under one time budget. Needs the workspace binaries built and
 # SLUICE_TEST_PYTHON (boto3); installs Ceph (root or password-less sudo).
 # Every line goes to stdout; a binary that ended before its libtest summary
 # (the budget ran out, a crash) adds "test result: FAILED. 0 passed; 1
@@ -17,13 +17,13 @@ ceph_lane() {
     echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
     return 1
   fi
-  if ! cargo test -p sluice-tests --features ceph --test operations --test ceph_rgw --no-run --locked --quiet; then
+  if ! cargo test -p sluice-tests --features ceph --test operations --test ceph_rgw --test ceph_failover --no-run --locked --quiet; then
     echo "ceph-lane: FAILED: the test binaries did not build"
     echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
     return 1
   fi
   # Each test binary starts (and, once it exits, stops) its own cluster.
-  for run in "operations rgw::" "ceph_rgw"; do
+  for run in "operations rgw::" "ceph_rgw" "ceph_failover"; do
     left=$((budget - ($(date +%s) - t0)))
     out=$(mktemp)
     # shellcheck disable=SC2086 # "binary [filter]"

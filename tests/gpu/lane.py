@@ -93,7 +93,7 @@ class Stack:
         )
         (d / "agent.toml").write_text(
             f'grpc_socket = "{d}/agent.sock"\nmemory_socket = "{d}/agent-mem.sock"\nmetrics_listen = "127.0.0.1:0"\n'
-            f'addr_file = "{d}/agent.addr"\n[encryption]\nkey_dir = "{d}/keys"\n'
+            f'addr_file = "{d}/agent.addr"\nstate_dir = "{d}/agent-state"\n[encryption]\nkey_dir = "{d}/keys"\n'
             f'[credentials.local]\naccess_key = "{ak}"\nsecret_key = "{sk}"\n'
             f'[[tenants]]\nname = "default"\nshim_secret_file = "{d}/default.shim-secret"\nshim_origins = ["unix"]\n'
             + ns("data")

@@ -238,6 +238,7 @@ credentials = "store"
         text = f"""grpc_socket = "{w}/{sockets}.sock"
 memory_socket = "{w}/{sockets}-mem.sock"
 metrics_listen = "{AG}:9100"
+state_dir = "{w}/{sockets}-state"
 
 [tls]
 cert = "{w}/tls/agent.crt"

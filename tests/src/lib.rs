@@ -87,6 +87,14 @@ pub struct Options {
     pub agent_dataplane: String,
     /// `[qos]` section of the agent config (e.g. `global_slots = 2`).
     pub agent_qos: String,
+    /// `[failover]` section of the agent config (e.g.
+    /// `first_byte_timeout_ms = 1500`), and any tables after it (e.g.
+    /// `[uploads]`).
+    pub agent_failover: String,
+    /// Only alpha's namespace "data": no other namespace (on the first
+    /// endpoint alone, or with the gateway's keys) to make `/ready` fail
+    /// against another store.
+    pub only_data: bool,
     /// Extra settings of tenant "alpha" / "beta" in the agent config
     /// (`shims`, `shim_origins`, limits ...), each line ending in a newline.
     /// They go right before the tenant's `[[tenants.namespaces]]`, so a
@@ -137,6 +145,8 @@ impl Default for Options {
             gateway_backend: String::new(),
             agent_dataplane: String::new(),
             agent_qos: String::new(),
+            agent_failover: String::new(),
+            only_data: false,
             alpha: String::new(),
             beta: String::new(),
             beta_shim: false,
@@ -365,9 +375,15 @@ impl Stack {
         let (scheme, store_ca) = if opts.gateway_tls { ("https", "ca_file = \"tls/ca.crt\"\n") } else { ("http", "") };
         let cfg = d.join("agent.toml");
         // `[tls]` goes last: keys after a table header belong to it.
-        std::fs::write(&cfg, format!(
-            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"{scheme}://{gw}\"]\n{store_ca}bucket = \"data\"\nprefix = \"{scoped}\"\ncredentials = \"main\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"{scheme}://{gw}\"]\n{store_ca}bucket = \"other\"\ncredentials = \"good\"\n",
-            opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display(), scoped = opts.scoped_prefix) + agent_tls).expect("write config");
+        let mut text = format!(
+            "grpc_listen = \"127.0.0.1:0\"\ngrpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nmetrics_listen = \"127.0.0.1:0\"\naddr_file = \"{d}/agent.addr\"\nstate_dir = \"{d}/state\"\n[limits]\n{}\n[dataplane]\n{}\n[s3]\n{}\n[qos]\n{}\n[failover]\n{}\n[credentials.main]\naccess_key = \"{ak}\"\nsecret_key = \"{sk}\"\n[credentials.good]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"\n\n[[tenants]]\nname = \"alpha\"\nshim_secret_file = \"alpha.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"data\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n{}\n[[tenants.namespaces]]\nname = \"plain\"\nendpoints = [{}]\nbucket = \"data\"\ncredentials = \"main\"\n[[tenants.namespaces]]\nname = \"scoped\"\nendpoints = [\"{scheme}://{gw}\"]\n{store_ca}bucket = \"data\"\nprefix = \"{scoped}\"\ncredentials = \"main\"\n\n[[tenants]]\nname = \"beta\"\nshim_secret_file = \"beta.shim-secret\"\n{}[[tenants.namespaces]]\nname = \"other\"\nendpoints = [\"{scheme}://{gw}\"]\n{store_ca}bucket = \"other\"\ncredentials = \"good\"\n",
+            opts.agent_limits, opts.agent_dataplane, opts.s3, opts.agent_qos, opts.agent_failover, opts.alpha, endpoints.join(", "), opts.data_ns, endpoints.join(", "), opts.beta, d = d.display(), scoped = opts.scoped_prefix);
+        if opts.only_data {
+            if let Some(at) = text.find("[[tenants.namespaces]]\nname = \"plain\"") {
+                text.truncate(at);
+            }
+        }
+        std::fs::write(&cfg, text + agent_tls).expect("write config");
         let mut agent = spawn(&d, "sluice-agent", &["--config", cfg.to_str().expect("utf8")]);
         let addrs = wait_file(&d.join("agent.addr"), &mut agent, "sluice-agent", &d.join("sluice-agent.log"));
         let grpc_addr: SocketAddr = addrs
@@ -557,6 +573,11 @@ impl Stack {
         out
     }
 
+    /// The agent's `/ready`: (HTTP status, body).
+    pub fn ready(&self) -> (u16, String) {
+        ready_at(self.metrics_addr)
+    }
+
     /// Sum of a metric's samples whose line contains all `filters`.
     pub fn metric(&self, name: &str, filters: &[&str]) -> f64 {
         self.metrics()
@@ -598,6 +619,17 @@ pub fn unsafe_free_uid() -> u32 {
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
         .expect("Uid line")
+}
+
+/// `GET /ready` of the operations endpoint at `addr`: (HTTP status, body).
+pub fn ready_at(addr: SocketAddr) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("ready connect");
+    write!(s, "GET /ready HTTP/1.0\r\nHost: x\r\n\r\n").expect("ready write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("ready read");
+    let status = out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
 }
 
 /// Deterministic pseudo-random bytes.

@@ -17,6 +17,10 @@ pub struct Proxy {
     conns: Arc<Mutex<Vec<TcpStream>>>,
     /// Offset (in bytes carried back to clients) of a byte to corrupt.
     flip: Arc<AtomicU64>,
+    /// Bytes carried from clients to the target, and the offset of a byte
+    /// among them to corrupt.
+    up: Arc<AtomicU64>,
+    flip_up: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -31,7 +35,9 @@ impl Proxy {
         let stalled = Arc::new(AtomicBool::new(false));
         let conns: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
         let flip = Arc::new(AtomicU64::new(u64::MAX));
+        let (up, flip_up) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(u64::MAX)));
         let (d, s, cs, st, fl) = (down.clone(), stopped.clone(), conns.clone(), stalled.clone(), flip.clone());
+        let (u, fu) = (up.clone(), flip_up.clone());
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 let client = match listener.accept() {
@@ -50,13 +56,21 @@ impl Proxy {
                 }
                 let (c2, u2) = (client.try_clone().expect("clone"), upstream.try_clone().expect("clone"));
                 let st2 = st.clone();
-                std::thread::spawn(move || pump(c2, u2, None, &st2));
+                // Upward, bytes are counted (and one may be flipped) but never cut.
+                let up_count = (u.clone(), None, Arc::new(AtomicBool::new(false)), Arc::default(), fu.clone());
+                std::thread::spawn(move || pump(c2, u2, Some(up_count), &st2));
                 let (d, s, cs, st, fl) = (d.clone(), s.clone(), cs.clone(), st.clone(), fl.clone());
                 std::thread::spawn(move || pump(upstream, client, Some((d, cut_after, s, cs, fl)), &st));
             }
             // Dropping the listener here refuses new connections.
         });
-        Self { addr, down, stopped, stalled, conns, flip }
+        Self { addr, down, stopped, stalled, conns, flip, up, flip_up }
+    }
+
+    /// Corrupts (inverts) one byte, `after` bytes from now, on its way from
+    /// a client to the target: a request body damaged on the network.
+    pub fn flip_byte_up(&self, after: u64) {
+        self.flip_up.store(self.up.load(Ordering::SeqCst) + after, Ordering::SeqCst);
     }
 
     /// Corrupts (inverts) one byte, `after` bytes from now, on its way back

@@ -51,8 +51,8 @@ async fn racing_a_writer_over_http() {
 
 /// `torn_reads.rs::a_byte_flipped_on_the_wire_is_an_integrity_error`,
 /// through a proxy in front of gateway 1. RGW 16.2 neither keeps nor
-/// returns the CRC64NVME the agent sends, so the agent has to notice the
-/// damage without a store checksum.
+/// returns the CRC64NVME the agent sends, so the agent notices the damage
+/// with the CRC it keeps in the object's metadata.
 #[tokio::test]
 async fn a_byte_flipped_on_the_wire_is_an_integrity_error() {
     let proxy = Proxy::start(CephCluster::shared().endpoints[0], None);
@@ -66,8 +66,9 @@ async fn a_byte_flipped_on_the_wire_is_an_integrity_error() {
         let path = format!("data/crc/{size}");
         c.put(&path, &r, 0, size as u64).await.unwrap();
         r.write_at(0, &vec![0u8; size]).unwrap();
-        c.get(&path, &r, 0, None).await.unwrap();
+        let t = c.get(&path, &r, 0, None).await.unwrap();
         assert_eq!(sha256(&r.as_slice()[..size]), sha256(&data), "clean read");
+        assert!(t.verified, "{size} bytes: {}", t.unverified_reason);
         proxy.flip_byte(size as u64 / 2);
         let e = c.get(&path, &r, 0, None).await.expect_err("a damaged read must not succeed");
         assert_eq!(e.code(), Some(Code::Integrity), "{size} bytes: {e}");
@@ -76,6 +77,35 @@ async fn a_byte_flipped_on_the_wire_is_an_integrity_error() {
         assert_eq!(sha256(&r.as_slice()[..size]), sha256(&data));
         c.release(r).await.unwrap();
     }
+}
+
+/// A byte flipped in a PUT's body on its way to gateway 1 (a proxy): RGW
+/// refuses the body by its Content-MD5 (it ignores x-amz-checksum-*), the
+/// agent sends it again, and what RGW stores is the bytes sent — single and
+/// multipart alike.
+#[tokio::test]
+async fn a_byte_flipped_on_the_way_to_rgw_is_refused_and_sent_again() {
+    let proxy = Proxy::start(CephCluster::shared().endpoints[0], None);
+    let s =
+        StoreUnderTest::with(StoreKind::Rgw, |o| Options { endpoints: vec![format!("http://{}", proxy.addr)], ..o });
+    let c = s.stack.client().await;
+    let keys = s.keys();
+    for size in [200_000usize, (7 << 20) + 3] {
+        let data = pattern(size, 60 + size as u64);
+        let r = c.register(size as u64).await.unwrap();
+        r.write_at(0, &data).unwrap();
+        let path = format!("data/up-flip/{size}");
+        // Past the request's head, into a body.
+        proxy.flip_byte_up(4096 + size as u64 / 3);
+        let t = c.put(&path, &r, 0, size as u64).await.unwrap();
+        assert!(t.verified, "{size} bytes: {}", t.unverified_reason);
+        let (stored, _) = raw_get(CephCluster::shared().endpoints[1], (&keys.0, &keys.1), "data", &path[5..]);
+        assert_eq!(sha256(&stored), sha256(&data), "{size} bytes: RGW holds the bytes sent");
+        assert_eq!(get_bytes(&c, &path, size).await.unwrap(), data, "{size} bytes");
+        c.release(r).await.unwrap();
+    }
+    let log = s.stack.log("sluice-agent");
+    assert!(log.matches("BadDigest").count() >= 2, "each damaged body was refused and sent again:\n{log}");
 }
 
 /// `torn_reads.rs::the_cli_never_leaves_a_file_of_two_versions`.

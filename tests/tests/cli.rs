@@ -50,6 +50,20 @@ fn up_put_get_ls_stat_rm_demo_down() {
     let _down = Down(&dir);
     let info = up(&dir);
     assert_eq!(info["tenant"], "default");
+    // Every daemon's operations endpoint is on, and `up` says where.
+    for daemon in ["gateway", "agent", "shim"] {
+        let url = info["ops"][daemon].as_str().unwrap_or_else(|| panic!("no ops.{daemon} in {info}"));
+        let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+        let t0 = std::time::Instant::now();
+        loop {
+            let (status, body) = sluice_tests::ready_at(addr);
+            if status == 200 {
+                break;
+            }
+            assert!(t0.elapsed() < std::time::Duration::from_secs(20), "{daemon} /ready: {status} {body}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
 
     // A second `up` in the same directory refuses.
     let again = Command::new(bin("sluice"))

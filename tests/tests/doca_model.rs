@@ -282,7 +282,7 @@ fn start_fails(bin: &str, config: &str, doca_lib_dir: &std::path::Path) -> Strin
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-const AGENT: &str = "grpc_socket = \"{d}/a.sock\"\nmemory_socket = \"{d}/m.sock\"\n[host_memory]\nbackend = \"doca\"\n\
+const AGENT: &str = "grpc_socket = \"{d}/a.sock\"\nmemory_socket = \"{d}/m.sock\"\nstate_dir = \"{d}/state\"\n[host_memory]\nbackend = \"doca\"\n\
     [host_memory.doca]\ndevice = \"DEVICE\"\n[credentials.c]\naccess_key = \"a\"\nsecret_key = \"b\"\n[[tenants]]\n\
     name = \"t\"\nshim_secret_file = \"{d}/t.shim-secret\"\n[[tenants.namespaces]]\nname = \"n\"\n\
     endpoints = [\"http://127.0.0.1:1\"]\nbucket = \"b\"\ncredentials = \"c\"\n";

@@ -31,7 +31,8 @@ print(json.dumps({
         name: {str(k): v for k, v in table.items()}
         for name, table in [("MemoryKind", types.MEMORY_KINDS), ("DataPathMode", types.DATA_PATH_MODES),
             ("Transport", types.TRANSPORTS), ("Placement", types.PLACEMENTS),
-            ("Encryption", types.ENCRYPTIONS), ("Access", types.ACCESS)]
+            ("Encryption", types.ENCRYPTIONS), ("Access", types.ACCESS),
+            ("StoreChecksums", types.STORE_CHECKSUMS)]
     },
     "protocol_version": _wire.PROTOCOL_VERSION,
     "max_frame_len": _wire.MAX_FRAME_LEN,
@@ -157,6 +158,7 @@ fn the_python_wire_schema_matches_the_protos() {
         ("Placement", "PLACEMENT_"),
         ("Encryption", "ENCRYPTION_"),
         ("Access", "ACCESS_"),
+        ("StoreChecksums", "STORE_CHECKSUMS_"),
     ] {
         let table = &py["capability_names"][name];
         for (value, number) in &protos.enums[name] {

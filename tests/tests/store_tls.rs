@@ -122,7 +122,7 @@ fn agent_with_ca_file(dir: &Path, ca: &str) -> (bool, String) {
     std::fs::write(
         &cfg,
         format!(
-            "grpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\n[credentials.main]\n\
+            "grpc_socket = \"{d}/agent.sock\"\nmemory_socket = \"{d}/mem.sock\"\nstate_dir = \"{d}/state\"\n[credentials.main]\n\
              access_key = \"a\"\nsecret_key = \"b\"\n[[tenants]]\nname = \"alpha\"\n\
              shim_secret_file = \"alpha.shim-secret\"\n[[tenants.namespaces]]\nname = \"data\"\n\
              endpoints = [\"https://127.0.0.1:9\"]\nbucket = \"data\"\ncredentials = \"main\"\nca_file = \"{ca}\"\n"

@@ -153,4 +153,32 @@ pub trait S3Client: Send + Sync {
     /// The future owns all it needs: aborts run on tasks of their own,
     /// started while the transfer that needed them is being dropped.
     fn abort_upload(&self, at: Target<'_>, upload_id: &str) -> S3Future<'static, ()>;
+
+    /// GetBucketLifecycleConfiguration (`at.key` is unused): the XML, `None`
+    /// when the bucket has no lifecycle. Stores in memory have none.
+    fn get_lifecycle<'a>(&'a self, at: Target<'a>) -> S3Future<'a, Option<String>> {
+        let _ = at;
+        Box::pin(async { Ok(None) })
+    }
+
+    /// ListMultipartUploads of the keys starting with `prefix` (`at.key` is
+    /// unused; one page, up to 1000). Stores in memory list none.
+    fn list_uploads<'a>(&'a self, at: Target<'a>, prefix: &'a str) -> S3Future<'a, Vec<super::uploads::Listed>> {
+        let _ = (at, prefix);
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// ListParts of upload `upload_id` of `at.key` (its first page): how
+    /// many parts it has. An upload that is gone is `NoSuchKey`.
+    fn count_parts<'a>(&'a self, at: Target<'a>, upload_id: &'a str) -> S3Future<'a, usize> {
+        let _ = (at, upload_id);
+        Box::pin(async { Ok(0) })
+    }
+
+    /// PutBucketLifecycleConfiguration with `xml` (replaces the bucket's
+    /// whole lifecycle; see `uploads`).
+    fn put_lifecycle<'a>(&'a self, at: Target<'a>, xml: String) -> S3Future<'a, ()> {
+        let _ = (at, xml);
+        Box::pin(async { Err(S3Error::Unsupported("this store has no bucket lifecycle".into())) })
+    }
 }

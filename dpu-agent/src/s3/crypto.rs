@@ -18,6 +18,7 @@ use sluice_crypt::{CryptError, KeyProvider, Metadata, ObjectOpener, ObjectSealer
 
 use super::client::{header, Body, PartOf, PutBody, RangedGet};
 use super::get::GetOutcome;
+use super::integrity::{self, Digests, Upload};
 use super::put::PutOutcome;
 use super::token_path::Via;
 use super::{enter, xml, Gate, ObjectStore, S3Error};
@@ -324,20 +325,22 @@ impl ObjectStore {
         let rest: Vec<Via> =
             futures::stream::iter(groups).buffer_unordered(self.tuning.max_concurrency).try_collect().await?;
         vias.extend(rest);
-        Ok(GetOutcome::from_parts(needed, size, etag.clone(), vias))
+        // Every chunk written was authenticated: verified, ranged or not.
+        Ok(GetOutcome::from_parts(needed, size, etag.clone(), vias, None))
     }
 
     /// Seals chunks `[first, last)` of `[offset, offset+len)` of `region`,
-    /// prefixed with the header when `first == 0`.
+    /// prefixed with the header when `first == 0`; with the body's digests
+    /// (its MD5 too when `md5`).
     async fn sealed_part(
         sealer: Arc<ObjectSealer>,
         header: Option<Bytes>,
         region: Arc<dyn HostRegion>,
         offset: u64,
-        first: u32,
-        last: u32,
-    ) -> Result<Bytes, S3Error> {
-        tokio::task::spawn_blocking(move || -> Result<Bytes, S3Error> {
+        (first, last): (u32, u32),
+        md5: bool,
+    ) -> Result<(Bytes, Digests), S3Error> {
+        tokio::task::spawn_blocking(move || -> Result<(Bytes, Digests), S3Error> {
             let layout = *sealer.layout();
             let mut out = header.map(|h| h.to_vec()).unwrap_or_default();
             let plain: u64 = (first..last).map(|i| layout.chunk_plaintext_len(i).map_or(0, |n| n as u64)).sum();
@@ -353,7 +356,8 @@ impl ObjectStore {
                 let tag = sealer.seal_in_place_detached(i, &mut out[at..]).map_err(crypt_err)?;
                 out.extend_from_slice(&tag);
             }
-            Ok(Bytes::from(out))
+            let digests = Digests::of(&out, md5);
+            Ok((Bytes::from(out), digests))
         })
         .await
         .map_err(blocking_err)?
@@ -394,64 +398,79 @@ impl ObjectStore {
         if !content_type.is_empty() {
             headers.push(("content-type", content_type.to_owned()));
         }
-        let headers = &headers;
+        // Ciphertext bodies are signed with their SHA-256, which the store
+        // checks; the digests add the CRC (and Content-MD5 where the store
+        // does not check the CRC), whose echo or MD5 ETag proves the bytes
+        // stored. Reads need no metadata CRC: every chunk authenticates.
         if layout.ciphertext_len() <= self.tuning.multipart_threshold {
             let _slot = enter(gate, layout.ciphertext_len()).await?;
-            let body = Self::sealed_part(sealer, Some(header), region.clone(), offset, 0, chunks).await?;
+            let md5 = !self.learned.crc_checked(Upload::Put);
+            let (body, digests) =
+                Self::sealed_part(sealer, Some(header), region.clone(), offset, (0, chunks), md5).await?;
+            headers.extend(digests.headers());
+            let (headers, digests) = (&headers, &digests);
             let base = self.next_base();
-            let etag = self
+            let (etag, confirmed) = self
                 .retrying(|attempt| {
                     let (full, body) = (&full, PutBody::Bytes(body.clone()));
                     async move {
-                        let reply =
-                            self.client.put(self.at(base, attempt, full, request_id), None, headers, body).await?;
-                        Ok(super::put::etag_of(&reply))
+                        let at = self.at(base, attempt, full, request_id);
+                        let reply = self.client.put(at, None, headers, body).await?;
+                        let proof = self.upload_proof(at.endpoint, Upload::Put, digests, &reply)?;
+                        Ok((super::put::etag_of(&reply), proof.confirmed))
                     }
                 })
                 .await?;
-            return Ok(PutOutcome::from_parts(etag, &[Via::Http]));
+            let unverified = (!confirmed).then_some(integrity::UNCONFIRMED_UPLOAD);
+            return Ok(PutOutcome::from_parts(etag, &[Via::Http], unverified));
         }
+        let headers = &headers;
         // Multipart: each part holds whole chunks; the first also the header.
         let base = self.next_base();
         let full = &full;
         let upload = self.create_upload(full, base, request_id, headers).await?;
         let upload_id = upload.id();
+        let md5 = !self.learned.crc_checked(Upload::Part);
         let parts = (0..chunks).step_by(per_part as usize).enumerate().map(|(i, first)| {
             let (sealer, header, upload) = (sealer.clone(), header.clone(), upload_id);
             async move {
                 let last = (first + per_part).min(chunks);
                 let _slot = enter(gate, u64::from(last - first) * u64::from(enc.chunk_size)).await?;
-                let body =
-                    Self::sealed_part(sealer, (first == 0).then_some(header), region.clone(), offset, first, last)
-                        .await?;
+                let header = (first == 0).then_some(header);
+                let (body, digests) =
+                    Self::sealed_part(sealer, header, region.clone(), offset, (first, last), md5).await?;
                 let part = Some(PartOf { upload_id: upload, number: i as u64 + 1 });
-                let etag = self
+                let sums = digests.headers();
+                let (sums, digests) = (&sums, &digests);
+                let (etag, confirmed) = self
                     .retrying(|attempt| {
                         let body = PutBody::Bytes(body.clone());
                         async move {
                             let at = self.at(base + i, attempt, full, request_id);
-                            Ok(super::put::etag_of(&self.client.put(at, part, &[], body).await?))
+                            let reply = self.client.put(at, part, sums, body).await?;
+                            let proof = self.upload_proof(at.endpoint, Upload::Part, digests, &reply)?;
+                            Ok((super::put::etag_of(&reply), proof.confirmed))
                         }
                     })
                     .await?;
-                Ok::<_, S3Error>((i, etag))
+                Ok::<_, S3Error>((i, etag, digests.md5, confirmed))
             }
         });
-        let etags: Result<Vec<(usize, String)>, S3Error> =
+        let done: Result<Vec<_>, S3Error> =
             futures::stream::iter(parts).buffer_unordered(self.tuning.max_concurrency).try_collect().await;
-        let etags = match etags {
-            Ok(mut v) => {
-                v.sort_by_key(|(i, _)| *i);
-                v.into_iter().map(|(_, e)| e).collect::<Vec<_>>()
-            }
+        let mut done = match done {
+            Ok(v) => v,
             Err(e) => {
                 upload.failed();
                 return Err(e);
             }
         };
-        let n = etags.len();
-        let etag = self.complete_upload(upload, &etags).await?;
-        Ok(PutOutcome::from_parts(etag, &vec![Via::Http; n]))
+        done.sort_by_key(|(i, ..)| *i);
+        let etags: Vec<String> = done.iter().map(|(_, e, ..)| e.clone()).collect();
+        let md5s: Vec<Option<[u8; 16]>> = done.iter().map(|(_, _, m, _)| *m).collect();
+        let etag = self.complete_upload(upload, &etags, &md5s).await?;
+        let unverified = (!done.iter().all(|(.., c)| *c)).then_some(integrity::UNCONFIRMED_UPLOAD);
+        Ok(PutOutcome::from_parts(etag, &vec![Via::Http; etags.len()], unverified))
     }
 }
 

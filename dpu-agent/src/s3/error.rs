@@ -9,7 +9,8 @@ use sluice_proto::common::ErrorCode;
 pub enum S3Error {
     #[error("no such key {0:?}")]
     NoSuchKey(String),
-    #[error("no such bucket: {0}")]
+    /// The bucket, as the store named it (or as the request did).
+    #[error("no such bucket {0:?} on the store")]
     NoSuchBucket(String),
     #[error("the store denied access ({code}): {message}")]
     AccessDenied { code: String, message: String },
@@ -19,6 +20,12 @@ pub enum S3Error {
     PreconditionFailed(String),
     #[error("the store rejected the request: HTTP {status} {code}: {message}")]
     Rejected { status: u16, code: String, message: String },
+    /// The store found the bytes it received damaged: they did not match
+    /// the digest sent with them (Content-MD5, x-amz-checksum-*, the signed
+    /// SHA-256). A bit flipped on the way; retried, since the next try
+    /// sends the bytes again.
+    #[error("the store refused the bytes as damaged on the way ({code}: {message}){}", attempts_note(*.attempts))]
+    Damaged { code: String, message: String, attempts: u32 },
     #[error("the store failed: HTTP {status} {code}: {message}{}", attempts_note(*.attempts))]
     Server { status: u16, code: String, message: String, attempts: u32 },
     #[error("cannot reach the store: {message}{}", attempts_note(*.attempts))]
@@ -70,7 +77,7 @@ impl S3Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Server { status, .. } => *status != 507,
-            Self::Connection { .. } | Self::TransferFailed { .. } => true,
+            Self::Connection { .. } | Self::TransferFailed { .. } | Self::Damaged { .. } => true,
             _ => false,
         }
     }
@@ -81,6 +88,7 @@ impl S3Error {
             Self::Server { status, code, message, .. } => Self::Server { status, code, message, attempts: n },
             Self::Connection { message, .. } => Self::Connection { message, attempts: n },
             Self::TransferFailed { message, .. } => Self::TransferFailed { message, attempts: n },
+            Self::Damaged { code, message, .. } => Self::Damaged { code, message, attempts: n },
             other => other,
         }
     }
@@ -98,7 +106,7 @@ impl S3Error {
             Self::DoesNotFit { .. } => ErrorCode::RegionTooSmall,
             Self::Destination(_) | Self::Protocol(_) | Self::Encryption(_) => ErrorCode::Internal,
             Self::RdmaDeclined(_) => ErrorCode::TransferFailed,
-            Self::Integrity(_) => ErrorCode::Integrity,
+            Self::Integrity(_) | Self::Damaged { .. } => ErrorCode::Integrity,
             Self::Quota(_) => ErrorCode::QuotaExceeded,
             Self::Unsupported(_) => ErrorCode::Unsupported,
         }
@@ -143,12 +151,18 @@ impl S3Error {
         struct XmlError {
             code: String,
             message: String,
+            bucket_name: String,
         }
         let parsed: XmlError = quick_xml::de::from_str(body).unwrap_or_default();
         let (code, message) = (parsed.code, parsed.message);
         let key = key.unwrap_or_default().to_owned();
         match (status, code.as_str()) {
-            (404, "NoSuchBucket") => Self::NoSuchBucket(message),
+            // RGW names the bucket only in <BucketName>, with no <Message>.
+            (404, "NoSuchBucket") => Self::NoSuchBucket(parsed.bucket_name),
+            // The digest sent with the bytes did not match them on arrival.
+            (400, "BadDigest" | "XAmzContentChecksumMismatch" | "XAmzContentSHA256Mismatch") => {
+                Self::Damaged { code, message, attempts: 1 }
+            }
             (404, _) => Self::NoSuchKey(key),
             (403, _) => Self::AccessDenied {
                 code: if code.is_empty() { "AccessDenied".into() } else { code },
@@ -160,6 +174,16 @@ impl S3Error {
             // S3 throttles with 503 SlowDown, but some stores use 400 + SlowDown.
             (_, "SlowDown" | "RequestTimeout" | "InternalError") => Self::Server { status, code, message, attempts: 1 },
             _ => Self::Rejected { status, code, message },
+        }
+    }
+}
+
+impl S3Error {
+    /// Names `bucket` in a [`Self::NoSuchBucket`] whose reply did not.
+    pub fn naming_bucket(self, bucket: &str) -> Self {
+        match self {
+            Self::NoSuchBucket(b) if b.is_empty() => Self::NoSuchBucket(bucket.to_owned()),
+            other => other,
         }
     }
 }
@@ -208,6 +232,34 @@ mod tests {
             S3Error::from_response(404, "<Error><Code>NoSuchBucket</Code></Error>", None).code(),
             ErrorCode::NoSuchBucket
         );
+    }
+
+    /// RGW's NoSuchBucket has no <Message>: the bucket's name comes from
+    /// <BucketName>, or from the request when the reply has none.
+    #[test]
+    fn a_missing_bucket_is_named() {
+        let rgw = "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>NoSuchBucket</Code>\
+                   <BucketName>data</BucketName><RequestId>tx1</RequestId><HostId>h</HostId></Error>";
+        let e = S3Error::from_response(404, rgw, Some("k"));
+        assert_eq!(e.to_string(), "no such bucket \"data\" on the store");
+        let bare = S3Error::from_response(404, "<Error><Code>NoSuchBucket</Code></Error>", None);
+        assert_eq!(bare.naming_bucket("b2").to_string(), "no such bucket \"b2\" on the store");
+        let named = S3Error::from_response(404, rgw, None).naming_bucket("other");
+        assert!(named.to_string().contains("\"data\""), "the store's name is kept: {named}");
+    }
+
+    /// A body the store found damaged is retried, and if it stays damaged
+    /// the caller gets INTEGRITY, not a generic bad request.
+    #[test]
+    fn damaged_bodies_are_retried_then_integrity() {
+        for code in ["BadDigest", "XAmzContentChecksumMismatch", "XAmzContentSHA256Mismatch"] {
+            let e = S3Error::from_response(400, &format!("<Error><Code>{code}</Code></Error>"), None);
+            assert!(e.is_retryable(), "{code}");
+            let e = e.after_attempts(3);
+            assert_eq!(e.code(), ErrorCode::Integrity, "{code}");
+            assert!(e.to_string().contains("after 3 attempts") && e.to_string().contains(code), "{e}");
+        }
+        assert!(!S3Error::from_response(400, "<Error><Code>InvalidDigest</Code></Error>", None).is_retryable());
     }
 
     #[test]

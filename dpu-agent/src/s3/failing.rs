@@ -22,6 +22,9 @@ pub enum Failure {
     Before(Arc<dyn Fn() + Send + Sync>),
     /// Never answers (the caller's deadline or cancellation must end it).
     Hang,
+    /// Lets it through with byte `n` of its body inverted (a GET's reply
+    /// body, or a PUT's body on its way): damage nobody reports.
+    Flip(u64),
 }
 
 struct Rule {
@@ -103,7 +106,7 @@ impl Failing {
                 Ok(())
             }
             Some(Failure::Hang) => futures::future::pending().await,
-            Some(Failure::BreakBody(_)) | None => Ok(()),
+            Some(Failure::BreakBody(_) | Failure::Flip(_)) | None => Ok(()),
         }
     }
 }
@@ -136,6 +139,42 @@ fn broken(body: Body, after: u64) -> Body {
     .boxed()
 }
 
+/// `body` with byte `at` inverted.
+fn flipped(body: Body, at: u64) -> Body {
+    body.scan(0u64, move |pos, chunk| {
+        let item = chunk.map(|c| {
+            let start = *pos;
+            *pos += c.len() as u64;
+            if (start..*pos).contains(&at) {
+                let mut m = bytes::BytesMut::from(&c[..]);
+                m[(at - start) as usize] ^= 0xff;
+                m.freeze()
+            } else {
+                c
+            }
+        });
+        futures::future::ready(Some(item))
+    })
+    .boxed()
+}
+
+/// A PUT body with byte `at` inverted (sent from memory).
+fn flipped_put(body: PutBody, at: u64) -> Result<PutBody, S3Error> {
+    let mut data = match body {
+        PutBody::Bytes(b) => b.to_vec(),
+        PutBody::Region { region, offset, len } => {
+            let mut out = vec![0u8; len as usize];
+            region.read_at(offset, &mut out).map_err(|e| S3Error::Destination(e.to_string()))?;
+            out
+        }
+        rdma @ PutBody::Rdma { .. } => return Ok(rdma),
+    };
+    if let Some(b) = data.get_mut(at as usize) {
+        *b ^= 0xff;
+    }
+    Ok(PutBody::Bytes(data.into()))
+}
+
 impl S3Client for Failing {
     fn head<'a>(&'a self, at: Target<'a>) -> S3Future<'a, http::HeaderMap> {
         let f = self.arm(Op::Head, &at);
@@ -150,8 +189,10 @@ impl S3Client for Failing {
         Box::pin(async move {
             Self::before(&f).await?;
             let mut reply = self.inner.get(at, req).await?;
-            if let Some(Failure::BreakBody(after)) = f {
-                reply.body = broken(reply.body, after);
+            match f {
+                Some(Failure::BreakBody(after)) => reply.body = broken(reply.body, after),
+                Some(Failure::Flip(n)) => reply.body = flipped(reply.body, n),
+                _ => {}
             }
             Ok(reply)
         })
@@ -183,6 +224,10 @@ impl S3Client for Failing {
         let f = self.arm(if part.is_some() { Op::UploadPart } else { Op::Put }, &at);
         Box::pin(async move {
             Self::before(&f).await?;
+            let body = match f {
+                Some(Failure::Flip(n)) => flipped_put(body, n)?,
+                _ => body,
+            };
             self.inner.put(at, part, headers, body).await
         })
     }

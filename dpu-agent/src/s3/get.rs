@@ -10,8 +10,9 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use super::client::{Body, RangedGet, Reply};
+use super::integrity::{self, unverified, Expected};
 use super::token_path::{Fallback, Via};
-use super::{enter, xml, Gate, ObjectStore, S3Error};
+use super::{enter, Gate, ObjectStore, S3Error};
 use crate::config::DataPathMode;
 use crate::hostmem::HostRegion;
 
@@ -29,14 +30,23 @@ pub struct GetOutcome {
     pub rdma_parts: u32,
     /// Parts that were meant for RDMA but went over HTTP, and why.
     pub fallbacks: Vec<Fallback>,
+    /// Why the bytes could not be checked end to end; `None`: they were.
+    pub unverified: Option<String>,
 }
 
 impl GetOutcome {
-    pub(super) fn from_parts(bytes: u64, object_size: u64, etag: String, vias: Vec<Via>) -> Self {
+    pub(super) fn from_parts(
+        bytes: u64,
+        object_size: u64,
+        etag: String,
+        vias: Vec<Via>,
+        unverified: Option<&str>,
+    ) -> Self {
         let rdma_parts = vias.iter().filter(|v| matches!(v, Via::Rdma)).count() as u32;
         let fallbacks =
             vias.iter().filter_map(|v| if let Via::Fallback(f) = v { Some(f.clone()) } else { None }).collect();
-        Self { bytes, object_size, etag, parts: vias.len() as u32, rdma_parts, fallbacks }
+        let unverified = unverified.map(str::to_owned);
+        Self { bytes, object_size, etag, parts: vias.len() as u32, rdma_parts, fallbacks, unverified }
     }
 }
 
@@ -66,9 +76,10 @@ struct FirstPart {
     body_start: u64,
     /// End (exclusive) of what was asked for.
     asked_end: u64,
-    /// The store's full-object CRC64NVME, when this reply holds the whole
-    /// object and the store sent one.
-    crc: Option<u64>,
+    /// The object's checksums this reply carried: the agent's (metadata
+    /// comes with every GET reply) and the store's (only with the whole
+    /// object), so a whole-object read needs no HEAD to find one.
+    expected: Expected,
 }
 
 /// What the first ranged GET learned.
@@ -116,27 +127,25 @@ impl ObjectStore {
 
         // Learn the size and ETag: with data_path = "rdma" from a HEAD (every
         // byte then moves over RDMA), otherwise from a first ranged GET that
-        // also carries the first part.
-        // `known_crc`: the store's full-object checksum, if a reply so far
-        // carried it (a whole object is checked against it at the end).
-        let mut known_crc = None;
+        // also carries the first part. Either reply also carries the
+        // checksums a whole object is checked against at the end.
         let rdma_mode = rdma.is_some_and(|r| r.mode == DataPathMode::Rdma);
-        let (object_size, etag, first) = if rdma_mode {
+        let (object_size, etag, first, expected) = if rdma_mode {
             let meta = self.head(key, request_id).await?;
             if start >= meta.size && !(start == 0 && meta.size == 0) {
                 return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
             }
-            known_crc = meta.crc64nvme;
-            (meta.size, meta.etag, None)
+            let expected = Expected { store: meta.crc64nvme, agent: meta.agent_crc64nvme };
+            (meta.size, meta.etag, None, expected)
         } else {
             // The first part's slot is held until its body has streamed.
             let slot = enter(gate, length.unwrap_or(part).min(part)).await?;
             match self.first_part(key, &full, start, length, base, request_id).await? {
                 First::Part { object_size, etag, part } => {
-                    known_crc = part.crc;
-                    (object_size, etag, Some((part, slot)))
+                    let expected = part.expected;
+                    (object_size, etag, Some((part, slot)), expected)
                 }
-                First::Empty { etag } => (0, etag, None),
+                First::Empty { etag } => (0, etag, None, Expected::default()),
             }
         };
         // Before any byte of the first part is written (its body is still
@@ -155,15 +164,24 @@ impl ObjectStore {
             });
         }
         if needed == 0 {
-            return Ok(GetOutcome::from_parts(0, object_size, etag, vec![Via::Http]));
+            // Nothing was read that could be damaged (the size came from the store).
+            return Ok(GetOutcome::from_parts(0, object_size, etag, vec![Via::Http], None));
         }
 
         let (full, etag) = (&full, &etag);
         let version = Version { etag, size: object_size };
-        // A whole-object read is checked end to end against the store's
-        // CRC64NVME: from the reply that had it, or a HEAD run alongside.
-        let whole = start == 0 && needed == object_size && self.verify_checksums;
-        let first_covers_all = first.as_ref().is_some_and(|(f, _)| f.asked_end >= object_size);
+        // A whole-object read is checked end to end against the object's
+        // CRC64NVME, as the first reply carried it; otherwise the outcome
+        // says why it was not.
+        let unverified = if !self.verify_checksums {
+            Some(unverified::DISABLED)
+        } else if start != 0 || needed != object_size {
+            Some(unverified::RANGED)
+        } else if !expected.any() {
+            Some(unverified::NO_CHECKSUM)
+        } else {
+            None
+        };
         let mut futs: Vec<PartFuture<'_>> = Vec::new();
         let mut pos = start;
         if let Some((FirstPart { resp, body_start, asked_end, .. }, slot)) = first {
@@ -221,20 +239,8 @@ impl ObjectStore {
                     e => e,
                 })
         };
-        let expected = async {
-            if !whole || known_crc.is_some() || first_covers_all || rdma_mode {
-                return Ok(known_crc);
-            }
-            let meta = self.head(key, request_id).await?;
-            if meta.etag != *etag || meta.size != object_size {
-                return Err(S3Error::PreconditionFailed(
-                    "the object changed while it was read (its HEAD names another version)".into(),
-                ));
-            }
-            Ok(meta.crc64nvme)
-        };
-        let (mut done, expected) = futures::try_join!(parts, expected)?;
-        if let (true, Some(want)) = (whole, expected) {
+        let mut done = parts.await?;
+        if unverified.is_none() {
             // The parts' CRCs, in order, combined into the object's; parts
             // that landed by RDMA are read back for theirs.
             done.sort_by_key(|p| p.dst);
@@ -244,20 +250,12 @@ impl ObjectStore {
                     Some(c) => c,
                     None => super::token_path::crc64nvme_of(region, p.dst, p.len).await?,
                 };
-                got = Some(match got {
-                    None => c,
-                    Some(acc) => crc_fast::checksum_combine(crc_fast::CrcAlgorithm::Crc64Nvme, acc, c, p.len),
-                });
+                got = Some(integrity::combine(got, c, p.len));
             }
-            let got = got.unwrap_or(0);
-            if got != want {
-                return Err(S3Error::Integrity(format!(
-                    "the bytes read have CRC64NVME {got:016x}, the store's checksum of the object is {want:016x}"
-                )));
-            }
+            expected.check(got.unwrap_or(0))?;
         }
         let vias = done.into_iter().map(|p| p.via).collect();
-        Ok(GetOutcome::from_parts(needed, object_size, etag.clone(), vias))
+        Ok(GetOutcome::from_parts(needed, object_size, etag.clone(), vias, unverified))
     }
 
     /// The first ranged GET. `Ok(Err(etag))` for an empty object (whose
@@ -274,14 +272,15 @@ impl ObjectStore {
         let first_len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size);
         let first_end = start.saturating_add(first_len - 1);
         let first = self
-            .retrying(|attempt| {
+            .retrying(|attempt| async move {
                 // Stores send the full-object checksum when the reply holds
                 // the whole object.
                 let req = RangedGet { first: start, last: first_end, checksum_mode: start == 0, ..Default::default() };
-                self.client.get(self.at(base, attempt, full, request_id), req)
+                let at = self.at(base, attempt, full, request_id);
+                Ok((self.client.get(at, req).await?, at.endpoint))
             })
             .await;
-        let resp = match first {
+        let (resp, endpoint) = match first {
             Ok(r) => r,
             // A 0-byte object has no satisfiable range: confirm with HEAD.
             Err(S3Error::InvalidRange(_)) if start == 0 => {
@@ -313,8 +312,16 @@ impl ObjectStore {
             let len = content_length.ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
             (0, len)
         };
-        let crc = if body_start == 0 && first_end + 1 >= object_size { xml::full_object_crc(headers) } else { None };
-        Ok(First::Part { object_size, etag, part: FirstPart { resp, body_start, asked_end: first_end + 1, crc } })
+        let whole = body_start == 0 && first_end + 1 >= object_size;
+        let expected = Expected::from_headers(headers, whole);
+        // A whole single-part object the agent stored with a checksum
+        // shows whether the store keeps checksums (a multipart one may
+        // have none even where single PUTs do).
+        if whole && (expected.store.is_some() || (expected.agent.is_some() && integrity::single_part(&etag))) {
+            self.learned.get_reply(endpoint, expected.store.is_some());
+        }
+        let part = FirstPart { resp, body_start, asked_end: first_end + 1, expected };
+        Ok(First::Part { object_size, etag, part })
     }
 
     /// A ranged GET of `[from, to)`; `If-Match` on the ETag guards against

@@ -127,12 +127,20 @@ pub struct HttpClient {
     /// the signer current when it is built (a retry after a rotation signs
     /// with the new keys).
     signer: std::sync::RwLock<Arc<sigv4::Signer>>,
+    /// See `first_byte`; `None`: only the pool's read timeout.
+    first_byte: Option<Duration>,
 }
 
 impl HttpClient {
     pub fn new(http: reqwest::Client, bucket: String, keys: Keys, region: String) -> Self {
         let signer = Arc::new(sigv4::Signer::new(keys, region));
-        Self { http, bucket, signer: std::sync::RwLock::new(signer) }
+        Self { http, bucket, signer: std::sync::RwLock::new(signer), first_byte: None }
+    }
+
+    /// Fails requests that go `limit` without progress (`first_byte`).
+    pub fn with_first_byte_timeout(mut self, limit: Option<Duration>) -> Self {
+        self.first_byte = limit;
+        self
     }
 
     fn signer(&self) -> Arc<sigv4::Signer> {
@@ -160,7 +168,11 @@ impl HttpClient {
     /// a non-2xx status an error (see the [`S3Client`] contract).
     async fn send(&self, spec: Spec<'_>, at: &Target<'_>) -> Result<reqwest::Response, S3Error> {
         let rdma = spec.headers.iter().any(|(n, _)| *n == TOKEN_HEADER);
-        let resp = self.build(spec, at.request_id)?.send().await.map_err(S3Error::from_reqwest)?;
+        let req = self.build(spec, at.request_id)?.build().map_err(S3Error::from_reqwest)?;
+        // An RDMA answer waits for the one-sided transfer: no first-byte
+        // deadline, only the read timeout.
+        let limit = self.first_byte.filter(|_| !rdma);
+        let resp = super::first_byte::execute(&self.http, req, limit, at.endpoint).await?;
         check(resp, Some(at.key), rdma).await
     }
 
@@ -324,6 +336,50 @@ impl S3Client for HttpClient {
         })
     }
 
+    fn list_uploads<'a>(&'a self, at: Target<'a>, prefix: &'a str) -> S3Future<'a, Vec<super::uploads::Listed>> {
+        Box::pin(async move {
+            let spec = Spec::new(http::Method::GET, at.endpoint).query("uploads", "").query("prefix", prefix);
+            let body = self.send(spec, &Target { key: "", ..at }).await?.text().await.map_err(S3Error::from_reqwest)?;
+            super::uploads::parse_listed(&body)
+        })
+    }
+
+    fn count_parts<'a>(&'a self, at: Target<'a>, upload_id: &'a str) -> S3Future<'a, usize> {
+        Box::pin(async move {
+            let spec = Spec::new(http::Method::GET, at.endpoint).key(at.key).query("uploadId", upload_id);
+            let body = self.send(spec, &at).await?.text().await.map_err(S3Error::from_reqwest)?;
+            Ok(super::uploads::count_listed_parts(&body))
+        })
+    }
+
+    fn get_lifecycle<'a>(&'a self, at: Target<'a>) -> S3Future<'a, Option<String>> {
+        Box::pin(async move {
+            let spec = Spec::new(http::Method::GET, at.endpoint).query("lifecycle", "");
+            match self.send(spec, &Target { key: "", ..at }).await {
+                Ok(resp) => Ok(Some(resp.text().await.map_err(S3Error::from_reqwest)?)),
+                // NoSuchLifecycleConfiguration (a 404 that is not NoSuchBucket).
+                Err(S3Error::NoSuchKey(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn put_lifecycle<'a>(&'a self, at: Target<'a>, xml: String) -> S3Future<'a, ()> {
+        Box::pin(async move {
+            use base64::Engine as _;
+            use md5::Digest as _;
+            // S3 refuses PutBucketLifecycleConfiguration without a digest.
+            let md5 = base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(xml.as_bytes()));
+            let spec = Spec::new(http::Method::PUT, at.endpoint)
+                .query("lifecycle", "")
+                .header("content-md5", md5)
+                .header("content-type", "application/xml".into())
+                .payload(Payload::Bytes(xml.into()));
+            self.send(spec, &Target { key: "", ..at }).await?;
+            Ok(())
+        })
+    }
+
     fn abort_upload(&self, at: Target<'_>, upload_id: &str) -> S3Future<'static, ()> {
         // Signed now (the caller's strings are borrowed), sent later.
         let spec = Spec::new(http::Method::DELETE, at.endpoint).key(at.key).query("uploadId", upload_id);
@@ -353,9 +409,12 @@ async fn check(resp: reqwest::Response, key: Option<&str>, rdma: bool) -> Result
     {
         return Err(S3Error::RdmaDeclined(format!("the store declined RDMA (HTTP {status}, {REPLY_HEADER}: 501)")));
     }
+    // URLs are path-style: the bucket is the path's first segment (named in
+    // a NoSuchBucket whose body does not name it).
+    let bucket = resp.url().path_segments().and_then(|mut s| s.next()).unwrap_or_default().to_owned();
     // Error bodies are small; cap what we read so a broken server cannot make us buffer much.
     let body = read_capped(resp, 64 << 10).await;
-    Err(S3Error::from_response(status.as_u16(), &body, key))
+    Err(S3Error::from_response(status.as_u16(), &body, key).naming_bucket(&bucket))
 }
 
 async fn read_capped(resp: reqwest::Response, cap: usize) -> String {
@@ -415,6 +474,81 @@ mod tests {
         assert_eq!(host_of("http://127.0.0.1:9000").unwrap(), "127.0.0.1:9000");
         assert_eq!(host_of("https://s3.example.com/").unwrap(), "s3.example.com");
         assert!(host_of("ftp://x").is_err());
+    }
+
+    /// A loopback server that answers one request with `reply` and hands
+    /// back the request's bytes.
+    async fn answer_once(reply: &'static str) -> (String, tokio::task::JoinHandle<Vec<u8>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // The head, then the body Content-Length announces.
+            loop {
+                let n = sock.read(&mut buf).await.unwrap();
+                req.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&req).to_ascii_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if req.len() >= end + 4 + len || n == 0 {
+                        break;
+                    }
+                }
+            }
+            sock.write_all(reply.as_bytes()).await.unwrap();
+            req
+        });
+        (endpoint, task)
+    }
+
+    fn client() -> HttpClient {
+        let keys = Keys { access_key: "AK".into(), secret_key: "SK".into(), session_token: None };
+        HttpClient::new(pool(&Default::default(), &[]).unwrap(), "data".into(), keys, "us-east-1".into())
+    }
+
+    /// A region body goes as one plain UNSIGNED-PAYLOAD body with its
+    /// checksums in signed headers — never aws-chunked with trailing
+    /// checksums, which RGW 16.2 refuses.
+    #[tokio::test]
+    async fn uploads_carry_checksums_in_signed_headers_never_in_trailers() {
+        let (ep, server) = answer_once("HTTP/1.1 200 OK\r\nETag: \"e\"\r\nContent-Length: 0\r\n\r\n").await;
+        let region: std::sync::Arc<dyn crate::hostmem::HostRegion> = std::sync::Arc::new(
+            sluice_dataplane::SharedRegion::new(sluice_shm::MappedRegion::create("t", 100).unwrap()),
+        );
+        let digests = super::super::integrity::Digests::of(&[0u8; 100], true);
+        let headers = digests.headers();
+        let at = Target { endpoint: &ep, key: "k", request_id: "r" };
+        let part = Some(PartOf { upload_id: "u", number: 1 });
+        client().put(at, part, &headers, PutBody::Region { region, offset: 0, len: 100 }).await.unwrap();
+        let req = String::from_utf8_lossy(&server.await.unwrap()).to_ascii_lowercase();
+        let (head, body) = req.split_once("\r\n\r\n").unwrap();
+        assert!(head.contains("x-amz-content-sha256: unsigned-payload"), "{head}");
+        assert!(head.contains("content-length: 100") && body.len() == 100, "{head}");
+        for absent in ["x-amz-trailer", "aws-chunked", "x-amz-decoded-content-length", "streaming-"] {
+            assert!(!head.contains(absent), "{absent}: {head}");
+        }
+        let signed = head.lines().find(|l| l.starts_with("authorization:")).unwrap();
+        assert!(signed.contains("content-md5") && signed.contains("x-amz-checksum-crc64nvme"), "{signed}");
+    }
+
+    /// RGW's NoSuchBucket body may not name the bucket: the request does.
+    #[tokio::test]
+    async fn a_missing_bucket_is_named_from_the_request() {
+        let body = "<Error><Code>NoSuchBucket</Code><RequestId>tx</RequestId></Error>";
+        let reply: &'static str = Box::leak(
+            format!("HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_boxed_str(),
+        );
+        let (ep, server) = answer_once(reply).await;
+        let at = Target { endpoint: &ep, key: "k", request_id: "r" };
+        let e = client().delete(at).await.unwrap_err();
+        server.await.unwrap();
+        assert_eq!(e.to_string(), "no such bucket \"data\" on the store");
     }
 
     /// The agent's signer against aws-sigv4's full signer (the settings the

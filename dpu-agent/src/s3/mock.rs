@@ -1,8 +1,10 @@
 //! An in-memory S3 bucket behind the [`S3Client`] seam, for unit tests of
 //! the transfer logic: objects with ETags and full-object CRC64NVMEs,
-//! ranges, `If-Match`, ListObjectsV2 pages, multipart uploads, and the data
-//! path token (declined, ignored, or served over the real TCP one-sided
-//! transport). It records every request it answers.
+//! ranges, `If-Match`, ListObjectsV2 pages, multipart uploads, Content-MD5
+//! and the data path token (declined, ignored, or served over the real TCP
+//! one-sided transport). By default it treats checksums as S3 does; in
+//! [`MockStore::rgw_like`] mode as Ceph RGW 16.2 does. It records every
+//! request it answers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,6 +44,15 @@ pub struct Call {
     pub if_match: Option<String>,
     /// It carried a data path token.
     pub rdma: bool,
+    /// PUT, UploadPart, CreateMultipartUpload: the request's headers.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Call {
+    /// A request header, if it was sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
 }
 
 /// What the store does with a data path token.
@@ -77,6 +88,8 @@ struct State {
     versions: u64,
     ignore_if_match: bool,
     rdma: RdmaMode,
+    /// See [`MockStore::rgw_like`].
+    rgw: bool,
 }
 
 /// An in-memory bucket. Cheap to clone (clones share the bucket).
@@ -93,6 +106,13 @@ fn crc64(data: &[u8]) -> u64 {
 
 fn b64(v: u64) -> String {
     base64::engine::general_purpose::STANDARD.encode(v.to_be_bytes())
+}
+
+fn md5_of(data: &[u8]) -> [u8; 16] {
+    use md5::Digest;
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&md5::Md5::digest(data));
+    out
 }
 
 fn err(status: u16, code: &str, key: &str) -> S3Error {
@@ -132,6 +152,7 @@ impl MockStore {
                 versions: 0,
                 ignore_if_match: false,
                 rdma: RdmaMode::Decline,
+                rgw: false,
             })),
         }
     }
@@ -142,7 +163,20 @@ impl MockStore {
 
     /// Stores `data` as `key` (a new version, with a new ETag).
     pub fn insert(&self, key: &str, data: impl Into<Bytes>) {
-        self.lock().store(key, data.into(), Vec::new());
+        self.lock().store(key, data.into(), Vec::new(), None);
+    }
+
+    /// Treats checksums as Ceph RGW 16.2 does: `x-amz-checksum-*` is
+    /// neither checked, kept nor returned; Content-MD5 is checked; ETags
+    /// are MD5s (a multipart object's from its parts'), and
+    /// CompleteMultipartUpload answers with an empty one.
+    pub fn rgw_like(&self) {
+        self.lock().rgw = true;
+    }
+
+    /// A stored object's ETag.
+    pub fn etag(&self, key: &str) -> Option<String> {
+        self.lock().objects.get(key).map(|o| o.etag.clone())
     }
 
     /// The bytes stored as `key`.
@@ -187,6 +221,7 @@ impl MockStore {
             range: None,
             if_match: None,
             rdma: false,
+            headers: Vec::new(),
         });
     }
 
@@ -227,11 +262,26 @@ impl MockStore {
 }
 
 impl State {
-    fn store(&mut self, key: &str, data: Bytes, headers: Vec<(String, String)>) -> String {
+    /// Stores a new version; its ETag is `etag`, else the MD5 (RGW-like),
+    /// else one of the mock's own (unique per version, like an SSE ETag
+    /// that is no MD5).
+    fn store(&mut self, key: &str, data: Bytes, headers: Vec<(String, String)>, etag: Option<String>) -> String {
         self.versions += 1;
-        let etag = format!("\"{:016x}-{}\"", crc64(&data), self.versions);
+        let etag = match etag {
+            Some(e) => e,
+            None if self.rgw => format!("\"{}\"", hex::encode(md5_of(&data))),
+            None => format!("\"{:016x}-{}\"", crc64(&data), self.versions),
+        };
         self.objects.insert(key.to_owned(), Object { data, etag: etag.clone(), headers });
         etag
+    }
+
+    /// The checksum headers of a whole object, where the store keeps them.
+    fn checksums(&self, data: &[u8]) -> Vec<(&'static str, String)> {
+        if self.rgw {
+            return Vec::new();
+        }
+        vec![("x-amz-checksum-crc64nvme", b64(crc64(data))), ("x-amz-checksum-type", "FULL_OBJECT".into())]
     }
 }
 
@@ -263,8 +313,7 @@ impl S3Client for MockStore {
             let o = st.objects.get(at.key).ok_or_else(|| err(404, "NoSuchKey", at.key))?;
             let mut h = object_headers(o);
             h.push(("content-length", o.data.len().to_string()));
-            h.push(("x-amz-checksum-crc64nvme", b64(crc64(&o.data))));
-            h.push(("x-amz-checksum-type", "FULL_OBJECT".into()));
+            h.extend(st.checksums(&o.data));
             Ok(headers_of(&h))
         })
     }
@@ -278,14 +327,16 @@ impl S3Client for MockStore {
                 range: Some((req.first, req.last)),
                 if_match: req.if_match.map(str::to_owned),
                 rdma: req.rdma.is_some(),
+                headers: Vec::new(),
             });
-            let (o, mode) = {
+            let (o, mode, sums) = {
                 let st = self.lock();
                 let o = st.objects.get(at.key).cloned().ok_or_else(|| err(404, "NoSuchKey", at.key))?;
                 if req.if_match.is_some_and(|m| m != o.etag) && !st.ignore_if_match {
                     return Err(err(412, "PreconditionFailed", at.key));
                 }
-                (o, st.rdma.clone())
+                let sums = st.checksums(&o.data);
+                (o, st.rdma.clone(), sums)
             };
             let size = o.data.len() as u64;
             if req.first >= size {
@@ -297,8 +348,7 @@ impl S3Client for MockStore {
             h.push(("content-range", format!("bytes {}-{last}/{size}", req.first)));
             h.push(("content-length", data.len().to_string()));
             if req.checksum_mode && req.first == 0 && last + 1 == size {
-                h.push(("x-amz-checksum-crc64nvme", b64(crc64(&o.data))));
-                h.push(("x-amz-checksum-type", "FULL_OBJECT".into()));
+                h.extend(sums);
             }
             let mut body = chunked(data.clone());
             if let Some(token) = &req.rdma {
@@ -348,6 +398,7 @@ impl S3Client for MockStore {
                     last_modified_unix_ms: 0,
                     content_type: String::new(),
                     crc64nvme: None,
+                    agent_crc64nvme: None,
                 });
             }
             Ok(page)
@@ -378,6 +429,7 @@ impl S3Client for MockStore {
                 range: None,
                 if_match: None,
                 rdma: token.is_some(),
+                headers: headers.iter().map(|(n, v)| ((*n).to_owned(), v.clone())).collect(),
             });
             let (data, moved) = match token {
                 Some(t) => {
@@ -386,8 +438,14 @@ impl S3Client for MockStore {
                 }
                 None => (body_bytes(body)?, None),
             };
-            let want = headers.iter().find(|(n, _)| *n == "x-amz-checksum-crc64nvme").map(|(_, v)| v.as_str());
-            if want.is_some_and(|w| w != b64(crc64(&data))) {
+            let sent = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str());
+            let md5 = md5_of(&data);
+            if sent("content-md5").is_some_and(|w| w != base64::engine::general_purpose::STANDARD.encode(md5)) {
+                return Err(err(400, "BadDigest", at.key));
+            }
+            let rgw = self.lock().rgw;
+            let crc = sent("x-amz-checksum-crc64nvme").filter(|_| !rgw);
+            if crc.is_some_and(|w| w != b64(crc64(&data))) {
                 return Err(err(400, "BadDigest", at.key));
             }
             let kept: Vec<(String, String)> = headers
@@ -397,15 +455,22 @@ impl S3Client for MockStore {
                 .collect();
             let mut st = self.lock();
             let etag = match part {
-                None => st.store(at.key, data, kept),
+                None => st.store(at.key, data, kept, None),
                 Some(p) => {
+                    let etag = match rgw {
+                        true => format!("\"{}\"", hex::encode(md5)),
+                        false => format!("\"part-{:016x}\"", crc64(&data)),
+                    };
                     let up = st.uploads.get_mut(p.upload_id).ok_or_else(|| err(404, "NoSuchUpload", at.key))?;
-                    let etag = format!("\"part-{:016x}\"", crc64(&data));
                     up.parts.insert(p.number, (etag.clone(), data));
                     etag
                 }
             };
             let mut h = vec![("etag", etag)];
+            // As S3: the checksum it checked, echoed.
+            if let Some(c) = crc {
+                h.push(("x-amz-checksum-crc64nvme", c.to_owned()));
+            }
             if let Some(m) = moved {
                 h.push((REPLY_HEADER, "200".into()));
                 h.push((BYTES_HEADER, m.to_string()));
@@ -416,7 +481,15 @@ impl S3Client for MockStore {
 
     fn create_upload<'a>(&'a self, at: Target<'a>, headers: &'a [(&'static str, String)]) -> S3Future<'a, String> {
         Box::pin(async move {
-            self.record(Op::Create, &at);
+            self.record_call(Call {
+                op: Op::Create,
+                endpoint: at.endpoint.to_owned(),
+                key: at.key.to_owned(),
+                range: None,
+                if_match: None,
+                rdma: false,
+                headers: headers.iter().map(|(n, v)| ((*n).to_owned(), v.clone())).collect(),
+            });
             let mut st = self.lock();
             st.versions += 1;
             let id = format!("upload-{}", st.versions);
@@ -435,15 +508,25 @@ impl S3Client for MockStore {
                 return Err(err(400, "InvalidPart", at.key));
             }
             let mut data = BytesMut::new();
+            let mut md5s = Vec::new();
             for (i, want) in etags.iter().enumerate() {
                 match up.parts.get(&(i as u64 + 1)) {
-                    Some((etag, bytes)) if etag == want => data.extend_from_slice(bytes),
+                    Some((etag, bytes)) if etag == want => {
+                        data.extend_from_slice(bytes);
+                        md5s.extend_from_slice(&md5_of(bytes));
+                    }
                     _ => return Err(err(400, "InvalidPart", at.key)),
                 }
             }
             let headers = up.headers.clone();
             st.uploads.remove(upload_id);
-            Ok(st.store(at.key, data.freeze(), headers))
+            if !st.rgw {
+                return Ok(st.store(at.key, data.freeze(), headers, None));
+            }
+            // RGW 16.2: S3's multipart ETag kept, but not told.
+            let etag = format!("\"{}-{}\"", hex::encode(md5_of(&md5s)), etags.len());
+            st.store(at.key, data.freeze(), headers, Some(etag));
+            Ok(String::new())
         })
     }
 
@@ -456,6 +539,7 @@ impl S3Client for MockStore {
             range: None,
             if_match: None,
             rdma: false,
+            headers: Vec::new(),
         };
         let (this, id) = (self.clone(), upload_id.to_owned());
         Box::pin(async move {

@@ -6,12 +6,18 @@
 
 pub mod client;
 pub mod crypto;
+pub mod endpoints;
 mod error;
 #[cfg(test)]
 mod failing;
+mod first_byte;
 mod get;
 pub mod gpu;
+mod guarded;
 pub mod http_client;
+pub mod integrity;
+#[cfg(test)]
+mod integrity_tests;
 #[cfg(test)]
 mod mock;
 mod put;
@@ -21,6 +27,7 @@ pub mod store_tls;
 pub mod token_path;
 #[cfg(test)]
 mod transfer_tests;
+pub mod uploads;
 mod xml;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,9 +93,14 @@ impl DataPathUsed {
 /// One namespace's view of an S3 store: endpoints, bucket, key prefix,
 /// region and credentials.
 pub struct ObjectStore {
-    /// Sends each S3 request.
+    /// Sends each S3 request: `raw` behind the endpoints' health, the
+    /// first-byte deadline and the upload journal (`guarded`).
     client: Arc<dyn S3Client>,
+    /// Sends without any of that (the health checks).
+    raw: Arc<dyn S3Client>,
     endpoints: Vec<String>,
+    /// Each endpoint's health, which picks where requests go.
+    health: Arc<endpoints::EndpointSet>,
     /// Part of the encrypted objects' associated data.
     bucket: String,
     prefix: String,
@@ -110,6 +122,8 @@ pub struct ObjectStore {
     request_timeout: Duration,
     /// See `NamespaceConfig::verify_checksums`.
     verify_checksums: bool,
+    /// What each endpoint does with checksums, learned from its replies.
+    learned: integrity::Learned,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -132,9 +146,15 @@ impl ObjectStore {
         counters: S3Counters,
         rdma: Option<token_path::TokenPath>,
     ) -> Self {
+        let endpoints: Vec<String> = ns.endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect();
+        // Health of its own until `with_failover` shares the agent's.
+        let registry = endpoints::EndpointRegistry::new(Default::default(), None);
+        let (raw, health, client) = Self::guard(client, &registry, &endpoints, &ns.prefix, &tuning, &counters, None);
         Self {
             client,
-            endpoints: ns.endpoints.iter().map(|e| e.trim_end_matches('/').to_owned()).collect(),
+            raw,
+            health,
+            endpoints,
             bucket: ns.bucket.clone(),
             prefix: ns.prefix.clone(),
             tuning,
@@ -148,7 +168,55 @@ impl ObjectStore {
             encryption: None,
             request_timeout: Duration::from_millis(ns.request_timeout_ms),
             verify_checksums: ns.verify_checksums,
+            learned: integrity::Learned::new(ns.endpoints.iter().map(|e| e.trim_end_matches('/'))),
         }
+    }
+
+    /// `client` behind the health of `endpoints` in `registry`, its
+    /// deadlines and the upload journal `uploads`: (raw, health, guarded).
+    #[allow(clippy::type_complexity)]
+    fn guard(
+        client: Arc<dyn S3Client>,
+        registry: &endpoints::EndpointRegistry,
+        urls: &[String],
+        prefix: &str,
+        tuning: &S3Tuning,
+        counters: &S3Counters,
+        uploads: Option<uploads::UploadLog>,
+    ) -> (Arc<dyn S3Client>, Arc<endpoints::EndpointSet>, Arc<dyn S3Client>) {
+        let probe = endpoints::Probe { client: client.clone(), prefix: prefix.to_owned() };
+        let health = Arc::new(registry.set(urls, probe));
+        let first_byte = registry.policy().first_byte_timeout();
+        let resumes = tuning.max_attempts.saturating_sub(1);
+        let guarded = guarded::Guarded::new(
+            client.clone(),
+            health.clone(),
+            first_byte,
+            resumes,
+            counters.retries.clone(),
+            uploads,
+        );
+        (client, health, Arc::new(guarded))
+    }
+
+    /// Shares the agent's endpoint health (`registry`: its policy, metrics
+    /// and checks) and journals this namespace's uploads in `uploads`.
+    pub fn with_failover(
+        mut self,
+        registry: &endpoints::EndpointRegistry,
+        uploads: Option<uploads::UploadLog>,
+    ) -> Self {
+        let (_, health, client) = Self::guard(
+            self.raw.clone(),
+            registry,
+            &self.endpoints,
+            &self.prefix,
+            &self.tuning,
+            &self.counters,
+            uploads,
+        );
+        (self.health, self.client) = (health, client);
+        self
     }
 
     /// The namespace's request deadline.
@@ -235,6 +303,7 @@ impl ObjectStore {
             put_part_bytes: self.tuning.put_part_size,
             rdma_min_bytes: self.rdma.as_ref().map_or(0, |r| r.min_bytes),
             request_timeout: self.request_timeout,
+            store_checksums: self.learned.summary(),
         }
     }
 
@@ -249,9 +318,10 @@ impl ObjectStore {
     }
 
     /// Picks the endpoint for the `attempt`-th try of a request that started
-    /// at `base` (round robin across endpoints; retries move on).
+    /// at `base`: round robin across the endpoints that are up (all of them
+    /// when none is); retries move on.
     fn endpoint(&self, base: usize, attempt: u32) -> &str {
-        &self.endpoints[(base + attempt as usize) % self.endpoints.len()]
+        self.health.pick(base + attempt as usize).url()
     }
 
     /// The `attempt`-th try at stored key `full` (see [`Self::endpoint`]).
@@ -288,10 +358,20 @@ impl ObjectStore {
         loop {
             match f(attempt).await {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_retryable() && attempt + 1 < self.tuning.max_attempts => {
+                // Retrying a completion another gateway holds cannot work.
+                Err(e)
+                    if e.is_retryable() && !endpoints::held_elsewhere(&e) && attempt + 1 < self.tuning.max_attempts =>
+                {
                     attempt += 1;
                     tracing::warn!(error = %e, attempt, "S3 request failed; retrying");
-                    self.backoff(attempt).await;
+                    // An endpoint that is gone (refused, reset, silent) is
+                    // no reason to wait before trying another that is up;
+                    // throttling and 5xx are.
+                    if endpoints::classify(&e).is_some_and(|k| self.health.elsewhere_now(k)) {
+                        self.counters.retries.inc();
+                    } else {
+                        self.backoff(attempt).await;
+                    }
                 }
                 Err(e) => return Err(e.after_attempts(attempt + 1)),
             }

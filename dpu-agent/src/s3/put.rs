@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use super::client::{PartOf, PutBody};
+use super::integrity::{self, Digests, Upload};
 use super::token_path::{Fallback, Via};
 use super::{enter, Gate, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
@@ -21,11 +22,15 @@ pub struct PutOutcome {
     pub rdma_parts: u32,
     /// Parts meant for RDMA that went over HTTP, and why.
     pub fallbacks: Vec<Fallback>,
+    /// Why the store cannot be said to have stored exactly the bytes sent;
+    /// `None`: it can (see [`integrity::Digests::check_reply`]).
+    pub unverified: Option<String>,
 }
 
 impl PutOutcome {
-    pub(super) fn from_parts(etag: String, vias: &[Via]) -> Self {
+    pub(super) fn from_parts(etag: String, vias: &[Via], unverified: Option<&str>) -> Self {
         Self {
+            unverified: unverified.map(str::to_owned),
             etag,
             parts: vias.len() as u32,
             rdma_parts: vias.iter().filter(|v| matches!(v, Via::Rdma)).count() as u32,
@@ -59,36 +64,55 @@ impl ObjectStore {
         }
         let full = self.full_key(key);
         if len > self.tuning.multipart_threshold {
-            return self.put_multipart(&full, region, offset, len, content_type, request_id, gate).await;
+            let put = self.put_multipart(&full, region, offset, len, content_type, request_id, gate).await;
+            // A completion a hung gateway holds: a new upload (`endpoints::held_elsewhere`).
+            return match put {
+                Err(e) if super::endpoints::held_elsewhere(&e) => {
+                    tracing::warn!(error = %e, "the upload's completion is held by a hung gateway; uploading again");
+                    self.put_multipart(&full, region, offset, len, content_type, request_id, gate).await
+                }
+                put => put,
+            };
         }
         let _slot = enter(gate, len).await?;
         let base = self.next_base();
         let mut via = Via::Http;
         if let Some(r) = self.rdma_for(len) {
-            match self.put_rdma(r, &full, None, region, offset, len, content_type, base, request_id).await? {
-                Ok(etag) => return Ok(PutOutcome::from_parts(etag, &[Via::Rdma])),
+            // The object's CRC64NVME goes in its metadata (and is the PUT's checksum).
+            let crc = super::token_path::crc64nvme_of(region, offset, len).await?;
+            let meta = [(integrity::META_CRC64NVME, integrity::b64(crc))];
+            let sent =
+                self.put_rdma(r, &full, None, region, offset, len, content_type, &meta, Some(crc), base, request_id);
+            match sent.await? {
+                // The serving side checked the CRC as it READ the bytes
+                // (docs/s3-over-rdma.md): a mismatch would have stored nothing.
+                Ok(etag) => return Ok(PutOutcome::from_parts(etag, &[Via::Rdma], None)),
                 Err(f) => {
                     tracing::warn!(kind = f.kind, reason = %f.message, "RDMA PUT fell back to HTTP");
                     via = Via::Fallback(f);
                 }
             }
         }
-        // The store checks the bytes against it and keeps it as the
-        // object's full-object checksum (returned on GET and HEAD).
-        let mut headers =
-            vec![("x-amz-checksum-crc64nvme", super::token_path::crc64nvme_header(region, offset, len).await?)];
+        // A store that checks the CRC refuses damaged bytes and keeps it as
+        // the object's checksum; one that does not checks Content-MD5. The
+        // metadata keeps the CRC for reads whatever the store does.
+        let digests = Digests::of_region(region, offset, len, !self.learned.crc_checked(Upload::Put)).await?;
+        let mut headers = digests.headers();
+        headers.push((integrity::META_CRC64NVME, integrity::b64(digests.crc)));
         if !content_type.is_empty() {
             headers.push(("content-type", content_type.to_owned()));
         }
-        let (full, headers) = (&full, &headers);
-        let etag = self
+        let (full, headers, digests) = (&full, &headers, &digests);
+        let (etag, confirmed) = self
             .retrying(|attempt| async move {
                 let body = PutBody::Region { region: region.clone(), offset, len };
-                let reply = self.client.put(self.at(base, attempt, full, request_id), None, headers, body).await?;
-                Ok(etag_of(&reply))
+                let at = self.at(base, attempt, full, request_id);
+                let reply = self.client.put(at, None, headers, body).await?;
+                let proof = self.upload_proof(at.endpoint, Upload::Put, digests, &reply)?;
+                Ok((etag_of(&reply), proof.confirmed))
             })
             .await?;
-        Ok(PutOutcome::from_parts(etag, &[via]))
+        Ok(PutOutcome::from_parts(etag, &[via], (!confirmed).then_some(integrity::UNCONFIRMED_UPLOAD)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -103,53 +127,78 @@ impl ObjectStore {
         gate: Gate<'_>,
     ) -> Result<PutOutcome, S3Error> {
         let base = self.next_base();
-        let headers: Vec<(&'static str, String)> =
-            if content_type.is_empty() { vec![] } else { vec![("content-type", content_type.to_owned())] };
-        let upload = self.create_upload(full, base, request_id, &headers).await?;
-
         let part = self.tuning.put_part_size;
         let count = len.div_ceil(part);
-        let upload_id = upload.id();
+        let span = |i: u64| (i * part, part.min(len - i * part));
+        // Every part's CRC64NVME first: the object's, combined from them,
+        // goes in its metadata at CreateMultipartUpload (the one request
+        // that sets it), where even a store that keeps no checksums
+        // returns it with every GET.
+        let crcs: Vec<u64> = futures::stream::iter(0..count)
+            .map(|i| super::token_path::crc64nvme_of(region, offset + span(i).0, span(i).1))
+            .buffered(self.tuning.max_concurrency)
+            .try_collect()
+            .await?;
+        let object_crc = (0..count).fold(None, |acc, i| Some(integrity::combine(acc, crcs[i as usize], span(i).1)));
+        let mut headers = vec![(integrity::META_CRC64NVME, integrity::b64(object_crc.unwrap_or(0)))];
+        if !content_type.is_empty() {
+            headers.push(("content-type", content_type.to_owned()));
+        }
+        let upload = self.create_upload(full, base, request_id, &headers).await?;
+
+        let md5 = !self.learned.crc_checked(Upload::Part);
+        let (upload_id, crcs) = (upload.id(), &crcs);
         let uploads = (0..count).map(|i| async move {
             let upload = upload_id;
-            let from = i * part;
-            let n = part.min(len - from);
+            let (from, n) = span(i);
             let _slot = enter(gate, n).await?;
             let mut via = Via::Http;
             if let Some(r) = self.rdma_for(n) {
-                match self.put_rdma(r, full, Some((i + 1, upload)), region, offset + from, n, "", base + i as usize, request_id).await? {
-                    Ok(etag) => return Ok((i, etag, Via::Rdma)),
+                let crc = Some(crcs[i as usize]);
+                match self.put_rdma(r, full, Some((i + 1, upload)), region, offset + from, n, "", &[], crc, base + i as usize, request_id).await? {
+                    // The serving side checked the CRC as it READ the part.
+                    Ok(etag) => return Ok((i, UploadedPart { etag, via: Via::Rdma, md5: None, confirmed: true })),
                     Err(f) => {
                         tracing::warn!(kind = f.kind, reason = %f.message, part = i + 1, "RDMA UploadPart fell back to HTTP");
                         via = Via::Fallback(f);
                     }
                 }
             }
-            let headers = &[("x-amz-checksum-crc64nvme", super::token_path::crc64nvme_header(region, offset + from, n).await?)];
+            let digests = match md5 {
+                true => Digests::of_region(region, offset + from, n, true).await?,
+                false => Digests { crc: crcs[i as usize], md5: None },
+            };
+            let headers = digests.headers();
+            let (headers, digests) = (&headers, &digests);
             let part = Some(PartOf { upload_id: upload, number: i + 1 });
-            let etag = self
+            let (etag, confirmed) = self
                 .retrying(|attempt| async move {
                     let body = PutBody::Region { region: region.clone(), offset: offset + from, len: n };
                     let at = self.at(base + i as usize, attempt, full, request_id);
-                    Ok(etag_of(&self.client.put(at, part, headers, body).await?))
+                    let reply = self.client.put(at, part, headers, body).await?;
+                    let proof = self.upload_proof(at.endpoint, Upload::Part, digests, &reply)?;
+                    Ok((etag_of(&reply), proof.confirmed))
                 })
                 .await?;
-            Ok::<_, S3Error>((i, etag, via))
+            Ok::<_, S3Error>((i, UploadedPart { etag, via, md5: digests.md5, confirmed }))
         });
-        let result: Result<Vec<(u64, String, Via)>, S3Error> =
+        let result: Result<Vec<(u64, UploadedPart)>, S3Error> =
             futures::stream::iter(uploads).buffer_unordered(self.tuning.max_concurrency).try_collect().await;
-        let mut etags = match result {
+        let mut parts = match result {
             Ok(v) => v,
             Err(e) => {
                 upload.failed();
                 return Err(e);
             }
         };
-        etags.sort_by_key(|(i, _, _)| *i);
-        let vias: Vec<Via> = etags.iter().map(|(_, _, v)| v.clone()).collect();
-        let etags: Vec<String> = etags.into_iter().map(|(_, e, _)| e).collect();
-        let etag = self.complete_upload(upload, &etags).await?;
-        Ok(PutOutcome::from_parts(etag, &vias))
+        parts.sort_by_key(|(i, _)| *i);
+        let parts: Vec<UploadedPart> = parts.into_iter().map(|(_, p)| p).collect();
+        let vias: Vec<Via> = parts.iter().map(|p| p.via.clone()).collect();
+        let etags: Vec<String> = parts.iter().map(|p| p.etag.clone()).collect();
+        let md5s: Vec<Option<[u8; 16]>> = parts.iter().map(|p| p.md5).collect();
+        let etag = self.complete_upload(upload, &etags, &md5s).await?;
+        let confirmed = parts.iter().all(|p| p.confirmed);
+        Ok(PutOutcome::from_parts(etag, &vias, (!confirmed).then_some(integrity::UNCONFIRMED_UPLOAD)))
     }
 
     /// CreateMultipartUpload; `headers` adds the object's headers (content
@@ -169,11 +218,13 @@ impl ObjectStore {
     }
 
     /// CompleteMultipartUpload with the parts' ETags in order; the upload is
-    /// aborted if completing fails.
+    /// aborted if completing fails. `md5s`: each part's MD5, where it was
+    /// computed (for a store that answers without the object's ETag).
     pub(super) async fn complete_upload(
         &self,
         mut upload: MultipartUpload<'_>,
         etags: &[String],
+        md5s: &[Option<[u8; 16]>],
     ) -> Result<String, S3Error> {
         let (full, base, request_id) = (upload.full, upload.base, upload.request_id);
         let upload_id = upload.id.clone();
@@ -182,6 +233,10 @@ impl ObjectStore {
             .retrying(|attempt| self.client.complete_upload(self.at(base, attempt, full, request_id), upload_id, etags))
             .await;
         match done {
+            Ok(etag) if etag.is_empty() => {
+                upload.done = true;
+                Ok(self.etag_of_completed(full, base, request_id, md5s).await)
+            }
             Ok(etag) => {
                 upload.done = true;
                 Ok(etag)
@@ -192,6 +247,16 @@ impl ObjectStore {
             }
         }
     }
+}
+
+/// One part as stored.
+struct UploadedPart {
+    etag: String,
+    via: Via,
+    /// Its MD5, where it was computed.
+    md5: Option<[u8; 16]>,
+    /// The store's reply proved it holds exactly these bytes.
+    confirmed: bool,
 }
 
 /// A multipart upload in progress. Dropped before it completed — a part or

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use sluice_dataplane::{Transport, TransportKind};
 
 use super::crypto::Encryption;
+use super::endpoints::{EndpointMetrics, EndpointRegistry};
 use super::http_client::HttpClient;
 use super::token_path::{Fallback, TokenPath};
+use super::uploads::{Journal, UploadLog};
 use super::{Keys, ObjectStore, S3Counters};
 use crate::config::{AgentConfig, CipherEngine, EncryptionConfig, NamespaceConfig};
 use crate::error::StartupError;
@@ -22,10 +24,42 @@ pub struct StoreParts {
     keys: Option<Arc<dyn sluice_crypt::KeyProvider>>,
     cipher: Arc<dyn sluice_crypt::Cipher>,
     counters: S3Counters,
+    failover: Arc<Failover>,
+}
+
+/// What every namespace's store shares to ride out the death of one of
+/// its endpoints (their health) and of the agent itself (the journal of
+/// the multipart uploads it has open).
+pub struct Failover {
+    pub registry: Arc<EndpointRegistry>,
+    /// `None`: `state_dir` was not set and its default cannot be used.
+    /// The uploads the last run left open are in it, to be aborted once
+    /// every store exists (`uploads::sweep_forever`).
+    pub journal: Option<Arc<Journal>>,
+}
+
+impl Failover {
+    /// The endpoints' health (reported in `metrics`) and the journal in
+    /// `state_dir`, which must be usable when the config names it; its
+    /// default is used only if it can be.
+    pub fn from_config(cfg: &AgentConfig, metrics: Option<EndpointMetrics>) -> Result<Self, StartupError> {
+        let registry = EndpointRegistry::new(cfg.failover.clone(), metrics);
+        let (dir, named) = crate::config::uploads::state_dir(cfg.state_dir.as_deref());
+        let journal = match Journal::open(&dir) {
+            Ok((journal, _left)) => Some(journal),
+            Err(e) if !named => {
+                tracing::warn!(error = %e, "no multipart upload journal: uploads an agent killed mid-PUT leaves are \
+                    not aborted when it restarts; set state_dir to a directory the agent can write");
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Self { registry, journal })
+    }
 }
 
 impl StoreParts {
-    pub fn from_config(cfg: &AgentConfig, counters: S3Counters) -> Result<Self, StartupError> {
+    pub fn from_config(cfg: &AgentConfig, counters: S3Counters, failover: Arc<Failover>) -> Result<Self, StartupError> {
         let http = super::store_tls::Pools::from_config(cfg)?;
         super::store_tls::warn_plaintext_stores(cfg);
         let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
@@ -33,7 +67,7 @@ impl StoreParts {
             None => None,
         };
         let cipher = chunk_cipher(&cfg.encryption)?;
-        Ok(Self { http, keys, cipher, counters })
+        Ok(Self { http, keys, cipher, counters, failover })
     }
 }
 
@@ -67,10 +101,17 @@ impl ObjectStore {
             .http
             .for_namespace(ns)
             .map_err(|source| StartupError::CaFile { namespace: ns.name.clone(), source })?;
-        let client = HttpClient::new(http, ns.bucket.clone(), keys, ns.region.clone());
+        let client = HttpClient::new(http, ns.bucket.clone(), keys, ns.region.clone())
+            .with_first_byte_timeout(cfg.failover.first_byte_timeout());
         let client = Arc::new(client);
         let store = Self::new(client.clone(), ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
         let encryption = Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?;
+        let uploads = parts
+            .failover
+            .journal
+            .as_ref()
+            .map(|j| UploadLog::new(j.clone(), &format!("{tenant}/{}", ns.name), &ns.bucket));
+        let store = store.with_failover(&parts.failover.registry, uploads);
         Ok((store.with_degraded(degraded).with_encryption(encryption), client))
     }
 }

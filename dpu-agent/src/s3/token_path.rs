@@ -233,6 +233,8 @@ impl ObjectStore {
 
     /// PUTs (or, with `part`, UploadParts) `[offset, offset+len)` of `region`
     /// over RDMA. `Ok(Ok(etag))`: stored; `Ok(Err(f))`: send it over HTTP.
+    /// `extra`: more object headers (metadata); `crc`: the window's
+    /// CRC64NVME when the caller has it (used unless the bytes are staged).
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn put_rdma(
         &self,
@@ -243,6 +245,8 @@ impl ObjectStore {
         offset: u64,
         len: u64,
         content_type: &str,
+        extra: &[(&'static str, String)],
+        crc: Option<u64>,
         base: usize,
         request_id: &str,
     ) -> Result<Result<String, Fallback>, S3Error> {
@@ -253,7 +257,11 @@ impl ObjectStore {
         if rdma.placement == Placement::Staged {
             copy(region, offset, &mem, off, len)?;
         }
-        let crc = crc64nvme_header(&mem, off, len).await?;
+        // Staged: summed from the copy the store will READ.
+        let crc = match crc.filter(|_| rdma.placement == Placement::Direct) {
+            Some(c) => super::integrity::b64(c),
+            None => crc64nvme_header(&mem, off, len).await?,
+        };
         let grant = Grant {
             memory: mem.clone(),
             offset: off,
@@ -270,6 +278,7 @@ impl ObjectStore {
         if part.is_none() && !content_type.is_empty() {
             headers.push(("content-type", content_type.to_owned()));
         }
+        headers.extend(extra.iter().cloned());
         let part = part.map(|(number, upload_id)| PartOf { upload_id, number });
         let body = PutBody::Rdma { token: rdma.token(exposure.token.to_string()), len };
         let reply = self.client.put(self.at(base, 0, full, request_id), part, &headers, body).await;
@@ -278,9 +287,7 @@ impl ObjectStore {
                 Ok(h) => h,
                 // The checksum of an empty body: a store that ignores the
                 // token refuses it, and should then get the bytes over HTTP.
-                Err(S3Error::Rejected { code, message, .. })
-                    if code == "BadDigest" || code == "XAmzContentChecksumMismatch" =>
-                {
+                Err(S3Error::Damaged { code, message, .. }) => {
                     return Ok(Err(Fallback::new(
                         "ignored",
                         format!("the store did not read the bytes through the token ({code}: {message})"),

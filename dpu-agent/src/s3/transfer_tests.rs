@@ -15,9 +15,9 @@ use super::{ObjectStore, S3Client, S3Counters, S3Error};
 use crate::config::{DataPathMode, NamespaceConfig, Placement, S3Tuning};
 use crate::hostmem::HostRegion;
 
-const PART: u64 = 64 << 10;
+pub(super) const PART: u64 = 64 << 10;
 
-fn tuning() -> S3Tuning {
+pub(super) fn tuning() -> S3Tuning {
     S3Tuning {
         get_part_size: PART,
         multipart_threshold: 4 * PART,
@@ -29,14 +29,14 @@ fn tuning() -> S3Tuning {
     }
 }
 
-fn counters() -> S3Counters {
+pub(super) fn counters() -> S3Counters {
     S3Counters {
         retries: prometheus::IntCounter::new("retries", "r").unwrap(),
         multipart_aborts: prometheus::IntCounterVec::new(prometheus::Opts::new("aborts", "a"), &["reason"]).unwrap(),
     }
 }
 
-fn namespace() -> NamespaceConfig {
+pub(super) fn namespace() -> NamespaceConfig {
     toml::from_str(
         "name = \"d\"\nendpoints = [\"http://a:1\", \"http://b:2\", \"http://c:3\"]\nbucket = \"data\"\n\
          credentials = \"c\"\nprefix = \"t/\"\n",
@@ -44,29 +44,29 @@ fn namespace() -> NamespaceConfig {
     .unwrap()
 }
 
-fn store(client: Arc<dyn S3Client>, rdma: Option<TokenPath>) -> ObjectStore {
+pub(super) fn store(client: Arc<dyn S3Client>, rdma: Option<TokenPath>) -> ObjectStore {
     ObjectStore::new(client, &namespace(), "tenant", tuning(), counters(), rdma)
 }
 
-fn region(len: u64) -> Arc<dyn HostRegion> {
+pub(super) fn region(len: u64) -> Arc<dyn HostRegion> {
     Arc::new(SharedRegion::new(sluice_shm::MappedRegion::create("t", len).unwrap()))
 }
 
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
-fn contents(r: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Vec<u8> {
+pub(super) fn contents(r: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Vec<u8> {
     let mut out = vec![0u8; len as usize];
     r.read_at(offset, &mut out).unwrap();
     out
 }
 
-async fn get_all(s: &ObjectStore, key: &str, r: &Arc<dyn HostRegion>) -> Result<super::GetOutcome, S3Error> {
+pub(super) async fn get_all(s: &ObjectStore, key: &str, r: &Arc<dyn HostRegion>) -> Result<super::GetOutcome, S3Error> {
     s.get_into(key, 0, None, r, 0, r.len(), None, "req", None).await
 }
 
-async fn until(what: &str, cond: impl Fn() -> bool) {
+pub(super) async fn until(what: &str, cond: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !cond() {
         assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
@@ -252,13 +252,13 @@ async fn listing_strips_the_namespace_prefix_and_pages() {
 }
 
 /// A TCP one-sided transport (the agent's side), serving on loopback.
-async fn tcp_path(mode: DataPathMode) -> TokenPath {
+pub(super) async fn tcp_path(mode: DataPathMode) -> TokenPath {
     let (owner, listener) = sluice_dataplane::tcp::TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
     tokio::spawn(owner.clone().serve(listener));
     TokenPath { transport: owner, kind: TransportKind::Tcp, mode, placement: Placement::Direct, min_bytes: 1 }
 }
 
-fn remote() -> sluice_dataplane::tcp::TcpRemote {
+pub(super) fn remote() -> sluice_dataplane::tcp::TcpRemote {
     sluice_dataplane::tcp::TcpRemote::new(1 << 20)
 }
 
@@ -383,17 +383,18 @@ fn aborts(s: &ObjectStore, reason: &str) -> u64 {
 
 #[tokio::test]
 async fn a_failed_part_or_completion_aborts_the_upload() {
-    fn bad_digest() -> S3Error {
-        S3Error::from_response(400, "<Error><Code>BadDigest</Code></Error>", None)
+    // Not retried (a damaged body, BadDigest, would be: see integrity_tests.rs).
+    fn invalid_part() -> S3Error {
+        S3Error::from_response(400, "<Error><Code>InvalidPart</Code></Error>", None)
     }
     for op in [Op::UploadPart, Op::Complete] {
         let mock = MockStore::new();
-        let failing = Failing::new(Arc::new(mock.clone())).fail(op, 0, 1, Failure::Error(bad_digest));
+        let failing = Failing::new(Arc::new(mock.clone())).fail(op, 0, 1, Failure::Error(invalid_part));
         let s = store(Arc::new(failing), None);
         let len = 6 * PART;
         let r = region(len);
         let e = s.put_from("k", &r, 0, len, "", "req", None).await.unwrap_err();
-        assert!(matches!(&e, S3Error::Rejected { code, .. } if code == "BadDigest"), "{op:?}: {e}");
+        assert!(matches!(&e, S3Error::Rejected { code, .. } if code == "InvalidPart"), "{op:?}: {e}");
         until("the abort", || mock.open_uploads() == 0).await;
         assert_eq!(mock.count(Op::Abort), 1, "{op:?}");
         assert_eq!(aborts(&s, "failed"), 1, "{op:?}");

@@ -15,6 +15,9 @@ pub struct ObjectMeta {
     /// The store's full-object CRC64NVME, when it offers one (HEAD with
     /// `x-amz-checksum-mode: ENABLED`).
     pub crc64nvme: Option<u64>,
+    /// The CRC64NVME the agent kept in the object's metadata, if it wrote
+    /// the object (see [`super::integrity`]).
+    pub agent_crc64nvme: Option<u64>,
 }
 
 /// The full-object CRC64NVME in a reply's headers, if the store sent one
@@ -89,6 +92,7 @@ pub(super) fn parse_list(body: &str) -> Result<ListPage, S3Error> {
                 last_modified_unix_ms: parse_rfc3339_ms(&c.last_modified),
                 content_type: String::new(),
                 crc64nvme: None,
+                agent_crc64nvme: None,
             })
             .collect(),
         common_prefixes: r.common_prefixes.into_iter().map(|p| p.prefix).collect(),
@@ -113,6 +117,7 @@ pub(super) fn meta_from_headers(key: &str, h: &http::HeaderMap) -> Result<Object
             .unwrap_or(0),
         content_type: s("content-type"),
         crc64nvme: full_object_crc(h),
+        agent_crc64nvme: super::integrity::agent_crc(h),
     })
 }
 

@@ -149,6 +149,12 @@ pub struct Transfer {
     pub etag: String,
     /// GET: size of the whole object; PUT: bytes stored.
     pub object_size: u64,
+    /// The bytes were checked end to end (GET: against the object's
+    /// CRC64NVME, or by decryption; PUT: the store confirmed them). false
+    /// when nothing could check them, or the agent is older than the check.
+    pub verified: bool,
+    /// Why `verified` is false ("" when it is true).
+    pub unverified_reason: String,
 }
 
 fn transfer(r: Option<TransferReport>, etag: String, object_size: u64) -> Transfer {
@@ -167,6 +173,8 @@ fn transfer(r: Option<TransferReport>, etag: String, object_size: u64) -> Transf
         parts: r.parts,
         etag,
         object_size,
+        verified: r.verified,
+        unverified_reason: r.unverified_reason,
     }
 }
 

@@ -85,6 +85,22 @@ def test_a_missing_or_replaced_chunk_is_refused_naming_it(client, prefix):
             r.read(10)
 
 
+def test_a_byte_flipped_at_the_store_fails_the_load(stack, client, prefix):
+    """Bytes damaged on the store's disk (ETag and size unchanged): the
+    agent's end-to-end check refuses the chunk."""
+    with ck.CheckpointWriter(client, f"{prefix}/flip", chunk_bytes=MIB) as w:
+        w.write(payload(2 * MIB + 9, "flip"))
+    chunk = ck.read_manifest(client, f"{prefix}/flip")["chunks"][1]["key"]
+    stored = Path(stack.dir) / "data" / "data" / chunk
+    assert stored.is_file(), f"the gateway keeps objects as files: {stored}"
+    raw = bytearray(stored.read_bytes())
+    raw[12345] ^= 0x20
+    stored.write_bytes(bytes(raw))
+    with ck.CheckpointReader(client, f"{prefix}/flip") as r:
+        with pytest.raises(sluice.IntegrityError):
+            r.read()
+
+
 KILLED_WRITER = r"""
 import sys, sluice, time
 from sluice import checkpoint as ck
@@ -229,17 +245,22 @@ print("ok", rank, flush=True)
 """
 
 
-def test_dcp_with_two_ranks_on_gloo(stack, prefix):
+def test_dcp_with_two_ranks_on_gloo(stack, prefix, tmp_path):
     for mode in ("save", "load"):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + random.randrange(1000))}
+        # Output to files, not pipes: a rank blocked on a full pipe would
+        # hold the other in a collective.
+        logs = [tmp_path / f"{mode}-{r}.log" for r in range(2)]
         procs = [
             subprocess.Popen([sys.executable, "-c", RANK, str(r), "2", f"{prefix}/ranks", stack.socket, mode],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             env=env, stdout=open(logs[r], "w"), stderr=subprocess.STDOUT, text=True)
             for r in range(2)
         ]
-        outs = [p.communicate(timeout=180) for p in procs]
-        for p, (out, err) in zip(procs, outs):
-            assert p.returncode == 0 and out.startswith("ok"), f"{mode}: {out}\n{err[-2000:]}"
+        for p in procs:
+            p.wait(timeout=180)
+        for p, log in zip(procs, logs):
+            out = log.read_text()
+            assert p.returncode == 0 and f"ok {procs.index(p)}" in out, f"{mode}: {out[-3000:]}"
 
 
 def test_encrypted_namespace_checkpoints(stack, client):

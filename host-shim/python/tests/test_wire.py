@@ -187,3 +187,21 @@ def test_import_is_light():
 
     code = "import sys, sluice, sluice.errors; assert 'numpy' not in sys.modules and 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_transfer_reports_whether_the_bytes_were_verified():
+    from sluice.types import Transfer
+
+    body = _wire.encode_message(
+        "Response",
+        {"get": {"etag": "e", "object_size": 5, "report": {"bytes": 5, "unverified_reason": "a ranged read"}}},
+    )
+    g = _wire.decode_message("Response", body)["get"]
+    t = Transfer._from_wire(g["report"], g["etag"], g["object_size"])
+    assert (t.verified, t.unverified_reason) == (False, "a ranged read")
+    body = _wire.encode_message("Response", {"get": {"report": {"bytes": 5, "verified": True}}})
+    g = _wire.decode_message("Response", body)["get"]
+    assert Transfer._from_wire(g["report"], "", 5).verified
+    # An agent older than the field says nothing: not verified.
+    assert not Transfer._from_wire({**g["report"], "verified": False}, "", 5).verified
+    assert not Transfer._from_wire(None, "", 0).verified

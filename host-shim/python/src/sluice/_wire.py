@@ -62,6 +62,8 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         4: ("fallback_reason", "string", ""),
         5: ("elapsed_us", "u64", ""),
         6: ("parts", "u32", ""),
+        7: ("verified", "bool", ""),
+        8: ("unverified_reason", "string", ""),
     },
     # sluice.shim.v1
     "Request": {
@@ -118,6 +120,7 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         11: ("put_part_bytes", "u64", ""),
         12: ("rdma_min_bytes", "u64", ""),
         13: ("request_timeout_ms", "u32", ""),
+        14: ("store_checksums", "enum", ""),
     },
     "HelloOk": {
         1: ("version", "u32", ""),

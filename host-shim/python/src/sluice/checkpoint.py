@@ -13,8 +13,10 @@ demand), and a chunk upload cut short is aborted by the agent.
 
 :class:`CheckpointReader` is a read-only, seekable file (``torch.load(r)``):
 it reads the manifest, then the chunks into registered memory, several in
-flight ahead of the reader, each pinned to the ETag the manifest recorded
-(a chunk replaced since is refused, not mixed in) and checked for size.
+flight ahead of the reader, each read whole and pinned to the ETag the
+manifest recorded (a chunk replaced since is refused, not mixed in),
+checked for size, and verified by the agent end to end against the
+CRC64NVME stored with it.
 
 The stored layout (``<path>`` the manifest, ``<path>.chunks/<writer>/<n>``
 the chunks) is Sluice's own; `sluice.dcp` writes torch.distributed
@@ -33,7 +35,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Dict, List, Optional
 
-from .errors import BadRequest, NoSuchKey, PreconditionFailed, SluiceError
+from .errors import BadRequest, IntegrityError, NoSuchKey, PreconditionFailed, SluiceError
 
 #: The manifest's format name (and version).
 FORMAT = "sluice-checkpoint-stream/1"
@@ -263,12 +265,15 @@ class CheckpointReader(io.RawIOBase):
 
     Args:
         client: a :class:`sluice.Client`.
-        prefetch: chunks read ahead of the reader (in registered memory).
+        prefetch: chunks read ahead of the reader (in registered memory;
+            1: double buffered, 2 chunk buffers in all).
     """
 
-    def __init__(self, client: Any, path: str, *, prefetch: int = 2) -> None:
+    def __init__(self, client: Any, path: str, *, prefetch: int = 1, verify: bool = True) -> None:
         super().__init__()
         self._client, self.path = client, path
+        #: Refuse chunks the agent could not check end to end.
+        self.verify = verify
         self._m = read_manifest(client, path)
         self._ns = self._m["namespace"]
         self._starts = []
@@ -372,6 +377,8 @@ class CheckpointReader(io.RawIOBase):
             raise IncompleteCheckpoint(f"checkpoint {self.path}: chunk {key} was replaced since it was written") from None
         if t.bytes != c["size"]:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: chunk {key} has {t.bytes} bytes, the manifest says {c['size']}")
+        if self.verify and not t.verified:
+            raise IntegrityError(f"checkpoint {self.path}: chunk {key} could not be verified ({t.unverified_reason})")
 
     def close(self) -> None:
         if self.closed:

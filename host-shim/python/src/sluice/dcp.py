@@ -15,8 +15,11 @@ group; each rank writes its own objects). A checkpoint at ``ns/prefix`` is:
   overwritten by the next save to the same prefix.
 
 Every object's size and ETag are recorded in the metadata; a load reads
-each pinned to its ETag (an object replaced since is refused) and checks
-its size; the agent checks the bytes against the store's CRC64NVME.
+each object whole, pinned to its ETag (an object replaced since is
+refused), checks its size, and requires the agent to have verified its
+bytes end to end against the CRC64NVME stored with the object
+(:class:`~sluice.IntegrityError` otherwise; ``verify=False`` turns that
+off).
 :func:`async_save` returns once the state is captured and stores it in the
 background (a ``concurrent.futures.Future``).
 """
@@ -27,10 +30,11 @@ import concurrent.futures as cf
 import dataclasses
 import io
 import pickle
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from .checkpoint import IncompleteCheckpoint
-from .errors import NoSuchKey, PreconditionFailed, SluiceError
+from .errors import IntegrityError, NoSuchKey, PreconditionFailed, SluiceError
 
 try:
     import torch
@@ -46,6 +50,30 @@ except ImportError:  # pragma: no cover - without torch the module still imports
 
 #: Tensors at least this big get an object of their own.
 DEFAULT_OBJECT_THRESHOLD = 1 << 20
+#: Bytes of CPU tensors a writer stages in registered memory at once.
+DEFAULT_MEMORY_BYTES = 512 << 20
+
+
+class _Budget:
+    """Bytes that may be in flight; a request bigger than all of it waits
+    for all of it (and then runs alone)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.left = total, total
+        self.cond = threading.Condition()
+
+    def take(self, n: int) -> int:
+        n = min(n, self.total)
+        with self.cond:
+            while self.left < n:
+                self.cond.wait()
+            self.left -= n
+        return n
+
+    def give(self, n: int) -> None:
+        with self.cond:
+            self.left += n
+            self.cond.notify_all()
 METADATA = ".metadata"
 
 
@@ -88,7 +116,13 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
     """
 
     def __init__(
-        self, path: str = "", client: Any = None, *, threads: int = 8, object_threshold: int = DEFAULT_OBJECT_THRESHOLD
+        self,
+        path: str = "",
+        client: Any = None,
+        *,
+        threads: int = 8,
+        object_threshold: int = DEFAULT_OBJECT_THRESHOLD,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
         if not HAVE_DCP:
             raise SluiceError("sluice.dcp needs torch with torch.distributed.checkpoint")
@@ -97,6 +131,9 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         self._client = _client_of(client)
         self.threads = max(1, threads)
         self.object_threshold = object_threshold
+        #: Bytes of CPU tensors staged in registered memory at once (a
+        #: tensor bigger than this is stored alone).
+        self.memory_bytes = max(1, memory_bytes)
         self._prefix = ""
 
     # -- StorageWriter --
@@ -133,11 +170,12 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
                 cpu = t.cpu()
                 packed.append((item, _tensor_bytes(cpu), str(t.dtype), tuple(t.shape)))
         results: List[Any] = []
+        budget = _Budget(self.memory_bytes)
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-put") as pool:
             futs = []
             for n, (item, t) in enumerate(own):
                 key = f"{rank_prefix}{n}.distcp"
-                futs.append(pool.submit(self._put_tensor, ns, prefix, key, item, t))
+                futs.append(pool.submit(self._put_tensor, ns, prefix, key, item, t, budget))
             if packed:
                 key = f"{rank_prefix}{len(own)}.distcp"
                 futs.append(pool.submit(self._put_packed, ns, prefix, key, packed))
@@ -148,7 +186,7 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         fut.set_result(results)
         return fut
 
-    def _put_tensor(self, ns: str, prefix: str, key: str, item: Any, t: Any) -> Any:
+    def _put_tensor(self, ns: str, prefix: str, key: str, item: Any, t: Any, budget: "_Budget") -> Any:
         path = f"{ns}/{prefix}/{key}"
         nbytes = t.numel() * t.element_size()
         if t.is_cuda:
@@ -156,7 +194,13 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
             with self._client.register_gpu(t) as g:
                 tr = self._client.put(path, g, 0, nbytes)
         else:
-            tr = self._client.put(path, _tensor_bytes(t))
+            # Copied into registered memory once: at most memory_bytes of
+            # them at a time, so a large state does not balloon the host.
+            held = budget.take(nbytes)
+            try:
+                tr = self._client.put(path, _tensor_bytes(t))
+            finally:
+                budget.give(held)
         info = SluiceItem(key, 0, nbytes, tr.etag, str(t.dtype), tuple(t.shape))
         return _st.WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=info)
 
@@ -196,13 +240,15 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
 class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
     """Reads a DCP checkpoint written by :class:`StorageWriter`."""
 
-    def __init__(self, path: str = "", client: Any = None, *, threads: int = 8) -> None:
+    def __init__(self, path: str = "", client: Any = None, *, threads: int = 8, verify: bool = True) -> None:
         if not HAVE_DCP:
             raise SluiceError("sluice.dcp needs torch with torch.distributed.checkpoint")
         super().__init__()
         self.path = path
         self._client = _client_of(client)
         self.threads = max(1, threads)
+        #: Refuse bytes the agent could not check end to end (IntegrityError).
+        self.verify = verify
         self.storage_data: Dict[Any, SluiceItem] = {}
 
     def reset(self, checkpoint_id: Any = None) -> None:
@@ -235,55 +281,60 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
 
     def read_data(self, plan: Any, planner: Any) -> Any:
         ns, prefix = _split(self.path)
+        # Each object is read whole, once: a whole-object read is checked
+        # end to end against the CRC64NVME the agent stored with it (a
+        # ranged one could not be), then shared by the items in it.
+        sizes: Dict[str, int] = {}
+        for info in self.storage_data.values():
+            sizes[info.key] = max(sizes.get(info.key, 0), info.offset + info.length)
+        by_key: Dict[str, List[Any]] = {}
+        for req in plan.items:
+            by_key.setdefault(self.storage_data[req.storage_index].key, []).append(req)
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-get") as pool:
-            for f in [pool.submit(self._read_item, ns, prefix, req, planner) for req in plan.items]:
+            futs = [pool.submit(self._read_object, ns, prefix, k, sizes[k], reqs, planner) for k, reqs in by_key.items()]
+            for f in futs:
                 f.result()
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut
 
-    def _read_item(self, ns: str, prefix: str, req: Any, planner: Any) -> None:
-        info = self.storage_data[req.storage_index]
-        path = f"{ns}/{prefix}/{info.key}"
+    def _read_object(self, ns: str, prefix: str, key: str, size: int, reqs: List[Any], planner: Any) -> None:
+        path = f"{ns}/{prefix}/{key}"
+        etag = self.storage_data[reqs[0].storage_index].etag
         try:
-            if req.type == _pl.LoadItemType.BYTE_IO:
-                data = self._get(path, info)
-                planner.load_bytes(req, io.BytesIO(data))
-                return
-            target = planner.resolve_tensor(req).detach()
-            whole = tuple(req.lengths) == tuple(info.shape) and all(o == 0 for o in req.storage_offsets)
-            if whole and target.is_cuda and target.is_contiguous() and not info.offset:
-                # Straight into GPU memory.
-                with self._client.register_gpu(target) as g:
-                    t = self._client.get(path, into=g, range=(info.offset, info.length), if_match=info.etag)
-                _check(t.bytes, info, path)
-            else:
-                # Into registered memory, then one copy into the target (on
-                # the GPU, from pinned memory if the client pins regions).
-                with self._client.register(max(info.length, 1)) as r:
-                    t = self._client.get(path, into=r, range=(info.offset, info.length) if info.length else None,
-                                         if_match=info.etag)
-                    _check(t.bytes, info, path)
-                    stored = torch.frombuffer(r.view, dtype=_dtype(info.dtype), count=info.length // _itemsize(info.dtype))
-                    part = narrow_tensor_by_index(stored.view(info.shape), req.storage_offsets, req.lengths)
-                    if target.size() != part.size():
-                        raise IncompleteCheckpoint(
-                            f"{path}: stored shape {tuple(part.size())}, expected {tuple(target.size())}"
-                        )
-                    target.copy_(part)
-                    del stored, part
-            planner.commit_tensor(req, target)
+            with self._client.register(max(size, 1)) as r:
+                t = self._client.get(path, into=r, if_match=etag)
+                if t.bytes != size:
+                    raise IncompleteCheckpoint(f"{path}: {t.bytes} bytes where the checkpoint recorded {size}")
+                if self.verify and not t.verified:
+                    raise IntegrityError(f"{path}: the bytes could not be verified ({t.unverified_reason})")
+                for req in reqs:
+                    self._deliver(path, r, req, planner)
         except NoSuchKey:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
         except PreconditionFailed:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} was replaced since it was saved") from None
 
-    def _get(self, path: str, info: SluiceItem) -> bytes:
-        with self._client.register(max(info.length, 1)) as r:
-            t = self._client.get(path, into=r, range=(info.offset, info.length) if info.length else None,
-                                 if_match=info.etag)
-            _check(t.bytes, info, path)
-            return r.read(0, info.length)
+    def _deliver(self, path: str, r: Any, req: Any, planner: Any) -> None:
+        """Hands one item of the object in region ``r`` to the planner: bytes
+        as a BytesIO, a tensor copied into its target (on the GPU: from
+        registered memory, pinned when the client pins regions)."""
+        info = self.storage_data[req.storage_index]
+        window = r.view[info.offset : info.offset + info.length]
+        if req.type == _pl.LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(bytes(window)))
+            return
+        target = planner.resolve_tensor(req).detach()
+        if info.length:
+            stored = torch.frombuffer(window, dtype=_dtype(info.dtype)).view(info.shape)
+            part = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
+            if target.size() != part.size():
+                raise IncompleteCheckpoint(f"{path}: stored shape {tuple(part.size())}, expected {tuple(target.size())}")
+            target.copy_(part)
+            if target.is_cuda:
+                torch.cuda.current_stream(target.device).synchronize()  # before the region goes
+            del stored, part
+        planner.commit_tensor(req, target)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -296,11 +347,6 @@ def narrow_tensor_by_index(t: Any, offsets: Any, lengths: Any) -> Any:
         if off != 0 or n != t.size(dim):
             t = t.narrow(dim, off, n)
     return t
-
-
-def _check(got: int, info: SluiceItem, path: str) -> None:
-    if got != info.length:
-        raise IncompleteCheckpoint(f"{path}: {got} bytes where the checkpoint recorded {info.length}")
 
 
 def _dtype(name: str) -> Any:

@@ -18,6 +18,7 @@ TRANSPORTS = {0: "unknown", 1: "http-only", 2: "tcp", 3: "verbs-rc", 4: "dc"}
 PLACEMENTS = {0: "unknown", 1: "direct", 2: "staged"}
 ENCRYPTIONS = {0: "unknown", 1: "none", 2: "aes-256-gcm"}
 ACCESS = {0: "unknown", 1: "read", 2: "write", 3: "list", 4: "delete"}
+STORE_CHECKSUMS = {0: "unknown", 1: "kept", 2: "ignored"}
 
 #: A byte range: ``(start, length)``; ``length = None`` means "to the end".
 ByteRange = Tuple[int, Optional[int]]
@@ -56,6 +57,13 @@ class Transfer:
         parts: how many S3 requests carried the data.
         etag: the object's ETag.
         object_size: GET: size of the whole object; PUT: bytes stored.
+        verified: the bytes were checked end to end (GET: against the
+            object's CRC64NVME, or by decryption; PUT: the store confirmed
+            them). ``False`` when nothing could check them (a ranged read,
+            an object without a checksum, ``verify_checksums = false``) or
+            the agent is older than the check.
+        unverified_reason: why ``verified`` is ``False`` (empty when it is
+            ``True``).
     """
 
     request_id: str
@@ -66,6 +74,8 @@ class Transfer:
     parts: int
     etag: str
     object_size: int
+    verified: bool = False
+    unverified_reason: str = ""
 
     @property
     def transport(self) -> str:
@@ -78,7 +88,16 @@ class Transfer:
 
     @classmethod
     def _from_wire(cls, report: Optional[Dict[str, Any]], etag: str, object_size: int) -> "Transfer":
-        r = report or {"request_id": "", "bytes": 0, "data_path": 0, "fallback_reason": "", "elapsed_us": 0, "parts": 0}
+        r = report or {
+            "request_id": "",
+            "bytes": 0,
+            "data_path": 0,
+            "fallback_reason": "",
+            "elapsed_us": 0,
+            "parts": 0,
+            "verified": False,
+            "unverified_reason": "",
+        }
         return cls(
             request_id=r["request_id"],
             bytes=r["bytes"],
@@ -88,6 +107,8 @@ class Transfer:
             parts=r["parts"],
             etag=etag,
             object_size=object_size,
+            verified=r["verified"],
+            unverified_reason=r["unverified_reason"],
         )
 
 
@@ -189,6 +210,12 @@ class NamespaceCapabilities:
         encryption: ``"none"`` or ``"aes-256-gcm"``.
         max_object_bytes: the largest object a put may write here.
         max_window_bytes: the largest window one RDMA descriptor covers (0: HTTP only).
+        store_checksums: what the store does with the checksums the agent
+            sends, as learned from its replies when the session opened:
+            ``"kept"`` (it checks, keeps and returns them), ``"ignored"``
+            (Content-MD5 goes with every upload and reads are checked against
+            the CRC64NVME the agent keeps in each object's metadata) or
+            ``"unknown"`` (no reply has told yet).
     """
 
     name: str
@@ -204,6 +231,7 @@ class NamespaceCapabilities:
     put_part_bytes: int
     rdma_min_bytes: int
     request_timeout_ms: int
+    store_checksums: str = "unknown"
 
     @classmethod
     def _from_wire(cls, d: Dict[str, Any]) -> "NamespaceCapabilities":
@@ -221,6 +249,7 @@ class NamespaceCapabilities:
             put_part_bytes=d["put_part_bytes"],
             rdma_min_bytes=d["rdma_min_bytes"],
             request_timeout_ms=d["request_timeout_ms"],
+            store_checksums=STORE_CHECKSUMS.get(d["store_checksums"], "unknown"),
         )
 
 

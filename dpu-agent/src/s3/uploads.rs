@@ -1,0 +1,587 @@
+//! Multipart uploads a killed agent leaves behind, and how its next start
+//! aborts them.
+//!
+//! A running agent aborts every upload it gives up on (`put::MultipartUpload`
+//! aborts on drop); one that is SIGKILLed, or whose host loses power, cannot.
+//! Its uploads would stay in the store, holding their parts' bytes, until
+//! a lifecycle rule expires them — and RGW has none unless one is set. So
+//! the agent journals every upload it starts in `state_dir/uploads.journal`
+//! and, when it starts, aborts those the last run left open.
+//!
+//! Write-ahead: an upload is journaled (written and fsynced) after the store
+//! answered CreateMultipartUpload and before its id reaches the code that
+//! sends parts (`guarded::Guarded::create_upload`), so no byte of a part is
+//! sent for an upload that is not journaled. Crash windows:
+//! * killed after the store created the upload and before the journal
+//!   write: the upload is left, with no parts and no bytes (its id never
+//!   reached us). Only the lifecycle rule removes it.
+//! * killed mid-PUT (parts sent, not completed): journaled; aborted at the
+//!   next start.
+//! * killed after CompleteMultipartUpload succeeded, before the journal
+//!   says so (the end of an upload is written without fsync): the next
+//!   start aborts an upload that no longer exists; the store answers
+//!   NoSuchUpload, which counts as done. The object is untouched.
+//! * a torn last line (killed mid-write) is skipped: that upload is in the
+//!   first case.
+//! * a CreateMultipartUpload sent to a gateway that then hung (the request
+//!   timed out and was sent again elsewhere) may still create an upload
+//!   when that gateway wakes, under an id nobody knows. Such a "suspect"
+//!   key is watched for 10 minutes: an upload of it that started after the
+//!   request, is not one the agent has open, and has no part in two sweeps
+//!   in a row (a writer's live upload gets parts) is aborted. Kept in
+//!   memory only: an agent restarted meanwhile leaves it to the lifecycle
+//!   rule.
+//! * the journal lost with the disk, or the namespace removed from the
+//!   config before the restart: the lifecycle rule (`[uploads]
+//!   abort_incomplete_after_days`), if the operator allows it.
+//!
+//! The journal is an append-only text file (one line per upload started or
+//! ended, fields percent-encoded), rewritten with only the open uploads at
+//! start and whenever ended ones dominate it. A lock file keeps a second
+//! agent from sharing the directory (it would abort the first one's live
+//! uploads when it starts).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
+
+use super::{ObjectStore, S3Error};
+
+/// What a field may not hold as is: the separator, `%`, line breaks.
+const FIELD: &AsciiSet = &CONTROLS.add(b' ').add(b'%');
+const JOURNAL: &str = "uploads.journal";
+const LOCK: &str = "agent.lock";
+/// Ended entries kept before the file is rewritten.
+const COMPACT_AFTER: usize = 4096;
+/// How often uploads nobody completes or aborts any more (left by the
+/// last run, or whose abort failed) are aborted again.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// How long a suspect key is watched.
+const SUSPECT_FOR: Duration = Duration::from_secs(600);
+/// How far the store's clock may be behind ours.
+const CLOCK_SKEW: Duration = Duration::from_secs(300);
+
+/// Errors opening the journal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum UploadsError {
+    #[error("state directory {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("state directory {0} is in use by another sluice-agent (its {LOCK} is locked); give each agent its own state_dir")]
+    Locked(PathBuf),
+}
+
+/// An upload the agent started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// `tenant/namespace`.
+    pub namespace: String,
+    pub bucket: String,
+    /// The stored key (namespace prefix included).
+    pub key: String,
+    pub upload_id: String,
+}
+
+struct Inner {
+    file: File,
+    open: BTreeMap<String, Entry>,
+    /// Open uploads no request owns any more: left by the last run, or
+    /// whose abort failed (a store down, an upload a hung gateway holds).
+    abandoned: std::collections::BTreeSet<String>,
+    /// Keys a hung gateway may create an unknown upload of, not yet
+    /// handed to the sweeper.
+    suspects: Vec<Suspect>,
+    /// Lines in the file.
+    lines: usize,
+}
+
+/// The journal of the uploads this agent has open.
+pub struct Journal {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+    /// Held for the agent's lifetime.
+    _lock: nix::fcntl::Flock<File>,
+}
+
+fn field(s: &str) -> String {
+    utf8_percent_encode(s, FIELD).to_string()
+}
+
+fn unfield(s: &str) -> Option<String> {
+    percent_decode_str(s).decode_utf8().ok().map(|c| c.into_owned())
+}
+
+/// Parses the journal's lines into the uploads still open.
+fn replay(text: impl BufRead) -> (BTreeMap<String, Entry>, usize) {
+    let mut open = BTreeMap::new();
+    let mut lines = 0;
+    for line in text.lines().map_while(Result::ok) {
+        lines += 1;
+        let f: Vec<&str> = line.split(' ').collect();
+        match f.as_slice() {
+            ["S", ns, bucket, id, key] => {
+                if let (Some(namespace), Some(bucket), Some(upload_id), Some(key)) =
+                    (unfield(ns), unfield(bucket), unfield(id), unfield(key))
+                {
+                    open.insert(upload_id.clone(), Entry { namespace, bucket, key, upload_id });
+                }
+            }
+            ["E", id] => {
+                if let Some(id) = unfield(id) {
+                    open.remove(&id);
+                }
+            }
+            // A torn last line (the agent died mid-write).
+            _ => tracing::warn!(line, "upload journal: skipping an unreadable line"),
+        }
+    }
+    (open, lines)
+}
+
+fn started_line(e: &Entry) -> String {
+    format!("S {} {} {} {}\n", field(&e.namespace), field(&e.bucket), field(&e.upload_id), field(&e.key))
+}
+
+impl Journal {
+    /// Opens the journal in `dir` (created, mode 0700), locked against
+    /// another agent; also returns the uploads the last run left open.
+    pub fn open(dir: &Path) -> Result<(Arc<Self>, Vec<Entry>), UploadsError> {
+        use std::os::unix::fs::DirBuilderExt;
+        let io = |source| UploadsError::Io { path: dir.to_owned(), source };
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io)?;
+        let lock = File::options().create(true).truncate(false).write(true).open(dir.join(LOCK)).map_err(io)?;
+        let lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|_| UploadsError::Locked(dir.to_owned()))?;
+        let path = dir.join(JOURNAL);
+        let (open, _) = match File::open(&path) {
+            Ok(f) => replay(std::io::BufReader::new(f)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
+            Err(e) => return Err(io(e)),
+        };
+        let left: Vec<Entry> = open.values().cloned().collect();
+        let file = rewrite(dir, &open).map_err(io)?;
+        let abandoned = open.keys().cloned().collect();
+        let inner = Inner { file, lines: open.len(), open, abandoned, suspects: Vec::new() };
+        Ok((Arc::new(Self { dir: dir.to_owned(), inner: Mutex::new(inner), _lock: lock }), left))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an upload as started, on disk (fsynced) before it returns.
+    pub fn started(&self, e: Entry) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        inner.file.write_all(started_line(&e).as_bytes())?;
+        inner.file.sync_data()?;
+        inner.lines += 1;
+        inner.open.insert(e.upload_id.clone(), e);
+        Ok(())
+    }
+
+    /// Records an upload as ended (completed or aborted). Not fsynced: a
+    /// lost end only costs an abort of an upload that is gone.
+    pub fn ended(&self, upload_id: &str) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        inner.abandoned.remove(upload_id);
+        if inner.open.remove(upload_id).is_none() {
+            return Ok(());
+        }
+        inner.file.write_all(format!("E {}\n", field(upload_id)).as_bytes())?;
+        inner.lines += 1;
+        if inner.lines > COMPACT_AFTER && inner.lines > 4 * inner.open.len() {
+            inner.file = rewrite(&self.dir, &inner.open)?;
+            inner.lines = inner.open.len();
+        }
+        Ok(())
+    }
+
+    /// The uploads open now.
+    pub fn open_uploads(&self) -> Vec<Entry> {
+        self.lock().open.values().cloned().collect()
+    }
+
+    /// Marks an open upload as one no request will end (its abort failed).
+    pub fn abandon(&self, upload_id: &str) {
+        let mut inner = self.lock();
+        if inner.open.contains_key(upload_id) {
+            inner.abandoned.insert(upload_id.to_owned());
+        }
+    }
+
+    /// Records that a CreateMultipartUpload of `key` went unanswered.
+    pub fn suspect(&self, namespace: &str, bucket: &str, key: &str) {
+        let s = Suspect {
+            namespace: namespace.to_owned(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            since: SystemTime::now(),
+            empty_once: Default::default(),
+        };
+        self.lock().suspects.push(s);
+    }
+
+    fn take_suspects(&self) -> Vec<Suspect> {
+        std::mem::take(&mut self.lock().suspects)
+    }
+
+    fn is_open(&self, upload_id: &str) -> bool {
+        self.lock().open.contains_key(upload_id)
+    }
+
+    /// The open uploads no request owns.
+    pub fn abandoned(&self) -> Vec<Entry> {
+        let inner = self.lock();
+        inner.abandoned.iter().filter_map(|id| inner.open.get(id).cloned()).collect()
+    }
+}
+
+/// Replaces the journal with one holding only `open` (written aside,
+/// fsynced, renamed over it); returns it opened for appending.
+fn rewrite(dir: &Path, open: &BTreeMap<String, Entry>) -> std::io::Result<File> {
+    let (path, tmp) = (dir.join(JOURNAL), dir.join(format!("{JOURNAL}.tmp")));
+    let mut f = File::create(&tmp)?;
+    for e in open.values() {
+        f.write_all(started_line(e).as_bytes())?;
+    }
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)?;
+    File::open(dir)?.sync_all()?;
+    File::options().append(true).open(&path)
+}
+
+/// One namespace's handle on the journal (what `Guarded` records with).
+#[derive(Clone)]
+pub struct UploadLog {
+    journal: Arc<Journal>,
+    namespace: String,
+    bucket: String,
+}
+
+impl UploadLog {
+    pub fn new(journal: Arc<Journal>, namespace: &str, bucket: &str) -> Self {
+        Self { journal, namespace: namespace.to_owned(), bucket: bucket.to_owned() }
+    }
+
+    /// Journals an upload as started. A journal that cannot be written
+    /// does not fail the PUT (the running agent still aborts what it
+    /// gives up on); it is logged.
+    pub async fn started(&self, key: &str, upload_id: &str) {
+        let e = Entry {
+            namespace: self.namespace.clone(),
+            bucket: self.bucket.clone(),
+            key: key.to_owned(),
+            upload_id: upload_id.to_owned(),
+        };
+        let journal = self.journal.clone();
+        let error = match tokio::task::spawn_blocking(move || journal.started(e)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::error!(upload = upload_id, key, %error,
+            "cannot journal the multipart upload: if the agent dies before it ends, it is left in the store");
+    }
+
+    /// An abort of the upload failed: the sweeper tries again.
+    pub fn abandoned(&self, upload_id: &str) {
+        self.journal.abandon(upload_id);
+    }
+
+    /// A CreateMultipartUpload of `key` was sent and not answered.
+    pub fn suspect(&self, key: &str) {
+        self.journal.suspect(&self.namespace, &self.bucket, key);
+    }
+
+    /// Journals an upload as ended (in the background).
+    pub fn ended(&self, upload_id: &str) {
+        let (journal, id) = (self.journal.clone(), upload_id.to_owned());
+        let write = move || {
+            if let Err(e) = journal.ended(&id) {
+                tracing::warn!(upload = id, error = %e, "cannot journal the end of a multipart upload");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(write)),
+            Err(_) => write(),
+        }
+    }
+}
+
+impl ObjectStore {
+    /// Aborts an upload a previous run left (through the endpoints in turn,
+    /// as any request).
+    pub async fn abort_left_upload(&self, key: &str, upload_id: &str) -> Result<(), S3Error> {
+        let base = self.next_base();
+        self.retrying(|attempt| self.client.abort_upload(self.at(base, attempt, key, "abort-left-upload"), upload_id))
+            .await
+    }
+}
+
+/// A key a gateway that hung may have created an unknown upload of.
+#[derive(Clone, Debug)]
+pub struct Suspect {
+    namespace: String,
+    bucket: String,
+    key: String,
+    /// When the creation was sent.
+    since: SystemTime,
+    /// Unknown uploads of it seen without parts once already.
+    empty_once: std::collections::BTreeSet<String>,
+}
+
+/// An upload in progress, as ListMultipartUploads names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub key: String,
+    pub upload_id: String,
+    pub initiated: Option<SystemTime>,
+}
+
+/// Parses a ListMultipartUploads reply.
+pub(super) fn parse_listed(body: &str) -> Result<Vec<Listed>, S3Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Upload {
+        key: String,
+        upload_id: String,
+        #[serde(default)]
+        initiated: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "PascalCase")]
+    struct Result {
+        #[serde(default)]
+        upload: Vec<Upload>,
+    }
+    let r: Result =
+        quick_xml::de::from_str(body).map_err(|e| S3Error::Protocol(format!("ListMultipartUploads XML: {e}")))?;
+    Ok(r.upload
+        .into_iter()
+        .map(|u| Listed {
+            initiated: humantime::parse_rfc3339_weak(u.initiated.trim_end_matches('Z')).ok(),
+            key: u.key,
+            upload_id: u.upload_id,
+        })
+        .collect())
+}
+
+/// The parts in a ListParts reply.
+pub(super) fn count_listed_parts(body: &str) -> usize {
+    body.matches("<Part>").count()
+}
+
+/// What the sweeps remember between them.
+#[derive(Default)]
+pub struct Sweeper {
+    /// Failed aborts, by upload (logged now and then, not every sweep).
+    tries: BTreeMap<String, u32>,
+    suspects: Vec<Suspect>,
+}
+
+/// Sweeps (see [`Sweeper::sweep`]) now and every [`SWEEP_EVERY`], for as
+/// long as the agent runs, through the namespaces' `stores`
+/// (`tenant/namespace`).
+pub async fn sweep_forever(
+    journal: Arc<Journal>,
+    stores: Vec<(String, Arc<ObjectStore>)>,
+    aborted: prometheus::IntCounter,
+) {
+    let stores: BTreeMap<String, Arc<ObjectStore>> = stores.into_iter().collect();
+    let left = journal.abandoned().len();
+    if left > 0 {
+        tracing::info!(uploads = left, "aborting the multipart uploads the last run left open");
+    }
+    let mut sweeper = Sweeper::default();
+    loop {
+        sweeper.sweep(&journal, &stores, &aborted).await;
+        tokio::time::sleep(SWEEP_EVERY).await;
+    }
+}
+
+impl Sweeper {
+    /// Aborts the uploads no request owns — those the last run left open,
+    /// those whose abort failed since (a store down, an upload a hung
+    /// gateway holds), the unknown ones hung gateways created (see
+    /// [`Suspect`]) — and ends them in `journal`. Returns how many known
+    /// ones are left.
+    pub async fn sweep(
+        &mut self,
+        journal: &Journal,
+        stores: &BTreeMap<String, Arc<ObjectStore>>,
+        aborted: &prometheus::IntCounter,
+    ) -> usize {
+        let mut left = 0;
+        for e in journal.abandoned() {
+            let Some(store) = stores.get(&e.namespace).filter(|s| s.bucket == e.bucket) else {
+                tracing::warn!(
+                    namespace = e.namespace,
+                    bucket = e.bucket,
+                    key = e.key,
+                    upload = e.upload_id,
+                    "a multipart upload left open is in a namespace (or bucket) no longer configured: not \
+                     aborted; abort it with an S3 tool or let a lifecycle rule expire it"
+                );
+                let _ = journal.ended(&e.upload_id);
+                continue;
+            };
+            match store.abort_left_upload(&e.key, &e.upload_id).await {
+                Ok(()) => {
+                    aborted.inc();
+                    self.tries.remove(&e.upload_id);
+                    let _ = journal.ended(&e.upload_id);
+                    tracing::info!(
+                        namespace = e.namespace,
+                        key = e.key,
+                        upload = e.upload_id,
+                        "aborted a multipart upload left open"
+                    );
+                }
+                Err(err) => {
+                    left += 1;
+                    let n = self.tries.entry(e.upload_id.clone()).or_insert(0);
+                    *n += 1;
+                    if n.is_power_of_two() {
+                        tracing::warn!(namespace = e.namespace, key = e.key, upload = e.upload_id, error = %err,
+                            tries = *n, "cannot abort a multipart upload left open; trying again later");
+                    }
+                }
+            }
+        }
+        self.suspects.extend(journal.take_suspects());
+        let mut watched = Vec::new();
+        for mut s in std::mem::take(&mut self.suspects) {
+            let Some(store) = stores.get(&s.namespace).filter(|st| st.bucket == s.bucket) else { continue };
+            store.reap_unknown(&mut s, journal, aborted).await;
+            if s.since.elapsed().unwrap_or_default() < SUSPECT_FOR {
+                watched.push(s);
+            }
+        }
+        self.suspects = watched;
+        left
+    }
+}
+
+impl ObjectStore {
+    /// Aborts the uploads of suspect `s`'s key that a hung gateway created
+    /// after the agent gave up on it: started after the request (give or
+    /// take the clocks' skew), not open in `journal`, and without parts in
+    /// this sweep and the one before.
+    async fn reap_unknown(&self, s: &mut Suspect, journal: &Journal, aborted: &prometheus::IntCounter) {
+        let base = self.next_base();
+        let listed =
+            self.retrying(|attempt| self.client.list_uploads(self.at(base, attempt, "", "reap-uploads"), &s.key)).await;
+        let listed = match listed {
+            Ok(l) => l,
+            Err(e) => return tracing::debug!(key = s.key, error = %e, "cannot list the uploads of a suspect key"),
+        };
+        let after = s.since.checked_sub(CLOCK_SKEW).unwrap_or(SystemTime::UNIX_EPOCH);
+        let unknown = listed
+            .into_iter()
+            .filter(|u| u.key == s.key && u.initiated.is_none_or(|t| t >= after) && !journal.is_open(&u.upload_id));
+        for u in unknown {
+            let parts = self
+                .retrying(|attempt| {
+                    self.client.count_parts(self.at(base, attempt, &s.key, "reap-uploads"), &u.upload_id)
+                })
+                .await;
+            match parts {
+                // A writer's live upload: it has parts. Not ours to touch.
+                Ok(n) if n > 0 => {
+                    s.empty_once.remove(&u.upload_id);
+                }
+                Ok(_) if s.empty_once.contains(&u.upload_id) => {
+                    match self.abort_left_upload(&s.key, &u.upload_id).await {
+                        Ok(()) => {
+                            aborted.inc();
+                            tracing::info!(
+                                key = s.key,
+                                upload = u.upload_id,
+                                "aborted an upload a hung gateway created after its request was given up on"
+                            );
+                        }
+                        Err(e) => tracing::debug!(key = s.key, upload = u.upload_id, error = %e, "abort failed"),
+                    }
+                }
+                Ok(_) => {
+                    s.empty_once.insert(u.upload_id);
+                }
+                Err(e) => tracing::debug!(key = s.key, upload = u.upload_id, error = %e, "cannot list its parts"),
+            }
+        }
+    }
+}
+
+/// What [`ObjectStore::ensure_abort_rule`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuleChange {
+    /// The bucket had the rule already (its id): left alone.
+    Present,
+    /// Added (to the rules already there, kept).
+    Added,
+}
+
+impl ObjectStore {
+    /// The id of this namespace's rule: one per prefix, so namespaces
+    /// sharing a bucket each have theirs, and a restart finds its own.
+    fn abort_rule_id(&self) -> String {
+        let digest = ring::digest::digest(&ring::digest::SHA256, self.prefix.as_bytes());
+        format!("sluice-abort-incomplete-uploads-{}", hex::encode(&digest.as_ref()[..6]))
+    }
+
+    /// Adds to the namespace's bucket a lifecycle rule aborting multipart
+    /// uploads under its prefix `days` after they started, keeping the
+    /// bucket's other rules (S3 replaces a bucket's lifecycle whole, so it
+    /// is read, added to and written back). A rule with our id is left as
+    /// it is (an operator may have changed it).
+    pub async fn ensure_abort_rule(&self, days: u32) -> Result<RuleChange, S3Error> {
+        let base = self.next_base();
+        let now = self.retrying(|attempt| self.client.get_lifecycle(self.at(base, attempt, "", "lifecycle"))).await?;
+        let id = self.abort_rule_id();
+        if now.as_deref().is_some_and(|x| x.contains(&format!("<ID>{id}</ID>"))) {
+            return Ok(RuleChange::Present);
+        }
+        let xml = with_abort_rule(now.as_deref(), &id, &self.prefix, days)?;
+        let xml = &xml;
+        self.retrying(|attempt| self.client.put_lifecycle(self.at(base, attempt, "", "lifecycle"), xml.clone()))
+            .await?;
+        Ok(RuleChange::Added)
+    }
+}
+
+/// `existing` (a bucket's lifecycle XML, if it has one) with our rule
+/// added: in the filter form, or the older rule-level `<Prefix>` form when
+/// the rules there use it (S3 refuses a mix).
+fn with_abort_rule(existing: Option<&str>, id: &str, prefix: &str, days: u32) -> Result<String, S3Error> {
+    let escaped = prefix.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
+    let legacy = existing.is_some_and(|x| x.contains("<Rule>") && !x.contains("<Filter"));
+    let scope = if legacy {
+        format!("<Prefix>{escaped}</Prefix>")
+    } else {
+        format!("<Filter><Prefix>{escaped}</Prefix></Filter>")
+    };
+    let rule = format!(
+        "<Rule><ID>{id}</ID>{scope}<Status>Enabled</Status><AbortIncompleteMultipartUpload>\
+         <DaysAfterInitiation>{days}</DaysAfterInitiation></AbortIncompleteMultipartUpload></Rule>"
+    );
+    match existing {
+        None => Ok(format!(
+            "<LifecycleConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">{rule}</LifecycleConfiguration>"
+        )),
+        Some(x) => {
+            let end = x.rfind("</LifecycleConfiguration>").ok_or_else(|| {
+                S3Error::Protocol("the bucket's lifecycle configuration has no </LifecycleConfiguration>".into())
+            })?;
+            Ok(format!("{}{rule}{}", &x[..end], &x[end..]))
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "uploads_tests.rs"]
+mod tests;
