@@ -49,6 +49,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 GIB = float(1 << 30)
+sys.path.insert(0, os.path.dirname(HERE))
+import benchlib  # noqa: E402
 
 SIZES = [("4KiB", 4 << 10), ("64KiB", 64 << 10), ("1MiB", 1 << 20), ("64MiB", 64 << 20)]
 SLUICE = [
@@ -108,6 +110,24 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "loaders.json"), help="JSON result file")
     ap.add_argument("--unavailable-dir", default="", help="directory of <reader> files naming why it is not installed")
     ap.add_argument("--keep-stack", action="store_true", help="leave the stack and its data running afterwards")
+    ap.add_argument(
+        "--split",
+        default="",
+        help="emulate the deployment by core pinning, e.g. host=0-3,dpu=4-9,storage=10-15: readers and the shim "
+        "on the host cores, the agent on the dpu cores, the gateway on the storage cores (taskset, every thread). "
+        "Default: no pinning (small machines)",
+    )
+    ap.add_argument(
+        "--dpu-cores",
+        default="",
+        help="with --split: also run the Sluice readers with the agent on only the first N of the dpu cores, "
+        "for each N in this comma-separated list (e.g. 2,4,6), to show how it scales with the BlueField's cores",
+    )
+    ap.add_argument(
+        "--scaling-readers",
+        default="sluice-py batch->region,sluice-rs batch (http),sluice-rs (rdma/tcp),sluice-py batch->bytes",
+        help="the readers run at each --dpu-cores count",
+    )
     return ap.parse_args()
 
 
@@ -268,6 +288,31 @@ def med(vals: List[Optional[float]]) -> Optional[float]:
     return statistics.median(v) if v else None
 
 
+def dpu_scaling(rows: List[Dict[str, Any]], args: argparse.Namespace) -> Dict[str, Any]:
+    """Per scaling reader and size (at the highest concurrency): GiB/s with
+    the agent on each --dpu-cores count, and the ratio of the most cores to
+    the fewest (the issue's "2 -> 6 cores: >= 2x at 1 MiB")."""
+    counts = [int(n) for n in args.dpu_cores.split(",") if n.strip()]
+    if not counts:
+        return {}
+    out: Dict[str, Any] = {}
+    for r in rows:
+        name, _, tail = r["reader"].partition(" @")
+        if not tail.endswith(" DPU cores"):
+            continue
+        n = int(tail.split()[0])
+        cell = out.setdefault(name, {}).setdefault(r["size"], {})
+        if r["concurrency"] >= cell.get("_conc", 0):
+            cell["_conc"] = r["concurrency"]
+            cell[str(n)] = r["gib_per_s"]
+    for sizes in out.values():
+        for cell in sizes.values():
+            lo, hi = cell.get(str(min(counts))), cell.get(str(max(counts)))
+            cell["ratio_most_to_fewest"] = (hi / lo) if lo and hi else None
+            cell["concurrency"] = cell.pop("_conc")
+    return out
+
+
 def summarize(name: str, runs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per (size, concurrency): medians over the repeats."""
     cells: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
@@ -367,8 +412,20 @@ def main() -> None:
     sizes = [(label, size, counts[label]) for label, size in SIZES if counts[label] > 0]
     bucket, prefix = "data", "bench/"
 
+    split = benchlib.parse_split(args.split) if args.split else {}
+    dpu_counts = [int(n) for n in args.dpu_cores.split(",") if n.strip()]
+    if dpu_counts and not split:
+        raise SystemExit("--dpu-cores needs --split (which cores are the DPU's)")
+    if split and dpu_counts and max(dpu_counts) > len(split["dpu"]):
+        raise SystemExit(f"--dpu-cores {args.dpu_cores}: the split gives the agent only {len(split['dpu'])} cores")
     stack = Stack(args.bin_dir)
     interrupted = False
+    prefix_cmd: List[str] = []
+    if split:
+        for proc, role in (("gateway", "storage"), ("agent", "dpu"), ("shim", "host")):
+            benchlib.pin(stack.pids[proc], split[role])
+        prefix_cmd = ["taskset", "-c", benchlib.cpulist(split["host"])]
+        log("pinned: " + ", ".join(f"{p} {benchlib.affinity(stack.pids[p])}" for p in ("gateway", "agent", "shim")))
 
     def on_signal(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -412,12 +469,23 @@ def main() -> None:
                 cfg["sizes"] = [(lb, s, args.s5cmd_small if lb == "4KiB" else n) for lb, s, n in sizes]
             log(f"{name}:")
             t0 = time.perf_counter()
-            results[name] = run_reader(name, cfg, env)
+            results[name] = run_reader(name, cfg, env, argv_prefix=prefix_cmd)
             results[name]["wall_s"] = time.perf_counter() - t0
             if not results[name]["available"]:
                 log(f"{name}: unavailable ({results[name]['reason']})")
             if "error" in results[name]:
                 log(f"{name}: FAILED: {results[name]['error']}")
+        # The agent on fewer of the DPU's cores: how the same readers scale.
+        scaling_readers = [r.strip() for r in args.scaling_readers.split(",") if r.strip() in readers]
+        for n in dpu_counts:
+            benchlib.pin(stack.pids["agent"], split["dpu"][:n])
+            for name in scaling_readers:
+                label = f"{name} @{n} DPU cores"
+                log(f"{label}:")
+                results[label] = run_reader(name, dict(base), env, argv_prefix=prefix_cmd)
+                results[label]["name"] = label
+        if dpu_counts:
+            benchlib.pin(stack.pids["agent"], split["dpu"])
         writers = [w.strip() for w in args.writers.split(",") if w.strip()]
         writes = []
         if args.write_small > 0:
@@ -427,7 +495,7 @@ def main() -> None:
         for name in writers if writes else []:
             log(f"writer {name}:")
             t0 = time.perf_counter()
-            write_results[name] = run_reader(name, dict(base, op="write", writes=writes), env)
+            write_results[name] = run_reader(name, dict(base, op="write", writes=writes), env, argv_prefix=prefix_cmd)
             write_results[name]["wall_s"] = time.perf_counter() - t0
             if "error" in write_results[name]:
                 log(f"writer {name}: FAILED: {write_results[name]['error']}")
@@ -439,7 +507,8 @@ def main() -> None:
         raise SystemExit("interrupted")
 
     wall = time.perf_counter() - t_start
-    report(args, sizes, concurrency, readers, results, wall, write_results)
+    scaled = [f"{r} @{n} DPU cores" for n in dpu_counts for r in args.scaling_readers.split(",") if r in readers]
+    report(args, sizes, concurrency, readers + [r for r in scaled if r in results], results, wall, write_results)
 
 
 def report(
@@ -692,6 +761,8 @@ def report(
             "readers": {n: results[n].get("method") for n in readers if results.get(n, {}).get("method")},
         },
         "machine": machine_info(),
+        "split": args.split or None,
+        "dpu_scaling": dpu_scaling(rows, args),
         "versions": versions,
         "readers": {
             n: {

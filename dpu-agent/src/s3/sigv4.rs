@@ -5,7 +5,7 @@
 //! signing key (four HMACs), parses the URI, copies every header into a
 //! `HeaderMap` and rebuilds the canonical request through several string
 //! allocations. It showed as ~12% of the agent's CPU per small GET
-//! (docs/small-objects.md). The agent signs a narrow set of requests whose
+//! (docs/performance.md). The agent signs a narrow set of requests whose
 //! path and query it encoded itself, so it builds the canonical request in
 //! one buffer and keeps the day's key. `aws_sigv4::sign::v4` still derives
 //! the key; the tests check every kind of request the agent sends against
