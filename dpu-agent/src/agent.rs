@@ -9,18 +9,21 @@ use std::time::{Duration, Instant};
 use tracing::{info, Instrument};
 
 use crate::capabilities::Capabilities;
-use crate::config::{AgentConfig, Limits, Permission, Placement};
-use crate::error::{AgentError, StartupError};
+use crate::config::{AgentConfig, Limits};
+use crate::error::AgentError;
 use crate::hostmem::{HostMemory, HostRegion, MemoryKind, RegionExport};
 use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
 use crate::ids::random_id;
 use crate::metrics::Metrics;
+use crate::model::{Permission, Placement};
 use crate::quota::Quotas;
 use crate::requests::GetObject;
+use crate::s3::model::{DataPathUsed, ListPage, ObjectMeta};
 use crate::s3::setup::{Failover, Signers, StoreParts};
+use crate::s3::store::{ObjectStore, S3Counters};
 use crate::s3::token_path::Fallback;
-use crate::s3::{DataPathUsed, ListPage, ObjectMeta, ObjectStore, S3Counters};
 use crate::session::{Registered, Session, Sessions};
+use crate::startup::StartupError;
 use crate::transports::RunningTransports;
 
 struct Tenant {
@@ -221,7 +224,7 @@ impl Agent {
         Ok(Capabilities {
             memory: self.memory.capabilities(),
             shim_memory: shim_memory.to_vec(),
-            max_batch_items: crate::batch::MAX_BATCH_ITEMS as u32,
+            max_batch_items: crate::model::MAX_BATCH_ITEMS as u32,
             max_registered_bytes: self.limits.max_registered_bytes_per_session,
             namespaces,
         })
@@ -554,7 +557,7 @@ impl Agent {
                     "a {length}-byte object exceeds the {} bytes a PUT can write to namespace {namespace:?} \
                      (at most {} multipart parts; the agent's [s3] put_part_size sets the part size)",
                     store.max_object_bytes(),
-                    crate::capabilities::MAX_PARTS,
+                    crate::model::MAX_PARTS,
                 )));
             }
             let t0 = Instant::now();

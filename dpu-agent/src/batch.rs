@@ -21,9 +21,7 @@ use crate::requests::GetObject;
 /// apply to each; this only keeps one batch from spawning unbounded work.
 pub const BATCH_CONCURRENCY: usize = 64;
 
-/// Most items in one batch (the shim refuses bigger batches before they
-/// get here; this is the agent's own bound).
-pub const MAX_BATCH_ITEMS: usize = 4096;
+pub use crate::model::MAX_BATCH_ITEMS;
 
 impl Agent {
     /// Runs `items` for session `session_id`; yields `(index, result)` as

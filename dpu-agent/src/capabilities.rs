@@ -9,17 +9,8 @@ use std::time::Duration;
 
 use sluice_dataplane::TransportKind;
 
-use crate::config::{DataPathMode, Permission, Placement};
 use crate::hostmem::{MemoryCaps, MemoryKind};
-
-/// Most parts of one multipart upload (S3's limit).
-pub const MAX_PARTS: u64 = 10_000;
-
-/// Largest S3 object (5 TiB).
-pub const MAX_S3_OBJECT_BYTES: u64 = 5 << 40;
-
-/// Largest single (not multipart) PUT S3 accepts (5 GiB).
-pub const MAX_SINGLE_PUT_BYTES: u64 = 5 << 30;
+use crate::model::{DataPathMode, Permission, Placement};
 
 /// One namespace's capabilities.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,7 +33,7 @@ pub struct NamespaceCaps {
     pub rdma_min_bytes: u64,
     pub request_timeout: Duration,
     /// What the store does with checksums, as learned so far.
-    pub store_checksums: crate::s3::integrity::StoreChecksums,
+    pub store_checksums: crate::s3::model::StoreChecksums,
 }
 
 /// What a session of one tenant can do.
@@ -66,24 +57,9 @@ impl Capabilities {
     }
 }
 
-/// Largest object a PUT can write with these part sizes: a single PUT up
-/// to `multipart_threshold`, else at most [`MAX_PARTS`] parts of
-/// `part_bytes` (plaintext bytes per part for encrypted namespaces).
-pub fn max_object_bytes(multipart_threshold: u64, part_bytes: u64) -> u64 {
-    MAX_PARTS.saturating_mul(part_bytes).max(multipart_threshold).min(MAX_S3_OBJECT_BYTES)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_largest_object_follows_the_part_size() {
-        // 8 MiB parts: 10,000 of them.
-        assert_eq!(max_object_bytes(16 << 20, 8 << 20), 10_000 * (8 << 20));
-        // 1 GiB parts would pass 5 TiB: S3's limit wins.
-        assert_eq!(max_object_bytes(16 << 20, 1 << 30), MAX_S3_OBJECT_BYTES);
-    }
 
     #[test]
     fn usable_memory_is_what_both_sides_handle() {

@@ -13,6 +13,8 @@ use sluice_dataplane::transport::TransportKind;
 pub mod failover;
 pub mod uploads;
 
+pub use crate::model::{DataPathMode, Permission, Placement};
+
 /// Errors reading or validating the config.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -377,50 +379,8 @@ pub enum CipherEngine {
     Doca,
 }
 
-/// One right on a namespace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Permission {
-    /// GET and HEAD.
-    Read,
-    /// PUT.
-    Write,
-    /// LIST.
-    List,
-    /// DELETE.
-    Delete,
-}
-
-impl Permission {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Read => "read",
-            Self::Write => "write",
-            Self::List => "list",
-            Self::Delete => "delete",
-        }
-    }
-}
-
 fn all_permissions() -> Vec<Permission> {
     vec![Permission::Read, Permission::Write, Permission::List, Permission::Delete]
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DataPathMode {
-    #[default]
-    Http,
-    Rdma,
-    Auto,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Placement {
-    #[default]
-    Direct,
-    Staged,
 }
 
 /// A config value by its name (`FromStr`), with the type's own error
@@ -527,7 +487,7 @@ impl AgentConfig {
         }
         cfg.tls.resolve(base);
         cfg.state_dir = cfg.state_dir.take().map(|d| base.join(d));
-        crate::s3::store_tls::resolve_paths(&mut cfg, base);
+        resolve_ca_files(&mut cfg, base);
         for t in &mut cfg.tenants {
             if t.shim_secret_file.is_relative() {
                 t.shim_secret_file = base.join(&t.shim_secret_file);
@@ -655,7 +615,7 @@ impl AgentConfig {
         }
         // S3 refuses single PUTs and parts above 5 GiB: the store would
         // refuse them only once the bytes were on the wire.
-        let max_put = crate::capabilities::MAX_SINGLE_PUT_BYTES;
+        let max_put = crate::model::MAX_SINGLE_PUT_BYTES;
         if s.multipart_threshold > max_put || s.put_part_size > max_put {
             return bad(format!("s3: multipart_threshold and put_part_size must be <= {max_put} (S3's largest PUT)"));
         }
@@ -678,6 +638,18 @@ impl AgentConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// Makes the namespaces' relative `ca_file`s relative to `base` (the config
+/// file's directory).
+pub fn resolve_ca_files(cfg: &mut AgentConfig, base: &Path) {
+    for ns in cfg.tenants.iter_mut().flat_map(|t| &mut t.namespaces) {
+        if let Some(p) = &mut ns.ca_file {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
     }
 }
 

@@ -1,41 +1,10 @@
-//! The agent's error type and its one conversion to a gRPC status.
+//! The agent's operation error and its one conversion to a gRPC status.
+//! Why the agent did not start is `startup::StartupError`.
 
 use sluice_proto::common::{ErrorCode, ErrorDetail};
 
 use crate::hostmem::MemError;
-use crate::s3::S3Error;
-
-/// Why the agent could not be built from its configuration (it then does
-/// not start). Operations fail with [`AgentError`] instead.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartupError {
-    #[error("[tls]: {0}")]
-    Tls(String),
-    #[error("building the HTTP client: {0}")]
-    HttpClient(#[source] S3Error),
-    #[error("namespace {namespace:?}: {source}")]
-    CaFile { namespace: String, source: crate::s3::store_tls::CaFileError },
-    #[error("[encryption] key_dir: {0}")]
-    KeyDir(#[source] sluice_crypt::CryptError),
-    #[error("namespace {namespace:?}: encryption = \"aes-256-gcm\" needs [encryption] key_dir")]
-    NoKeyDir { namespace: String },
-    #[error("[encryption] engine = \"doca\": {0}")]
-    DocaCipher(String),
-    #[error("namespace {namespace:?}: credentials {name:?} are not defined under [credentials]")]
-    MissingCredentials { namespace: String, name: String },
-    #[error("credentials {name:?}: {source}")]
-    Secret { name: String, source: Box<crate::config::ConfigError> },
-    #[error("tenant {tenant:?}: shim secret: {source}")]
-    ShimSecret { tenant: String, source: sluice_proto::auth::SecretFileError },
-    #[error(transparent)]
-    Transport(#[from] crate::transports::ChooseError),
-    #[error("quotas: {0}")]
-    Quotas(#[from] sluice_qos::QosError),
-    /// The configured `state_dir` cannot hold the upload journal.
-    #[error("state_dir: {0}")]
-    StateDir(#[from] crate::s3::uploads::UploadsError),
-}
+use crate::s3::error::S3Error;
 
 /// Everything an agent operation can fail with. Each variant maps to one
 /// [`ErrorCode`] so the shim and clients get a typed error.

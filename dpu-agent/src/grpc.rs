@@ -14,7 +14,7 @@ use crate::error::AgentError;
 use crate::hostmem::{MemoryKind, RegionExport};
 use crate::identity::{SessionRequest, ShimOrigin};
 use crate::requests::GetObject;
-use crate::s3::{DataPathUsed, ObjectMeta};
+use crate::s3::model::{DataPathUsed, ObjectMeta};
 use crate::tls::ClientCert;
 
 /// Capabilities to and from protobuf.
@@ -23,9 +23,9 @@ mod caps {
     use sluice_proto::common::Capabilities as PbCaps;
 
     use crate::capabilities::{Capabilities, NamespaceCaps};
-    use crate::config::{DataPathMode, Permission, Placement};
     use crate::hostmem::MemoryKind;
-    use crate::s3::integrity::StoreChecksums;
+    use crate::model::{DataPathMode, Permission, Placement};
+    use crate::s3::model::StoreChecksums;
     use sluice_dataplane::TransportKind;
 
     pub fn memory_from_pb(k: pb::MemoryKind) -> Option<MemoryKind> {

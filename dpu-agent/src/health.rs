@@ -20,7 +20,7 @@ use sluice_telemetry::Readiness;
 
 use crate::agent::Agent;
 use crate::s3::endpoints::{EndpointStatus, NotServing};
-use crate::s3::ObjectStore;
+use crate::s3::store::ObjectStore;
 
 /// Time between store probes.
 const PROBE_EVERY: Duration = Duration::from_secs(15);
@@ -178,6 +178,21 @@ impl Health {
             sluice_telemetry::notify_status(&self.readiness());
             tokio::time::sleep(PROBE_EVERY).await;
         }
+    }
+}
+
+/// What the agent's operations endpoint shows.
+pub struct AgentEndpoints {
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    pub health: std::sync::Arc<Health>,
+}
+
+impl sluice_telemetry::Endpoints for AgentEndpoints {
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+    fn readiness(&self) -> sluice_telemetry::Readiness {
+        self.health.readiness()
     }
 }
 

@@ -93,13 +93,21 @@ pub struct ShimAuth {
     seen: Mutex<HashMap<Vec<u8>, u64>>,
 }
 
+/// A tenant's shim secret cannot be read (the agent does not start).
+#[derive(Debug, thiserror::Error)]
+#[error("tenant {tenant:?}: shim secret: {source}")]
+pub struct ShimSecretError {
+    pub tenant: String,
+    pub source: auth::SecretFileError,
+}
+
 impl ShimAuth {
     /// Reads every tenant's shim secret (files must be mode 0600).
-    pub fn from_config(cfg: &AgentConfig) -> Result<Self, crate::error::StartupError> {
+    pub fn from_config(cfg: &AgentConfig) -> Result<Self, ShimSecretError> {
         let mut tenants = HashMap::new();
         for t in &cfg.tenants {
             let secret = auth::read_secret_file(&t.shim_secret_file)
-                .map_err(|source| crate::error::StartupError::ShimSecret { tenant: t.name.clone(), source })?;
+                .map_err(|source| ShimSecretError { tenant: t.name.clone(), source })?;
             let auth = TenantAuth {
                 secret,
                 shims: t.shims.clone(),

@@ -16,12 +16,14 @@ pub mod hostmem;
 pub mod identity;
 pub mod ids;
 pub mod metrics;
+pub mod model;
 pub mod nic;
 pub mod quota;
 pub mod requests;
 pub mod s3;
 pub mod server;
 pub mod session;
+pub mod startup;
 pub mod tls;
 pub mod transports;
 

@@ -236,18 +236,3 @@ impl Metrics {
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
-
-/// What the agent's operations endpoint shows.
-pub struct AgentEndpoints {
-    pub metrics: std::sync::Arc<Metrics>,
-    pub health: std::sync::Arc<crate::health::Health>,
-}
-
-impl sluice_telemetry::Endpoints for AgentEndpoints {
-    fn metrics(&self) -> String {
-        self.metrics.render()
-    }
-    fn readiness(&self) -> sluice_telemetry::Readiness {
-        self.health.readiness()
-    }
-}

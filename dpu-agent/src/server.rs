@@ -12,7 +12,6 @@ use tracing::{info, warn};
 
 use crate::agent::Agent;
 use crate::config::AgentConfig;
-use crate::error::StartupError;
 use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::hostmem::{BackendKind, HostMemory};
@@ -21,6 +20,7 @@ use crate::nic::guard::NicGuard;
 use crate::nic::ovs::Ofctl;
 use crate::nic::policy::{rules, RuleSet, TenantRules};
 use crate::nic::NicError;
+use crate::startup::StartupError;
 use crate::transports::{RunningTransports, TransportStartError};
 
 /// Errors starting the agent.
@@ -157,7 +157,7 @@ pub async fn run(
             source,
         })?;
         bound.metrics = l.local_addr().ok();
-        let endpoints = crate::metrics::AgentEndpoints { metrics: metrics.clone(), health };
+        let endpoints = crate::health::AgentEndpoints { metrics: metrics.clone(), health };
         tokio::spawn(sluice_telemetry::serve(Arc::new(endpoints), l));
     }
 
@@ -165,7 +165,7 @@ pub async fn run(
     let mut servers = tokio::task::JoinSet::new();
     // TCP listeners speak mutual TLS, or plaintext only when the config
     // says `insecure = true`.
-    let tls = cfg.tls.acceptor()?;
+    let tls = cfg.tls.acceptor().map_err(StartupError::from)?;
     if cfg.tls.insecure {
         warn!("[tls] insecure = true: the TCP control channel is plaintext; use it only on a trusted link");
     }
@@ -259,7 +259,7 @@ pub async fn run(
 fn start_upload_cleanup(cfg: &AgentConfig, agent: &Arc<Agent>, metrics: &Metrics) {
     if let Some(journal) = &agent.failover().journal {
         let aborted = metrics.multipart_aborts.with_label_values(&["left"]);
-        tokio::spawn(crate::s3::uploads::sweep_forever(journal.clone(), agent.stores(), aborted));
+        tokio::spawn(crate::s3::sweeper::sweep_forever(journal.clone(), agent.stores(), aborted));
     }
     let Some(days) = cfg.uploads.abort_incomplete_after_days else { return };
     let stores = agent.stores();

@@ -16,8 +16,6 @@ use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 
-use crate::error::StartupError;
-
 /// Makes ring the process's TLS crypto provider. Call once at start, before
 /// any TLS is set up: two providers are linked in, and rustls refuses to
 /// guess between them.
@@ -43,6 +41,15 @@ pub struct TlsConfig {
     /// warning at every start.
     #[serde(default)]
     pub insecure: bool,
+}
+
+/// Why the listeners' TLS cannot be set up from `[tls]`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// `what` (certificate, key, client_ca) at `path` could not be used.
+    #[error("{what} {}: {message}", path.display())]
+    Load { what: &'static str, path: PathBuf, message: String },
 }
 
 impl TlsConfig {
@@ -83,14 +90,17 @@ impl TlsConfig {
     /// The TLS acceptor for the TCP listeners, when certificates are
     /// configured: our certificate, client certificates required and
     /// checked against `client_ca`, HTTP/2 by ALPN.
-    pub fn acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, StartupError> {
+    pub fn acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, TlsError> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let (Some(cert), Some(key), Some(ca)) = (&self.cert, &self.key, &self.client_ca) else {
             return Ok(None);
         };
-        let fail =
-            |what: &str, p: &Path, e: &dyn std::fmt::Display| StartupError::Tls(format!("{what} {}: {e}", p.display()));
+        let fail = |what: &'static str, p: &Path, e: &dyn std::fmt::Display| TlsError::Load {
+            what,
+            path: p.to_owned(),
+            message: e.to_string(),
+        };
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
             .and_then(|i| i.collect::<Result<_, _>>())
             .map_err(|e| fail("certificate", cert, &e))?;

@@ -22,8 +22,9 @@ use sluice_dataplane::verbs::VerbsOwner;
 use sluice_dataplane::{Transport, TransportKind};
 use tracing::{info, warn};
 
-use crate::config::{AgentConfig, DataPathMode, NamespaceConfig};
+use crate::config::{AgentConfig, NamespaceConfig};
 use crate::metrics::Metrics;
+use crate::model::DataPathMode;
 use crate::s3::token_path::Fallback;
 
 /// Errors starting a transport the configuration requires.

@@ -1,7 +1,7 @@
 //! The seam between the agent's transfer logic and an S3 store: one call
 //! per S3 request.
 //!
-//! [`ObjectStore`](super::ObjectStore) decides *which* requests to send —
+//! [`ObjectStore`](super::store::ObjectStore) decides *which* requests to send —
 //! part splitting, retries across endpoints, `If-Match` and version checks,
 //! the RDMA→HTTP fallback, quota admission, multipart abort — and an
 //! [`S3Client`] sends one of them and says what came back. The agent's
@@ -21,7 +21,8 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 
-use super::{ListPage, S3Error};
+use super::error::S3Error;
+use super::model::ListPage;
 use crate::hostmem::HostRegion;
 
 /// What a request's future resolves to.

@@ -14,33 +14,19 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use sluice_crypt::{CryptError, KeyProvider, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN};
+use sluice_crypt::{CryptError, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN};
 
 use super::client::{header, Body, PartOf, PutBody, RangedGet};
+use super::encryption::Encryption;
+use super::error::S3Error;
 use super::get::GetOutcome;
 use super::integrity::{self, Digests, Upload};
+use super::model::ObjectMeta;
 use super::put::PutOutcome;
+use super::store::{enter, Gate, ObjectStore};
 use super::token_path::Via;
-use super::{enter, xml, Gate, ObjectStore, S3Error};
+use super::xml;
 use crate::hostmem::HostRegion;
-
-/// A namespace's encryption settings.
-pub struct Encryption {
-    pub provider: Arc<dyn KeyProvider>,
-    /// The AES-GCM implementation for chunks (ring or the DPU's engine).
-    pub cipher: Arc<dyn sluice_crypt::Cipher>,
-    /// Plaintext bytes per chunk for new objects.
-    pub chunk_size: u32,
-}
-
-impl std::fmt::Debug for Encryption {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Encryption")
-            .field("chunk_size", &self.chunk_size)
-            .field("cipher", &self.cipher.name())
-            .finish_non_exhaustive()
-    }
-}
 
 /// Maps format errors: tampering and malformed objects are integrity
 /// failures; key problems are the agent's own.
@@ -145,7 +131,7 @@ fn metadata_of(headers: &http::HeaderMap) -> Result<Option<Metadata>, S3Error> {
 
 impl ObjectStore {
     /// HEAD with the plaintext size of an encrypted object.
-    pub(super) async fn head_encrypted(&self, key: &str, request_id: &str) -> Result<xml::ObjectMeta, S3Error> {
+    pub(super) async fn head_encrypted(&self, key: &str, request_id: &str) -> Result<ObjectMeta, S3Error> {
         let (mut meta, enc) = self.head_with_metadata(key, request_id).await?;
         if let Some(m) = enc {
             meta.size = m.plaintext_len;
@@ -153,11 +139,7 @@ impl ObjectStore {
         Ok(meta)
     }
 
-    async fn head_with_metadata(
-        &self,
-        key: &str,
-        request_id: &str,
-    ) -> Result<(xml::ObjectMeta, Option<Metadata>), S3Error> {
+    async fn head_with_metadata(&self, key: &str, request_id: &str) -> Result<(ObjectMeta, Option<Metadata>), S3Error> {
         let full = &self.full_key(key);
         let base = self.next_base();
         self.retrying(|attempt| async move {

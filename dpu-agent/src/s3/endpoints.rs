@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use prometheus::{IntCounterVec, IntGaugeVec};
 
 use super::client::{ListQuery, S3Client, Target};
-use super::{ObjectStore, S3Error};
+use super::error::S3Error;
 use crate::config::failover::FailoverConfig;
 
 /// The metrics of endpoint health, labelled by endpoint URL.
@@ -392,7 +392,7 @@ impl EndpointRegistry {
 
 /// A namespace's endpoints, in its configured order.
 pub struct EndpointSet {
-    members: Vec<Arc<Endpoint>>,
+    pub(super) members: Vec<Arc<Endpoint>>,
 }
 
 impl EndpointSet {
@@ -453,40 +453,6 @@ impl EndpointSet {
     pub fn elsewhere_now(&self, kind: FailureKind) -> bool {
         let up = self.members.iter().filter(|e| e.is_up()).count();
         kind != FailureKind::Server && (up >= 2 || up == 1 && kind.ejects_at_once())
-    }
-}
-
-impl ObjectStore {
-    /// Each endpoint's health, for `/ready`.
-    pub fn endpoint_status(&self) -> Vec<EndpointStatus> {
-        self.health.status()
-    }
-
-    /// The readiness probe: a one-key listing through each endpoint at
-    /// once, each within `timeout` (a hung endpoint fails its own probe,
-    /// not the namespace's). Endpoints that fail it count it against
-    /// their health; an ejected one that passes is back. `Err` for an
-    /// endpoint: why it does not serve this namespace.
-    pub async fn probe_endpoints(&self, timeout: Duration) -> Vec<(String, Result<(), NotServing>)> {
-        let probe = Probe { client: self.raw.clone(), prefix: self.prefix.clone() };
-        let runs = self.health.members.iter().map(|e| {
-            let probe = &probe;
-            async move {
-                let r = match probe.run(e.url(), timeout).await {
-                    Ok(answer) => {
-                        e.check_passed();
-                        answer.map_err(|err| NotServing::Namespace(err.to_string()))
-                    }
-                    Err((kind, err)) => {
-                        let kind = if kind == FailureKind::Deadline { FailureKind::ProbeDeadline } else { kind };
-                        self.health.failed(e, kind, &err);
-                        Err(NotServing::Endpoint(err))
-                    }
-                };
-                (e.url().to_owned(), r)
-            }
-        });
-        futures::future::join_all(runs).await
     }
 }
 

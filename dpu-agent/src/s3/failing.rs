@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::StreamExt;
 
 use super::client::{Body, ListQuery, PartOf, PutBody, RangedGet, Reply, S3Client, S3Future, Target};
+use super::error::S3Error;
 use super::mock::Op;
-use super::{ListPage, S3Error};
+use super::model::ListPage;
 
 /// What an armed rule does to the request it hits.
 #[derive(Clone)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 
 use super::endpoints::deadline_error;
-use super::S3Error;
+use super::error::S3Error;
 
 /// When a request last made progress.
 #[derive(Clone)]

@@ -10,11 +10,13 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use super::client::{Body, RangedGet, Reply};
+use super::error::S3Error;
 use super::integrity::{self, unverified, Expected};
+use super::store::{enter, Gate, ObjectStore};
 use super::token_path::{Fallback, Via};
-use super::{enter, Gate, ObjectStore, S3Error};
-use crate::config::DataPathMode;
+use super::version::{parse_content_range, Version};
 use crate::hostmem::HostRegion;
+use crate::model::DataPathMode;
 
 /// What a GET moved.
 #[derive(Debug, Clone)]
@@ -60,14 +62,6 @@ struct PartDone {
     dst: u64,
     len: u64,
     crc: Option<u64>,
-}
-
-/// Parses `Content-Range: bytes a-b/total`.
-fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
-    let rest = v.strip_prefix("bytes ")?;
-    let (span, total) = rest.split_once('/')?;
-    let (a, b) = span.split_once('-')?;
-    Some((a.parse().ok()?, b.parse().ok()?, total.parse().ok()?))
 }
 
 /// The first HTTP response of a GET, which carries the first part.
@@ -370,44 +364,6 @@ pub(super) fn check_if_match(want: Option<&str>, etag: &str) -> Result<(), S3Err
     }
 }
 
-/// The version of an object a read started on (from its first reply):
-/// every later part must come from the same one, or the read fails rather
-/// than return bytes of two versions as one.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Version<'a> {
-    pub etag: &'a str,
-    pub size: u64,
-}
-
-impl Version<'_> {
-    /// Checks a part's reply (HTTP or RDMA) for `[from, to)`: the same ETag
-    /// (when the store names one) and the same object size in
-    /// `Content-Range`, starting where asked.
-    pub(super) fn check(&self, headers: &http::HeaderMap, from: u64, to: u64) -> Result<(), S3Error> {
-        let changed = |what: String| {
-            S3Error::PreconditionFailed(format!(
-                "the object changed while it was read ({what} for bytes {from}-{}); nothing was returned",
-                to - 1
-            ))
-        };
-        let got = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default();
-        if !self.etag.is_empty() && !got.is_empty() && got != self.etag {
-            return Err(changed(format!("ETag {} at the start, {got} now", self.etag)));
-        }
-        if let Some(cr) = headers.get("content-range").and_then(|v| v.to_str().ok()) {
-            let (a, _, total) =
-                parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
-            if total != self.size {
-                return Err(changed(format!("{} bytes at the start, {total} now", self.size)));
-            }
-            if a != from {
-                return Err(S3Error::Protocol(format!("asked for bytes from {from}, got from {a}")));
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Streams exactly `expected` bytes of `body` into `region` at `dst`;
 /// returns their CRC64NVME. Extra bytes beyond `expected` (a store that
 /// ignored Range) are not read.
@@ -430,38 +386,4 @@ async fn stream_body(mut body: Body, region: &Arc<dyn HostRegion>, dst: u64, exp
         got += take as u64;
     }
     Ok(digest.sum64())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parts_of_another_version_are_refused() {
-        let v = Version { etag: "\"a\"", size: 100 };
-        let h = |etag: &str, cr: &str| {
-            let mut m = http::HeaderMap::new();
-            if !etag.is_empty() {
-                m.insert("etag", etag.parse().unwrap());
-            }
-            if !cr.is_empty() {
-                m.insert("content-range", cr.parse().unwrap());
-            }
-            m
-        };
-        assert!(v.check(&h("\"a\"", "bytes 10-19/100"), 10, 20).is_ok());
-        assert!(v.check(&h("", "bytes 10-19/100"), 10, 20).is_ok(), "no ETag: the size still speaks");
-        let e = v.check(&h("\"b\"", "bytes 10-19/100"), 10, 20).unwrap_err();
-        assert!(matches!(&e, S3Error::PreconditionFailed(m) if m.contains("changed")), "{e}");
-        let e = v.check(&h("", "bytes 10-19/101"), 10, 20).unwrap_err();
-        assert!(matches!(e, S3Error::PreconditionFailed(_)), "{e}");
-        assert!(matches!(v.check(&h("\"a\"", "bytes 0-9/100"), 10, 20), Err(S3Error::Protocol(_))));
-    }
-
-    #[test]
-    fn content_range() {
-        assert_eq!(parse_content_range("bytes 0-9/100"), Some((0, 9, 100)));
-        assert_eq!(parse_content_range("bytes */100"), None);
-        assert_eq!(parse_content_range("items 0-9/100"), None);
-    }
 }

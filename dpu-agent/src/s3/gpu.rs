@@ -8,9 +8,10 @@
 
 use sluice_dataplane::TransportKind;
 
-use super::{ObjectStore, S3Error};
-use crate::config::{DataPathMode, Placement};
+use super::error::S3Error;
+use super::store::ObjectStore;
 use crate::hostmem::HostRegion;
+use crate::model::{DataPathMode, Placement};
 
 /// Which way a request moves bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,7 +201,7 @@ mod tests {
         let ns: crate::config::NamespaceConfig =
             toml::from_str("name = \"d\"\nendpoints = [\"http://a:1\"]\nbucket = \"data\"\ncredentials = \"c\"\n")
                 .expect("namespace");
-        let counters = super::super::S3Counters {
+        let counters = super::super::store::S3Counters {
             retries: prometheus::IntCounter::new("retries", "r").expect("counter"),
             multipart_aborts: prometheus::IntCounterVec::new(prometheus::Opts::new("aborts", "a"), &["reason"])
                 .expect("counter"),

@@ -25,8 +25,9 @@ use futures::StreamExt;
 
 use super::client::{Body, ListQuery, PartOf, PutBody, RangedGet, Reply, S3Client, S3Future, Target};
 use super::endpoints::{classify, deadline_error, Endpoint, EndpointSet, FailureKind};
+use super::error::S3Error;
+use super::model::ListPage;
 use super::uploads::UploadLog;
-use super::{ListPage, S3Error};
 
 /// Wraps the client that sends a namespace's requests.
 pub(super) struct Guarded {

@@ -13,9 +13,11 @@ use sluice_dataplane::SharedRegion;
 
 use super::super::client::{ListQuery, PartOf, PutBody, RangedGet, Reply, S3Client, S3Future, Target};
 use super::super::endpoints::{EndpointMetrics, EndpointRegistry};
+use super::super::error::S3Error;
 use super::super::failing::{Failing, Failure};
 use super::super::mock::{MockStore, Op};
-use super::super::{ListPage, ObjectStore, S3Counters, S3Error};
+use super::super::model::ListPage;
+use super::super::store::{ObjectStore, S3Counters};
 use crate::config::failover::FailoverConfig;
 use crate::config::{NamespaceConfig, S3Tuning};
 use crate::hostmem::HostRegion;

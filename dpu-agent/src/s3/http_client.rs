@@ -9,8 +9,10 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sluice_dataplane::s3_names::{REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
 
 use super::client::{ListQuery, PartOf, PutBody, RangedGet, RdmaToken, Reply, S3Client, S3Future, Target};
+use super::error::S3Error;
+use super::model::ListPage;
 use super::sigv4::Keys;
-use super::{sigv4, xml, ListPage, S3Error};
+use super::{sigv4, xml};
 use crate::config::S3Tuning;
 
 /// Characters S3 wants encoded in a key path: all but unreserved and '/'.

@@ -26,7 +26,8 @@ use base64::Engine;
 use md5::Digest;
 
 use super::client::header;
-use super::{xml, S3Error};
+use super::error::S3Error;
+use super::model::StoreChecksums;
 use crate::hostmem::HostRegion;
 
 /// The user metadata holding the object's CRC64NVME, as the agent computed
@@ -35,27 +36,17 @@ use crate::hostmem::HostRegion;
 pub const META_CRC64NVME: &str = "x-amz-meta-sluice-crc64nvme";
 const CHECKSUM: &str = "x-amz-checksum-crc64nvme";
 
-/// What a namespace's store does with `x-amz-checksum-crc64nvme`, as
-/// learned from its replies so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreChecksums {
-    /// No reply has told yet.
-    Unknown,
-    /// It checks the checksum on PUT, keeps it and returns it on GET.
-    Kept,
-    /// It neither keeps nor returns it (so it does not check it either).
-    Ignored,
-}
-
-impl StoreChecksums {
-    /// As `sluice stat --caps` and the logs spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Unknown => "unknown",
-            Self::Kept => "kept",
-            Self::Ignored => "ignored",
-        }
+/// The full-object CRC64NVME in a reply's headers, if the store sent one
+/// (a composite checksum of a multipart upload is not one).
+pub(super) fn full_object_crc(h: &http::HeaderMap) -> Option<u64> {
+    use base64::Engine;
+    let kind = h.get("x-amz-checksum-type").and_then(|v| v.to_str().ok());
+    if kind.is_some_and(|k| !k.eq_ignore_ascii_case("FULL_OBJECT")) {
+        return None;
     }
+    let v = h.get("x-amz-checksum-crc64nvme")?.to_str().ok()?;
+    let b = base64::engine::general_purpose::STANDARD.decode(v.trim()).ok()?;
+    Some(u64::from_be_bytes(b.try_into().ok()?))
 }
 
 /// A fact about an endpoint: seen to hold, seen not to (0: not seen yet).
@@ -292,7 +283,7 @@ impl Expected {
     /// From a reply's headers; the store's checksum counts only when the
     /// reply holds the `whole` object.
     pub fn from_headers(h: &http::HeaderMap, whole: bool) -> Self {
-        Self { store: if whole { xml::full_object_crc(h) } else { None }, agent: agent_crc(h) }
+        Self { store: if whole { full_object_crc(h) } else { None }, agent: agent_crc(h) }
     }
 
     pub fn any(&self) -> bool {
@@ -309,49 +300,6 @@ impl Expected {
             }
         }
         Ok(())
-    }
-}
-
-impl super::ObjectStore {
-    /// What `endpoint`'s reply to an upload proved, and what it taught
-    /// about the endpoint (whether it echoes, so checks, the CRC).
-    pub(super) fn upload_proof(
-        &self,
-        endpoint: &str,
-        kind: Upload,
-        digests: &Digests,
-        reply: &http::HeaderMap,
-    ) -> Result<Proof, S3Error> {
-        let proof = digests.check_reply(reply)?;
-        self.learned.upload_reply(endpoint, kind, proof.echoed);
-        Ok(proof)
-    }
-
-    /// The ETag of a multipart object whose completion came back without
-    /// one (RGW 16.2's): S3's, from the parts' MD5s when every part has
-    /// one (exactly this upload's, whoever writes the key next), else what
-    /// HEAD says. The object is stored either way, so a failed HEAD leaves
-    /// the ETag empty rather than failing the PUT.
-    pub(super) async fn etag_of_completed(
-        &self,
-        full: &str,
-        base: usize,
-        request_id: &str,
-        md5s: &[Option<[u8; 16]>],
-    ) -> String {
-        if let Some(all) = md5s.iter().copied().collect::<Option<Vec<_>>>().filter(|m| !m.is_empty()) {
-            return multipart_etag(&all);
-        }
-        let head = self
-            .retrying(|attempt| async move {
-                let h = self.client.head(self.at(base, attempt, full, request_id)).await?;
-                Ok(header(&h, "etag").to_owned())
-            })
-            .await;
-        head.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "the store completed the upload without an ETag, and HEAD failed");
-            String::new()
-        })
     }
 }
 

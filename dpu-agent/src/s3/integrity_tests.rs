@@ -8,14 +8,17 @@ use std::sync::Arc;
 
 use base64::Engine;
 
+use super::error::S3Error;
 use super::failing::{Failing, Failure};
-use super::integrity::{unverified, StoreChecksums, META_CRC64NVME};
+use super::integrity::{unverified, META_CRC64NVME};
 use super::mock::{MockStore, Op, RdmaMode};
+use super::model::StoreChecksums;
+use super::put::PutOutcome;
+use super::store::ObjectStore;
 use super::transfer_tests::{
     contents, counters, get_all, namespace, pattern, region, remote, store, tcp_path, tuning, until, PART,
 };
-use super::{ObjectStore, PutOutcome, S3Error};
-use crate::config::DataPathMode;
+use crate::model::DataPathMode;
 
 fn rgw() -> MockStore {
     let m = MockStore::new();

@@ -17,7 +17,8 @@ use sluice_dataplane::tcp::TcpRemote;
 use sluice_dataplane::Token;
 
 use super::client::{ListQuery, PartOf, PutBody, RangedGet, RdmaToken, Reply, S3Client, S3Future, Target};
-use super::{ListPage, ObjectMeta, S3Error};
+use super::error::S3Error;
+use super::model::{ListPage, ObjectMeta};
 
 /// The kind of an S3 request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

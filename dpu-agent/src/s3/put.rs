@@ -7,9 +7,10 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use super::client::{PartOf, PutBody};
+use super::error::S3Error;
 use super::integrity::{self, Digests, Upload};
+use super::store::{enter, Gate, ObjectStore};
 use super::token_path::{Fallback, Via};
-use super::{enter, Gate, ObjectStore, S3Error};
 use crate::hostmem::HostRegion;
 
 /// What a PUT stored.

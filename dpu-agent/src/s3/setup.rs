@@ -8,14 +8,36 @@ use std::sync::Arc;
 
 use sluice_dataplane::{Transport, TransportKind};
 
-use super::crypto::Encryption;
+use super::encryption::Encryption;
 use super::endpoints::{EndpointMetrics, EndpointRegistry};
 use super::http_client::HttpClient;
+use super::sigv4::Keys;
+use super::store::{ObjectStore, S3Counters};
+use super::store_tls::PoolsError;
 use super::token_path::{Fallback, TokenPath};
 use super::uploads::{Journal, UploadLog};
-use super::{Keys, ObjectStore, S3Counters};
 use crate::config::{AgentConfig, CipherEngine, EncryptionConfig, NamespaceConfig};
-use crate::error::StartupError;
+
+/// Why the namespaces' stores cannot be built (the agent does not start).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreSetupError {
+    #[error(transparent)]
+    Pools(#[from] super::store_tls::PoolsError),
+    #[error("[encryption] key_dir: {0}")]
+    KeyDir(#[source] sluice_crypt::CryptError),
+    #[error("namespace {namespace:?}: encryption = \"aes-256-gcm\" needs [encryption] key_dir")]
+    NoKeyDir { namespace: String },
+    #[error("[encryption] engine = \"doca\": {0}")]
+    DocaCipher(String),
+    #[error("namespace {namespace:?}: credentials {name:?} are not defined under [credentials]")]
+    MissingCredentials { namespace: String, name: String },
+    #[error("credentials {name:?}: {source}")]
+    Secret { name: String, source: Box<crate::config::ConfigError> },
+    /// The configured `state_dir` cannot hold the upload journal.
+    #[error("state_dir: {0}")]
+    StateDir(#[from] super::uploads::UploadsError),
+}
 
 /// What every namespace's store shares.
 pub struct StoreParts {
@@ -42,7 +64,7 @@ impl Failover {
     /// The endpoints' health (reported in `metrics`) and the journal in
     /// `state_dir`, which must be usable when the config names it; its
     /// default is used only if it can be.
-    pub fn from_config(cfg: &AgentConfig, metrics: Option<EndpointMetrics>) -> Result<Self, StartupError> {
+    pub fn from_config(cfg: &AgentConfig, metrics: Option<EndpointMetrics>) -> Result<Self, StoreSetupError> {
         let registry = EndpointRegistry::new(cfg.failover.clone(), metrics);
         let (dir, named) = crate::config::uploads::state_dir(cfg.state_dir.as_deref());
         let journal = match Journal::open(&dir) {
@@ -59,11 +81,15 @@ impl Failover {
 }
 
 impl StoreParts {
-    pub fn from_config(cfg: &AgentConfig, counters: S3Counters, failover: Arc<Failover>) -> Result<Self, StartupError> {
+    pub fn from_config(
+        cfg: &AgentConfig,
+        counters: S3Counters,
+        failover: Arc<Failover>,
+    ) -> Result<Self, StoreSetupError> {
         let http = super::store_tls::Pools::from_config(cfg)?;
         super::store_tls::warn_plaintext_stores(cfg);
         let keys: Option<Arc<dyn sluice_crypt::KeyProvider>> = match &cfg.encryption.key_dir {
-            Some(dir) => Some(Arc::new(sluice_crypt::FileKeyProvider::new(dir).map_err(StartupError::KeyDir)?)),
+            Some(dir) => Some(Arc::new(sluice_crypt::FileKeyProvider::new(dir).map_err(StoreSetupError::KeyDir)?)),
             None => None,
         };
         let cipher = chunk_cipher(&cfg.encryption)?;
@@ -83,13 +109,13 @@ impl ObjectStore {
         ns: &NamespaceConfig,
         transport: Option<(Arc<dyn Transport>, TransportKind)>,
         degraded: Option<Fallback>,
-    ) -> Result<(Self, Arc<HttpClient>), StartupError> {
-        let cred = cfg.credentials.get(&ns.credentials).ok_or_else(|| StartupError::MissingCredentials {
+    ) -> Result<(Self, Arc<HttpClient>), StoreSetupError> {
+        let cred = cfg.credentials.get(&ns.credentials).ok_or_else(|| StoreSetupError::MissingCredentials {
             namespace: ns.name.clone(),
             name: ns.credentials.clone(),
         })?;
         let keys =
-            keys(cred).map_err(|e| StartupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
+            keys(cred).map_err(|e| StoreSetupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
         let rdma = transport.map(|(transport, kind)| TokenPath {
             transport,
             kind,
@@ -97,10 +123,8 @@ impl ObjectStore {
             placement: ns.placement,
             min_bytes: ns.rdma_min_bytes,
         });
-        let http = parts
-            .http
-            .for_namespace(ns)
-            .map_err(|source| StartupError::CaFile { namespace: ns.name.clone(), source })?;
+        let http =
+            parts.http.for_namespace(ns).map_err(|source| PoolsError::CaFile { namespace: ns.name.clone(), source })?;
         let client = HttpClient::new(http, ns.bucket.clone(), keys, ns.region.clone())
             .with_first_byte_timeout(cfg.failover.first_byte_timeout());
         let client = Arc::new(client);
@@ -123,18 +147,18 @@ impl Encryption {
         ns: &NamespaceConfig,
         keys: &Option<Arc<dyn sluice_crypt::KeyProvider>>,
         cipher: &Arc<dyn sluice_crypt::Cipher>,
-    ) -> Result<Option<Self>, StartupError> {
+    ) -> Result<Option<Self>, StoreSetupError> {
         if ns.encryption != sluice_crypt::EncryptionPolicy::Aes256Gcm {
             return Ok(None);
         }
-        let provider = keys.clone().ok_or_else(|| StartupError::NoKeyDir { namespace: ns.name.clone() })?;
+        let provider = keys.clone().ok_or_else(|| StoreSetupError::NoKeyDir { namespace: ns.name.clone() })?;
         Ok(Some(Self { provider, cipher: cipher.clone(), chunk_size: ns.encryption_chunk_bytes }))
     }
 }
 
 /// The configured chunk cipher. A DOCA engine must pass the known-answer
 /// self-test before it sees data.
-fn chunk_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
+fn chunk_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StoreSetupError> {
     match cfg.engine {
         CipherEngine::Ring => Ok(Arc::new(sluice_crypt::RingCipher)),
         CipherEngine::Doca => doca_cipher(cfg),
@@ -142,8 +166,8 @@ fn chunk_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>,
 }
 
 #[cfg(feature = "doca")]
-fn doca_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
-    let fail = StartupError::DocaCipher;
+fn doca_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StoreSetupError> {
+    let fail = StoreSetupError::DocaCipher;
     let device = cfg.doca_device.as_deref().ok_or_else(|| fail("doca_device is not set".into()))?;
     let lib = sluice_doca::load().map_err(|e| fail(e.to_string()))?;
     let dev = sluice_doca::Device::open(&lib, device).map_err(|e| fail(e.to_string()))?;
@@ -170,8 +194,8 @@ fn doca_cipher(cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, 
 }
 
 #[cfg(not(feature = "doca"))]
-fn doca_cipher(_cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StartupError> {
-    Err(StartupError::DocaCipher("this sluice-agent was built without the `doca` feature".into()))
+fn doca_cipher(_cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>, StoreSetupError> {
+    Err(StoreSetupError::DocaCipher("this sluice-agent was built without the `doca` feature".into()))
 }
 
 /// The keys `cred` names now (secret and session token files read).

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
+use super::error::S3Error;
 use crate::config::{AgentConfig, NamespaceConfig, S3Tuning};
 
 /// Why a namespace's `ca_file` cannot be used (the agent does not start).
@@ -30,7 +31,17 @@ pub enum CaFileError {
     #[error("ca_file {path} was not loaded at start")]
     NotLoaded { path: PathBuf },
     #[error("building its HTTPS client: {0}")]
-    Client(#[source] super::S3Error),
+    Client(#[source] S3Error),
+}
+
+/// Why the agent's connection pools cannot be built (it does not start).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolsError {
+    #[error("building the HTTP client: {0}")]
+    HttpClient(#[source] S3Error),
+    #[error("namespace {namespace:?}: {source}")]
+    CaFile { namespace: String, source: CaFileError },
 }
 
 /// The CA certificates in a PEM file (one or several), each checked to be
@@ -65,10 +76,9 @@ pub struct Pools {
 
 impl Pools {
     /// The pools the namespaces of `cfg` need. Errors name the namespace.
-    pub fn from_config(cfg: &AgentConfig) -> Result<Self, crate::error::StartupError> {
-        let fail =
-            |ns: &NamespaceConfig, source| crate::error::StartupError::CaFile { namespace: ns.name.clone(), source };
-        let base = super::http_client::pool(&cfg.s3, &[]).map_err(crate::error::StartupError::HttpClient)?;
+    pub fn from_config(cfg: &AgentConfig) -> Result<Self, PoolsError> {
+        let fail = |ns: &NamespaceConfig, source| PoolsError::CaFile { namespace: ns.name.clone(), source };
+        let base = super::http_client::pool(&cfg.s3, &[]).map_err(PoolsError::HttpClient)?;
         let mut by_ca = BTreeMap::new();
         for ns in cfg.tenants.iter().flat_map(|t| &t.namespaces) {
             let Some(path) = &ns.ca_file else { continue };
@@ -145,18 +155,6 @@ pub fn warn_plaintext_stores(cfg: &AgentConfig) {
              can read them. Serve the store over HTTPS and use an https:// endpoint (with ca_file = the CA's \
              PEM for a private CA; `sluice certs --gateway-name` issues one for sluice-gateway)"
         );
-    }
-}
-
-/// Makes the namespaces' relative `ca_file`s relative to `base` (the config
-/// file's directory).
-pub fn resolve_paths(cfg: &mut AgentConfig, base: &Path) {
-    for ns in cfg.tenants.iter_mut().flat_map(|t| &mut t.namespaces) {
-        if let Some(p) = &mut ns.ca_file {
-            if p.is_relative() {
-                *p = base.join(&*p);
-            }
-        }
     }
 }
 
@@ -255,19 +253,19 @@ mod tests {
 
         let plain = super::super::http_client::pool(&S3Tuning::default(), &[]).unwrap();
         let t0 = std::time::Instant::now();
-        let e = super::super::S3Error::from_reqwest(plain.get(&url).send().await.unwrap_err());
+        let e = crate::s3::error::S3Error::from_reqwest(plain.get(&url).send().await.unwrap_err());
         assert!(t0.elapsed() < std::time::Duration::from_secs(2), "a refused certificate fails at once");
         assert!(!e.is_retryable(), "{e}");
         let msg = e.to_string();
-        assert!(matches!(e, super::super::S3Error::Tls(_)), "{msg}");
+        assert!(matches!(e, crate::s3::error::S3Error::Tls(_)), "{msg}");
         assert!(msg.contains("certificate") && msg.contains("ca_file"), "{msg}");
 
         // A trusted certificate for another name: the error says that instead.
         let other_name = format!("https://localhost:{}/", addr.port());
-        let e = super::super::S3Error::from_reqwest(trusting.get(&other_name).send().await.unwrap_err());
+        let e = crate::s3::error::S3Error::from_reqwest(trusting.get(&other_name).send().await.unwrap_err());
         let msg = e.to_string();
         assert!(
-            matches!(e, super::super::S3Error::Tls(_)) && msg.contains("does not name the endpoint's host"),
+            matches!(e, crate::s3::error::S3Error::Tls(_)) && msg.contains("does not name the endpoint's host"),
             "{msg}"
         );
     }
@@ -307,7 +305,7 @@ mod tests {
         let mut relative = ns.clone();
         relative.ca_file = Some("tls/ca.crt".into());
         cfg.tenants[0].namespaces.extend([ns, relative]);
-        resolve_paths(&mut cfg, Path::new("/etc/sluice"));
+        crate::config::resolve_ca_files(&mut cfg, Path::new("/etc/sluice"));
         let ca: Vec<PathBuf> = cfg.tenants[0].namespaces.iter().filter_map(|n| n.ca_file.clone()).collect();
         assert_eq!(ca, [Path::new("/etc/sluice/tls/ca.crt"), Path::new("/etc/sluice/tls/ca.crt")]);
     }

@@ -10,13 +10,13 @@
 use std::sync::Arc;
 
 use base64::Engine;
-use sluice_dataplane::s3_names::{self, BYTES_HEADER, OLD_BYTES_HEADER, REPLY_HEADER};
-use sluice_dataplane::{Access, Grant, SharedRegion, Transport, TransportKind};
+use sluice_dataplane::s3_names::{self, BYTES_HEADER, OLD_BYTES_HEADER};
+use sluice_dataplane::{SharedRegion, Transport, TransportKind};
 
-use super::client::{header, PartOf, PutBody, RdmaToken};
-use super::{ObjectStore, S3Error};
-use crate::config::{DataPathMode, Placement};
+use super::client::{header, RdmaToken};
+use super::error::S3Error;
 use crate::hostmem::HostRegion;
+use crate::model::{DataPathMode, Placement};
 
 /// A namespace's RDMA settings.
 pub struct TokenPath {
@@ -50,12 +50,12 @@ pub enum Via {
     Fallback(Fallback),
 }
 
-fn header_u64(headers: &http::HeaderMap, name: &str) -> Option<u64> {
+pub(super) fn header_u64(headers: &http::HeaderMap, name: &str) -> Option<u64> {
     header(headers, name).trim().parse().ok()
 }
 
 /// How many bytes the store says it moved.
-fn moved(headers: &http::HeaderMap) -> Option<u64> {
+pub(super) fn moved(headers: &http::HeaderMap) -> Option<u64> {
     header_u64(headers, BYTES_HEADER).or_else(|| header_u64(headers, OLD_BYTES_HEADER))
 }
 
@@ -91,7 +91,12 @@ pub(super) fn crc64nvme_u64(mem: &dyn HostRegion, offset: u64, len: u64) -> Resu
 impl TokenPath {
     /// Where the store should place the bytes: the host region itself, or a
     /// fresh staging buffer.
-    fn target(&self, region: &Arc<dyn HostRegion>, dst: u64, len: u64) -> Result<(Arc<dyn HostRegion>, u64), Fallback> {
+    pub(super) fn target(
+        &self,
+        region: &Arc<dyn HostRegion>,
+        dst: u64,
+        len: u64,
+    ) -> Result<(Arc<dyn HostRegion>, u64), Fallback> {
         match self.placement {
             Placement::Direct => Ok((region.clone(), dst)),
             Placement::Staged => sluice_shm::MappedRegion::create("sluice-stage", len.max(1))
@@ -100,14 +105,14 @@ impl TokenPath {
         }
     }
 
-    fn token(&self, token: String) -> RdmaToken {
+    pub(super) fn token(&self, token: String) -> RdmaToken {
         RdmaToken { token, transport: self.kind.marker() }
     }
 }
 
 /// Classifies a failed RDMA request: real S3 errors pass through, anything
 /// about the data path becomes a fallback.
-fn classify(e: S3Error) -> Result<Fallback, S3Error> {
+pub(super) fn classify(e: S3Error) -> Result<Fallback, S3Error> {
     match e {
         S3Error::RdmaDeclined(m) => Ok(Fallback::new("declined", m)),
         S3Error::Server { code, message, .. } if s3_names::is_transfer_failed(&code) => {
@@ -146,187 +151,4 @@ pub(super) fn unless_nic_only(
         }
         (done, _) => done,
     }
-}
-
-impl ObjectStore {
-    /// GETs `[from, to)` into `region` at `dst` over RDMA. `Ok(None)`: done;
-    /// `Ok(Some(f))`: fetch it over HTTP instead; `Err`: a real S3 error
-    /// (or an RDMA failure into a region HTTP cannot reach).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn get_part_rdma(
-        &self,
-        rdma: &TokenPath,
-        full: &str,
-        from: u64,
-        to: u64,
-        version: super::get::Version<'_>,
-        region: &Arc<dyn HostRegion>,
-        dst: u64,
-        base: usize,
-        request_id: &str,
-    ) -> Result<Option<Fallback>, S3Error> {
-        let done = self.try_part_rdma(rdma, full, from, to, version, region, dst, base, request_id).await;
-        unless_nic_only(region.as_ref(), done)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn try_part_rdma(
-        &self,
-        rdma: &TokenPath,
-        full: &str,
-        from: u64,
-        to: u64,
-        version: super::get::Version<'_>,
-        region: &Arc<dyn HostRegion>,
-        dst: u64,
-        base: usize,
-        request_id: &str,
-    ) -> Result<Option<Fallback>, S3Error> {
-        let len = to - from;
-        let (mem, off) = match rdma.target(region, dst, len) {
-            Ok(t) => t,
-            Err(f) => return Ok(Some(f)),
-        };
-        let grant = Grant {
-            memory: mem.clone(),
-            offset: off,
-            len,
-            access: Access::RemoteWrite,
-            tenant: self.tenant.clone(),
-            request_id: request_id.to_owned(),
-        };
-        let exposure = match rdma.transport.expose(grant) {
-            Ok(e) => e,
-            Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
-        };
-        let mut req = Self::part_get(from, to, version.etag);
-        req.rdma = Some(rdma.token(exposure.token.to_string()));
-        let reply = self.client.get(self.at(base, 0, full, request_id), req).await;
-        // The descriptor dies with the request, whatever happened.
-        let done = async {
-            let headers = match reply {
-                Ok(r) => r.headers,
-                Err(e) => return classify(e).map(Some),
-            };
-            if headers.get(REPLY_HEADER).is_none() {
-                return Ok(Some(Fallback::new("ignored", "the store ignored the token (no x-amz-rdma-reply)")));
-            }
-            // Bytes of another version may already be in the window: fail
-            // the read (never fall back and mix).
-            version.check(&headers, from, to)?;
-            let moved = moved(&headers);
-            if moved != Some(len) {
-                return Ok(Some(Fallback::new(
-                    "short",
-                    format!("the store reported {moved:?} bytes for a {len}-byte part"),
-                )));
-            }
-            Ok(None)
-        }
-        .await;
-        drop(exposure);
-        if matches!(done, Ok(None)) && rdma.placement == Placement::Staged {
-            copy(&mem, 0, region, dst, len)?;
-        }
-        done
-    }
-
-    /// PUTs (or, with `part`, UploadParts) `[offset, offset+len)` of `region`
-    /// over RDMA. `Ok(Ok(etag))`: stored; `Ok(Err(f))`: send it over HTTP.
-    /// `extra`: more object headers (metadata); `crc`: the window's
-    /// CRC64NVME when the caller has it (used unless the bytes are staged).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn put_rdma(
-        &self,
-        rdma: &TokenPath,
-        full: &str,
-        part: Option<(u64, &str)>,
-        region: &Arc<dyn HostRegion>,
-        offset: u64,
-        len: u64,
-        content_type: &str,
-        extra: &[(&'static str, String)],
-        crc: Option<u64>,
-        base: usize,
-        request_id: &str,
-    ) -> Result<Result<String, Fallback>, S3Error> {
-        let (mem, off) = match rdma.target(region, offset, len) {
-            Ok(t) => t,
-            Err(f) => return Ok(Err(f)),
-        };
-        if rdma.placement == Placement::Staged {
-            copy(region, offset, &mem, off, len)?;
-        }
-        // Staged: summed from the copy the store will READ.
-        let crc = match crc.filter(|_| rdma.placement == Placement::Direct) {
-            Some(c) => super::integrity::b64(c),
-            None => crc64nvme_header(&mem, off, len).await?,
-        };
-        let grant = Grant {
-            memory: mem.clone(),
-            offset: off,
-            len,
-            access: Access::RemoteRead,
-            tenant: self.tenant.clone(),
-            request_id: request_id.to_owned(),
-        };
-        let exposure = match rdma.transport.expose(grant) {
-            Ok(e) => e,
-            Err(e) => return Ok(Err(Fallback::new("transport", e.to_string()))),
-        };
-        let mut headers = vec![("x-amz-checksum-crc64nvme", crc)];
-        if part.is_none() && !content_type.is_empty() {
-            headers.push(("content-type", content_type.to_owned()));
-        }
-        headers.extend(extra.iter().cloned());
-        let part = part.map(|(number, upload_id)| PartOf { upload_id, number });
-        let body = PutBody::Rdma { token: rdma.token(exposure.token.to_string()), len };
-        let reply = self.client.put(self.at(base, 0, full, request_id), part, &headers, body).await;
-        let result = async {
-            let headers = match reply {
-                Ok(h) => h,
-                // The checksum of an empty body: a store that ignores the
-                // token refuses it, and should then get the bytes over HTTP.
-                Err(S3Error::Damaged { code, message, .. }) => {
-                    return Ok(Err(Fallback::new(
-                        "ignored",
-                        format!("the store did not read the bytes through the token ({code}: {message})"),
-                    )));
-                }
-                Err(e) => return classify(e).map(Err),
-            };
-            let etag = header(&headers, "etag").to_owned();
-            if headers.get(REPLY_HEADER).is_none() {
-                // Never trusted: the store may have stored an empty object.
-                return Ok(Err(Fallback::new("ignored", "the store ignored the token on PUT (no x-amz-rdma-reply)")));
-            }
-            let moved = moved(&headers);
-            if moved.is_some_and(|m| m != len) {
-                return Ok(Err(Fallback::new("short", format!("the store read {moved:?} of {len} bytes"))));
-            }
-            Ok(Ok(etag))
-        }
-        .await;
-        drop(exposure);
-        result
-    }
-}
-
-/// Copies `len` bytes between a staging buffer and a host region.
-fn copy(
-    src: &Arc<dyn HostRegion>,
-    src_off: u64,
-    dst: &Arc<dyn HostRegion>,
-    dst_off: u64,
-    len: u64,
-) -> Result<(), S3Error> {
-    let mut buf = vec![0u8; (1 << 20).min(len.max(1) as usize)];
-    let mut pos = 0;
-    while pos < len {
-        let n = (len - pos).min(buf.len() as u64) as usize;
-        src.read_at(src_off + pos, &mut buf[..n]).map_err(|e| S3Error::Destination(e.to_string()))?;
-        dst.write_at(dst_off + pos, &buf[..n]).map_err(|e| S3Error::Destination(e.to_string()))?;
-        pos += n as u64;
-    }
-    Ok(())
 }

@@ -8,12 +8,15 @@ use std::time::Duration;
 
 use sluice_dataplane::{SharedRegion, TransportKind};
 
+use super::client::S3Client;
+use super::error::S3Error;
 use super::failing::{refused, slow_down, Failing, Failure};
 use super::mock::{MockStore, Op, RdmaMode};
+use super::store::{ObjectStore, S3Counters};
 use super::token_path::TokenPath;
-use super::{ObjectStore, S3Client, S3Counters, S3Error};
-use crate::config::{DataPathMode, NamespaceConfig, Placement, S3Tuning};
+use crate::config::{NamespaceConfig, S3Tuning};
 use crate::hostmem::HostRegion;
+use crate::model::{DataPathMode, Placement};
 
 pub(super) const PART: u64 = 64 << 10;
 
@@ -62,7 +65,11 @@ pub(super) fn contents(r: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Vec<u8
     out
 }
 
-pub(super) async fn get_all(s: &ObjectStore, key: &str, r: &Arc<dyn HostRegion>) -> Result<super::GetOutcome, S3Error> {
+pub(super) async fn get_all(
+    s: &ObjectStore,
+    key: &str,
+    r: &Arc<dyn HostRegion>,
+) -> Result<super::get::GetOutcome, S3Error> {
     s.get_into(key, 0, None, r, 0, r.len(), None, "req", None).await
 }
 

@@ -3,13 +3,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
+use super::super::client::S3Client;
 use super::super::client::{ListQuery, PartOf, PutBody, RangedGet, Reply, S3Future, Target};
 use super::super::endpoints::EndpointRegistry;
+use super::super::error::S3Error;
 use super::super::failing::{refused, Failing, Failure};
 use super::super::mock::{MockStore, Op};
-use super::super::{ObjectStore, S3Client, S3Counters, S3Error};
+use super::super::store::{ObjectStore, S3Counters};
+use super::super::sweeper::*;
 use super::*;
 use crate::config::{NamespaceConfig, S3Tuning};
 
@@ -192,7 +195,7 @@ impl S3Client for AbortsFail {
     fn get<'a>(&'a self, at: Target<'a>, req: RangedGet<'a>) -> S3Future<'a, Reply> {
         self.0.get(at, req)
     }
-    fn list<'a>(&'a self, at: Target<'a>, q: ListQuery<'a>) -> S3Future<'a, crate::s3::ListPage> {
+    fn list<'a>(&'a self, at: Target<'a>, q: ListQuery<'a>) -> S3Future<'a, crate::s3::model::ListPage> {
         self.0.list(at, q)
     }
     fn delete<'a>(&'a self, at: Target<'a>) -> S3Future<'a, ()> {
@@ -257,7 +260,7 @@ impl S3Client for Listing {
     fn get<'a>(&'a self, _: Target<'a>, _: RangedGet<'a>) -> S3Future<'a, Reply> {
         nothing()
     }
-    fn list<'a>(&'a self, _: Target<'a>, _: ListQuery<'a>) -> S3Future<'a, crate::s3::ListPage> {
+    fn list<'a>(&'a self, _: Target<'a>, _: ListQuery<'a>) -> S3Future<'a, crate::s3::model::ListPage> {
         nothing()
     }
     fn delete<'a>(&'a self, _: Target<'a>) -> S3Future<'a, ()> {

@@ -2,45 +2,9 @@
 
 use serde::Deserialize;
 
-use super::S3Error;
-
-/// Object metadata as listed or HEADed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectMeta {
-    pub key: String,
-    pub size: u64,
-    pub etag: String,
-    pub last_modified_unix_ms: i64,
-    pub content_type: String,
-    /// The store's full-object CRC64NVME, when it offers one (HEAD with
-    /// `x-amz-checksum-mode: ENABLED`).
-    pub crc64nvme: Option<u64>,
-    /// The CRC64NVME the agent kept in the object's metadata, if it wrote
-    /// the object (see [`super::integrity`]).
-    pub agent_crc64nvme: Option<u64>,
-}
-
-/// The full-object CRC64NVME in a reply's headers, if the store sent one
-/// (a composite checksum of a multipart upload is not one).
-pub(super) fn full_object_crc(h: &http::HeaderMap) -> Option<u64> {
-    use base64::Engine;
-    let kind = h.get("x-amz-checksum-type").and_then(|v| v.to_str().ok());
-    if kind.is_some_and(|k| !k.eq_ignore_ascii_case("FULL_OBJECT")) {
-        return None;
-    }
-    let v = h.get("x-amz-checksum-crc64nvme")?.to_str().ok()?;
-    let b = base64::engine::general_purpose::STANDARD.decode(v.trim()).ok()?;
-    Some(u64::from_be_bytes(b.try_into().ok()?))
-}
-
-/// One ListObjectsV2 page.
-#[derive(Debug, Default)]
-pub struct ListPage {
-    pub objects: Vec<ObjectMeta>,
-    pub common_prefixes: Vec<String>,
-    /// Empty on the last page.
-    pub next_continuation_token: String,
-}
+use super::error::S3Error;
+use super::integrity::full_object_crc;
+use super::model::{ListPage, ObjectMeta};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
