@@ -43,6 +43,21 @@ pub struct TlsConfig {
     pub insecure: bool,
 }
 
+/// An invalid `[tls]` section.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsConfigError {
+    #[error("[tls] sets certificates and insecure = true: choose one")]
+    CertificatesAndInsecure,
+    #[error("[tls] needs cert, key and client_ca (mutual TLS); missing: {missing}")]
+    Missing { missing: String },
+    #[error(
+        "the agent listens on TCP (grpc_listen or a tenant listener): set [tls] cert, key and client_ca \
+         (`sluice certs` issues them), or [tls] insecure = true for plaintext on a trusted link"
+    )]
+    Plaintext,
+}
+
 /// Why the listeners' TLS cannot be set up from `[tls]`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -60,20 +75,15 @@ impl TlsConfig {
 
     /// Checks the section for an agent that does (`tcp`) or does not listen
     /// on TCP.
-    pub fn validate(&self, tcp: bool) -> Result<(), String> {
+    pub fn validate(&self, tcp: bool) -> Result<(), TlsConfigError> {
         let missing: Vec<&str> = [("cert", &self.cert), ("key", &self.key), ("client_ca", &self.client_ca)]
             .into_iter()
             .filter_map(|(n, v)| v.is_none().then_some(n))
             .collect();
         match (self.enabled(), self.insecure) {
-            (true, true) => Err("[tls] sets certificates and insecure = true: choose one".into()),
-            (true, false) if !missing.is_empty() => {
-                Err(format!("[tls] needs cert, key and client_ca (mutual TLS); missing: {}", missing.join(", ")))
-            }
-            (false, false) if tcp => Err("the agent listens on TCP (grpc_listen or a tenant listener): set [tls] \
-                 cert, key and client_ca (`sluice certs` issues them), or [tls] insecure = true for plaintext \
-                 on a trusted link"
-                .into()),
+            (true, true) => Err(TlsConfigError::CertificatesAndInsecure),
+            (true, false) if !missing.is_empty() => Err(TlsConfigError::Missing { missing: missing.join(", ") }),
+            (false, false) if tcp => Err(TlsConfigError::Plaintext),
             _ => Ok(()),
         }
     }
@@ -225,11 +235,11 @@ mod tests {
         assert!(full.validate(true).is_ok());
         assert!(TlsConfig { insecure: true, ..Default::default() }.validate(true).is_ok());
         assert!(TlsConfig::default().validate(false).is_ok(), "Unix socket only: nothing to secure");
-        let e = TlsConfig::default().validate(true).unwrap_err();
+        let e = TlsConfig::default().validate(true).unwrap_err().to_string();
         assert!(e.contains("insecure = true") && e.contains("sluice certs"), "{e}");
-        let e = TlsConfig { client_ca: None, ..full.clone() }.validate(true).unwrap_err();
+        let e = TlsConfig { client_ca: None, ..full.clone() }.validate(true).unwrap_err().to_string();
         assert!(e.contains("missing: client_ca"), "{e}");
-        let e = TlsConfig { insecure: true, ..full }.validate(true).unwrap_err();
+        let e = TlsConfig { insecure: true, ..full }.validate(true).unwrap_err().to_string();
         assert!(e.contains("choose one"), "{e}");
     }
 

@@ -33,7 +33,7 @@ pub enum StoreSetupError {
     #[error("namespace {namespace:?}: credentials {name:?} are not defined under [credentials]")]
     MissingCredentials { namespace: String, name: String },
     #[error("credentials {name:?}: {source}")]
-    Secret { name: String, source: Box<crate::config::ConfigError> },
+    Secret { name: String, source: crate::config::SecretError },
     /// The configured `state_dir` cannot hold the upload journal.
     #[error("state_dir: {0}")]
     StateDir(#[from] super::uploads::UploadsError),
@@ -114,8 +114,7 @@ impl ObjectStore {
             namespace: ns.name.clone(),
             name: ns.credentials.clone(),
         })?;
-        let keys =
-            keys(cred).map_err(|e| StoreSetupError::Secret { name: ns.credentials.clone(), source: Box::new(e) })?;
+        let keys = keys(cred).map_err(|source| StoreSetupError::Secret { name: ns.credentials.clone(), source })?;
         let rdma = transport.map(|(transport, kind)| TokenPath {
             transport,
             kind,
@@ -199,7 +198,7 @@ fn doca_cipher(_cfg: &EncryptionConfig) -> Result<Arc<dyn sluice_crypt::Cipher>,
 }
 
 /// The keys `cred` names now (secret and session token files read).
-fn keys(cred: &crate::config::CredentialConfig) -> Result<Keys, crate::config::ConfigError> {
+fn keys(cred: &crate::config::CredentialConfig) -> Result<Keys, crate::config::SecretError> {
     Ok(Keys {
         access_key: cred.access_key.clone(),
         secret_key: cred.load_secret()?,
