@@ -62,7 +62,7 @@ GIB, log, fmt, med = lr.GIB, lr.log, lr.fmt, lr.med
 MIB = 1 << 20
 WORKER = os.path.join(HERE, "worker.py")
 
-SLUICE = ["sluice stream", "sluice dcp"]
+SLUICE = ["sluice stream", "sluice dcp", "sluice dcp registered"]
 PEERS = ["s3torchconnector S3Checkpoint", "s3torchconnector dcp", "boto3 upload/download_fileobj"]
 #: Not a writer: torch.save into a sink and torch.load from memory, the CPU
 #: and time floor of anything built on them (in the table, not in targets).
@@ -161,6 +161,9 @@ def run_writer(name: str, cfg: Dict[str, Any], env: Dict[str, str]) -> Dict[str,
             res["state"] = ev
             log(f"  state: {ev['tensors']} tensors, {ev['state_bytes'] / GIB:.3f} GiB, digest {ev['digest']}, "
                 f"built in {ev['build_s']:.1f}s")  # fmt: skip
+        elif kind == "prepared":
+            res["prepared"] = ev
+            log(f"  state registered once (untimed): {ev['seconds']:.2f}s, {ev['cpu_s']:.2f}s CPU")
         elif kind == "run":
             res["runs"].append(ev)
             c = ev["cpu_s"]

@@ -198,6 +198,41 @@ def test_dcp_without_a_process_group(client, prefix):
     assert back["optim"] == state["optim"]
 
 
+def test_dcp_with_a_registered_state_copies_nothing_on_the_host(client, prefix):
+    state = model_state(4)
+    reg = dcp.register_state_dict(state, client)
+    assert _equal(reg["model"], state["model"]) and _equal(reg["big"], state["big"])
+    assert reg["optim"] == state["optim"]
+    big = reg["big"]
+    assert client.region_at(big.data_ptr(), big.numel() * big.element_size()) is not None
+    dcp.save(reg, f"{prefix}/reg", client)
+
+    target = dcp.register_state_dict(_zeros_like(state), client)
+    target["optim"] = {"step": 0, "lr": 0.0, "betas": (0, 0), "name": ""}
+    where = target["big"].data_ptr()
+    dcp.load(target, f"{prefix}/reg", client)
+    assert _equal(target["model"], state["model"]) and _equal(target["big"], state["big"])
+    assert target["optim"] == state["optim"] and target["big"].data_ptr() == where
+    # The large tensors went straight from and into their own memory: the
+    # client never staged anything as big as them.
+    staged = [r.nbytes for r in list(client._regions.values()) if r._scratch]
+    assert all(n < big.numel() * big.element_size() for n in staged), staged
+
+    # A checkpoint saved from ordinary memory loads into registered memory
+    # (and the other way round), and a damaged object is still refused.
+    dcp.save(state, f"{prefix}/plain", client)
+    target = dcp.register_state_dict(_zeros_like(state), client)
+    dcp.load(target, f"{prefix}/plain", client)
+    assert _equal(target["big"], state["big"])
+    ns = prefix.split("/", 1)[0]
+    victim = next(o.key for o in client.list(f"{prefix}/reg/") if o.key.endswith(".distcp") and o.size > 1 << 20)
+    client.put(f"{ns}/{victim}", payload(client.head(f"{ns}/{victim}").size, "flipped"))
+    with pytest.raises(ck.IncompleteCheckpoint, match="replaced since it was saved"):
+        dcp.load(target, f"{prefix}/reg", client)
+    dcp.release_registered_state(client)
+    assert client.region_at(where, 1) is None
+
+
 def test_dcp_load_of_an_incomplete_or_corrupted_checkpoint_is_refused(client, prefix):
     state = model_state(3)
     dcp.save(state, f"{prefix}/inc", client)

@@ -458,7 +458,9 @@ class CoreClient(GpuOps):
         r = self._pool.take(n)
         if r is not None:
             return r
-        return (yield from self._register_op(_scratch_size(n)))
+        region = yield from self._register_op(_scratch_size(n))
+        region._scratch = True
+        return region
 
     def _lend(self, region: Region, spans: Sequence[Tuple[int, int]]) -> List[memoryview]:
         """Read-only views of ``spans`` (offset, length) of scratch ``region``,

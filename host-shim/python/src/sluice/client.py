@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import os
 import socket as _socket
 import threading
@@ -11,9 +12,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as _FutureTimeout
 from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from . import _core
+from . import _core, _gpu_ops
 from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
-from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
+from .errors import Disconnected, RegionReleased, ShimConnectionError, SluiceError, Timeout
 from .gpu import GpuRegion
 from .gpu import validate as validate_gpu
 from .region import Region
@@ -359,6 +360,44 @@ class Client(CoreClient):
         region is mapped here read-write.
         """
         return self._run(self._register_op(nbytes, fd=fd, local=local))
+
+    def region_at(self, address: int, nbytes: int) -> Optional[Tuple[Region, int]]:
+        """The live region this client registered (not its scratch memory)
+        holding all of ``[address, address + nbytes)`` in this process, with
+        the offset of ``address`` in it; ``None`` if no region does.
+
+        This is how tensors that live in registered memory (a state dict
+        from :func:`sluice.dcp.register_state_dict`, or ``Region.torch``
+        views) are read and written with no copy on this host."""
+        for region in list(self._regions.values()):
+            if region.released or region._scratch:
+                continue
+            try:
+                start = _gpu_ops._addr(region)
+            except (RegionReleased, ValueError, TypeError):
+                continue
+            if start <= address and address + nbytes <= start + region.nbytes:
+                return region, address - start
+        return None
+
+    @contextlib.contextmanager
+    def staging(self, nbytes: int) -> Iterator[Region]:
+        """A registered region of at least ``nbytes`` bytes lent from the
+        client's scratch pool for the ``with`` block, then given back to it.
+
+        The pool keeps up to ``scratch_bytes`` of regions registered and
+        mapped, so a loop of reads or writes through staging memory pays for
+        registration (and the first touch of each page) once, not per
+        object. A block left by an exception does not return its region to
+        the pool (a request it abandoned may still use it): it is released.
+        """
+        region = self._run(self._checkout(max(_core._u64("nbytes", nbytes), 1)))
+        clean = False
+        try:
+            yield region
+            clean = True
+        finally:
+            self._give_back(region, clean)
 
     def register_gpu(self, memory: Any, *, nbytes: Optional[int] = None, device: Optional[int] = None) -> GpuRegion:
         """GPU memory of this process as a region for :meth:`get`,

@@ -20,6 +20,12 @@ refused), checks its size, and requires the agent to have verified its
 bytes end to end against the CRC64NVME stored with the object
 (:class:`~sluice.IntegrityError` otherwise; ``verify=False`` turns that
 off).
+
+CPU tensors are staged through registered memory from the client's scratch
+pool (one copy each way, at most ``memory_bytes`` at a time). Tensors that
+already live in registered memory — a state dict from
+:func:`register_state_dict` — are stored from, and loaded into, their own
+memory with no copy on this host.
 :func:`async_save` returns once the state is captured and stores it in the
 background (a ``concurrent.futures.Future``).
 """
@@ -50,8 +56,10 @@ except ImportError:  # pragma: no cover - without torch the module still imports
 
 #: Tensors at least this big get an object of their own.
 DEFAULT_OBJECT_THRESHOLD = 1 << 20
-#: Bytes of CPU tensors a writer stages in registered memory at once.
-DEFAULT_MEMORY_BYTES = 512 << 20
+#: Bytes a writer or reader stages in registered memory at once: two 64 MiB
+#: staging buffers' worth, within the client's scratch pool (256 MiB by
+#: default), so the pool's regions are reused instead of registered anew.
+DEFAULT_MEMORY_BYTES = 128 << 20
 
 
 class _Budget:
@@ -193,12 +201,20 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
             # Straight from GPU memory (the client's staging lanes).
             with self._client.register_gpu(t) as g:
                 tr = self._client.put(path, g, 0, nbytes)
+        elif (home := _registered_home(self._client, t, nbytes)) is not None:
+            # The tensor lives in registered memory (register_state_dict):
+            # stored from where it is, no copy on this host.
+            tr = self._client.put(path, home[0], home[1], nbytes)
         else:
-            # Copied into registered memory once: at most memory_bytes of
-            # them at a time, so a large state does not balloon the host.
+            # Copied once into staging memory from the client's pool (kept
+            # registered between objects and saves: no registration or page
+            # faults per tensor), at most memory_bytes at a time, so a large
+            # state does not balloon the host.
             held = budget.take(nbytes)
             try:
-                tr = self._client.put(path, _tensor_bytes(t))
+                with self._client.staging(nbytes) as staged:
+                    staged.write(_tensor_bytes(t))
+                    tr = self._client.put(path, staged, 0, nbytes)
             finally:
                 budget.give(held)
         info = SluiceItem(key, 0, nbytes, tr.etag, str(t.dtype), tuple(t.shape))
@@ -240,13 +256,24 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
 class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
     """Reads a DCP checkpoint written by :class:`StorageWriter`."""
 
-    def __init__(self, path: str = "", client: Any = None, *, threads: int = 8, verify: bool = True) -> None:
+    def __init__(
+        self,
+        path: str = "",
+        client: Any = None,
+        *,
+        threads: int = 8,
+        verify: bool = True,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    ) -> None:
         if not HAVE_DCP:
             raise SluiceError("sluice.dcp needs torch with torch.distributed.checkpoint")
         super().__init__()
         self.path = path
         self._client = _client_of(client)
         self.threads = max(1, threads)
+        #: Bytes of objects staged in registered memory at once (an object
+        #: bigger than this is read alone).
+        self.memory_bytes = max(1, memory_bytes)
         #: Refuse bytes the agent could not check end to end (IntegrityError).
         self.verify = verify
         self.storage_data: Dict[Any, SluiceItem] = {}
@@ -290,19 +317,30 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         by_key: Dict[str, List[Any]] = {}
         for req in plan.items:
             by_key.setdefault(self.storage_data[req.storage_index].key, []).append(req)
+        budget = _Budget(self.memory_bytes)
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-get") as pool:
-            futs = [pool.submit(self._read_object, ns, prefix, k, sizes[k], reqs, planner) for k, reqs in by_key.items()]
+            futs = [
+                pool.submit(self._read_object, ns, prefix, k, sizes[k], reqs, planner, budget)
+                for k, reqs in by_key.items()
+            ]
             for f in futs:
                 f.result()
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut
 
-    def _read_object(self, ns: str, prefix: str, key: str, size: int, reqs: List[Any], planner: Any) -> None:
+    def _read_object(
+        self, ns: str, prefix: str, key: str, size: int, reqs: List[Any], planner: Any, budget: "_Budget"
+    ) -> None:
         path = f"{ns}/{prefix}/{key}"
         etag = self.storage_data[reqs[0].storage_index].etag
+        if self._read_in_place(path, etag, size, reqs, planner):
+            return
+        held = budget.take(size)
         try:
-            with self._client.register(max(size, 1)) as r:
+            # Staging memory from the client's pool: registered once and
+            # reused by every object (and every later load).
+            with self._client.staging(size) as r:
                 t = self._client.get(path, into=r, if_match=etag)
                 if t.bytes != size:
                     raise IncompleteCheckpoint(f"{path}: {t.bytes} bytes where the checkpoint recorded {size}")
@@ -314,6 +352,42 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
         except PreconditionFailed:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} was replaced since it was saved") from None
+        finally:
+            budget.give(held)
+
+    def _read_in_place(self, path: str, etag: str, size: int, reqs: List[Any], planner: Any) -> bool:
+        """Reads an object straight into its target tensor when that tensor
+        lives in registered memory (register_state_dict) and the object is
+        exactly its bytes: no staging and no copy on this host. False when
+        it does not apply (the staged path then reads it)."""
+        if len(reqs) != 1 or reqs[0].type == _pl.LoadItemType.BYTE_IO:
+            return False
+        req = reqs[0]
+        info = self.storage_data[req.storage_index]
+        if info.offset != 0 or info.length != size or not size:
+            return False
+        if any(o != 0 for o in req.storage_offsets) or tuple(req.lengths) != tuple(info.shape):
+            return False  # a shard of the stored tensor: the staged path narrows it
+        target = planner.resolve_tensor(req).detach()
+        if target.is_cuda or not target.is_contiguous() or str(target.dtype) != info.dtype:
+            return False
+        if target.numel() * target.element_size() != size:
+            return False
+        home = _registered_home(self._client, target, size)
+        if home is None:
+            return False
+        try:
+            t = self._client.get(path, into=home[0], offset=home[1], if_match=etag)
+        except NoSuchKey:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
+        except PreconditionFailed:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} was replaced since it was saved") from None
+        if t.bytes != size:
+            raise IncompleteCheckpoint(f"{path}: {t.bytes} bytes where the checkpoint recorded {size}")
+        if self.verify and not t.verified:
+            raise IntegrityError(f"{path}: the bytes could not be verified ({t.unverified_reason})")
+        planner.commit_tensor(req, target)
+        return True
 
     def _deliver(self, path: str, r: Any, req: Any, planner: Any) -> None:
         """Hands one item of the object in region ``r`` to the planner: bytes
@@ -363,6 +437,100 @@ def _tensor_bytes(t: Any) -> memoryview:
     if flat.numel() == 0:
         return memoryview(b"")
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def _registered_home(client: Any, t: Any, nbytes: int) -> Optional[Tuple[Any, int]]:
+    """(region, offset) of a contiguous CPU tensor that lives in memory the
+    client registered, else None."""
+    region_at = getattr(client, "region_at", None)
+    if region_at is None or not nbytes or t.is_cuda or not t.is_contiguous():
+        return None
+    return region_at(t.data_ptr(), nbytes)
+
+
+def register_state_dict(state_dict: Any, client: Any = None, *, region_bytes: int = 1 << 30) -> Any:
+    """A copy of ``state_dict`` whose CPU tensors live in memory registered
+    with the shim (regions of up to ``region_bytes``; a bigger tensor gets
+    its own): :func:`save` then stores them, and :func:`load` reads into
+    them, with no copy on this host. Tensors are copied in once, here;
+    everything else is kept as is.
+
+    Keep the model in that memory to checkpoint it again and again without
+    copies, e.g. ``model.load_state_dict(register_state_dict(model.state_dict(),
+    client), assign=True)``. The regions belong to ``client`` and go when it
+    closes, or with :func:`release_registered_state`): register a state
+    once, not per checkpoint."""
+    client = _client_of(client)
+    tensors: List[Any] = []
+    _collect(state_dict, tensors)
+    views: Dict[int, Any] = {}
+    batch: List[Any] = []
+    total = 0
+
+    # The client keeps the regions: tensors hold only the mapping, and a
+    # region nobody holds would be released under them.
+    held: List[Any] = client.__dict__.setdefault("_registered_state", [])
+
+    def place(batch: List[Any], total: int) -> None:
+        region = client.register(max(total, 1))
+        held.append(region)
+        off = 0
+        for t in batch:
+            n = t.numel() * t.element_size()
+            view = region.torch(torch.uint8, n, off).view(t.dtype).view(t.shape)
+            view.copy_(t)
+            views[id(t)] = view
+            off += (n + 63) & ~63
+
+    for t in tensors:
+        n = (t.numel() * t.element_size() + 63) & ~63
+        if batch and total + n > region_bytes:
+            place(batch, total)
+            batch, total = [], 0
+        batch.append(t)
+        total += n
+    if batch:
+        place(batch, total)
+    return _substitute(state_dict, views)
+
+
+def release_registered_state(client: Any = None) -> None:
+    """Releases the regions of every state dict :func:`register_state_dict`
+    made on ``client``; their tensors must no longer be used."""
+    client = _client_of(client)
+    for region in client.__dict__.pop("_registered_state", []):
+        region.release()
+
+
+def _collect(obj: Any, out: List[Any]) -> None:
+    if isinstance(obj, torch.Tensor):
+        if not obj.is_cuda and obj.numel() and obj.layout == torch.strided:
+            out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect(v, out)
+
+
+def _substitute(obj: Any, views: Dict[int, Any]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        v = views.get(id(obj))
+        if v is None:
+            return obj
+        return torch.nn.Parameter(v, requires_grad=obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else v
+    if isinstance(obj, dict):
+        items = [(k, _substitute(v, views)) for k, v in obj.items()]
+        try:
+            return type(obj)(items)  # OrderedDict and friends keep their type
+        except TypeError:
+            return dict(items)
+    if isinstance(obj, list):
+        return [_substitute(v, views) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_substitute(v, views) for v in obj)
+    return obj
 
 
 def _typed(e: BaseException) -> BaseException:
@@ -422,4 +590,14 @@ def _capture(obj: Any) -> Any:
     return pickle.loads(pickle.dumps(obj))
 
 
-__all__ = ["HAVE_DCP", "SluiceItem", "StorageReader", "StorageWriter", "async_save", "load", "save"]
+__all__ = [
+    "HAVE_DCP",
+    "SluiceItem",
+    "StorageReader",
+    "StorageWriter",
+    "async_save",
+    "load",
+    "register_state_dict",
+    "release_registered_state",
+    "save",
+]

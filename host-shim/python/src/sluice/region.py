@@ -35,7 +35,7 @@ class Region:
     not lock region memory.
     """
 
-    __slots__ = ("_id", "_nbytes", "_mm", "_owner", "_released", "_local", "__weakref__")
+    __slots__ = ("_id", "_nbytes", "_mm", "_owner", "_released", "_local", "_scratch", "__weakref__")
 
     def __init__(self, owner: Any, region_id: str, nbytes: int, mm: mmap.mmap, *, local: bool = False) -> None:
         self._owner = owner
@@ -44,6 +44,9 @@ class Region:
         self._mm: Optional[mmap.mmap] = mm
         self._released = False
         self._local = local
+        #: Lent by the client's scratch pool (reused by any request), so
+        #: never treated as memory a caller owns (Client.region_at).
+        self._scratch = False
 
     # ----------------------------------------------------------- identity --
     @property
