@@ -17,12 +17,13 @@ use crate::ids::random_id;
 use crate::metrics::Metrics;
 use crate::model::{Permission, Placement};
 use crate::quota::Quotas;
-use crate::requests::GetObject;
+use crate::requests::{DeleteObject, GetObject, HeadObject, ListObjects, PutObject, RequestCtx};
+use crate::s3::call::{Call, ObjectRead, ObjectWrite, RegionSlice};
 use crate::s3::model::{DataPathUsed, ListPage, ObjectMeta};
 use crate::s3::setup::{Failover, Signers, StoreParts};
 use crate::s3::store::{ObjectStore, S3Counters};
 use crate::s3::token_path::Fallback;
-use crate::session::{Registered, Session, Sessions};
+use crate::session::{Registered, Scoped, Session, Sessions};
 use crate::startup::StartupError;
 use crate::transports::RunningTransports;
 
@@ -157,14 +158,23 @@ impl Agent {
         &self.quotas
     }
 
-    /// The open session `id`, renewed (every call that names it counts).
-    fn session(&self, id: &str) -> Result<Arc<Session>, AgentError> {
-        self.sessions.get(id)
+    /// The open session `id`, for a request from `origin`: the one way to
+    /// get the [`Scoped`] every session operation takes. A session id
+    /// presented from another origin than the one it was opened from is
+    /// refused (a leaked id is useless elsewhere); an unknown one is
+    /// `UNAUTHENTICATED`. Renews the session (every call that names it
+    /// counts).
+    pub fn scoped(&self, session_id: &str, origin: &ShimOrigin) -> Result<Scoped, AgentError> {
+        self.sessions.scoped(session_id, origin, |s| {
+            self.metrics.auth_failures.with_label_values(&[&s.tenant, "origin_mismatch"]).inc();
+            tracing::warn!(tenant = %s.tenant, opened_from = ?s.origin, used_from = ?origin, "session used from another origin");
+        })
     }
 
-    /// UNAUTHENTICATED unless session `id` is open.
-    pub fn session_exists(&self, id: &str) -> Result<(), AgentError> {
-        self.sessions.get(id).map(|_| ())
+    /// `s` again for a later step of the same call (a batch's next item):
+    /// renewed, or `UNAUTHENTICATED` once the session is gone.
+    pub fn rescoped(&self, s: &Scoped) -> Result<Scoped, AgentError> {
+        self.sessions.refresh(s)
     }
 
     /// How long a session lives without a call or a Renew naming it.
@@ -266,24 +276,10 @@ impl Agent {
         Ok(OpenedSession { id, namespaces, capabilities })
     }
 
-    /// Refuses a session id presented from another origin than the one it
-    /// was opened from (a leaked id is useless elsewhere). Unknown ids pass
-    /// here and fail at lookup with `UNAUTHENTICATED` as before.
-    pub fn check_origin(&self, session_id: &str, origin: &ShimOrigin) -> Result<(), AgentError> {
-        match self.sessions.peek(session_id) {
-            Some(s) if s.origin != *origin => {
-                self.metrics.auth_failures.with_label_values(&[&s.tenant, "origin_mismatch"]).inc();
-                tracing::warn!(tenant = %s.tenant, opened_from = ?s.origin, used_from = ?origin, "session used from another origin");
-                Err(AgentError::Unauthenticated("this session was opened from another origin".into()))
-            }
-            _ => Ok(()),
-        }
-    }
-
     /// Closes a session; returns its regions so the caller can wait until
     /// transfers still using them have finished ([`crate::hostmem::quiesce`]).
-    pub fn close_session(&self, id: &str) -> Result<Vec<Arc<dyn HostRegion>>, AgentError> {
-        let s = self.sessions.remove(id).ok_or(AgentError::UnknownSession)?;
+    pub fn close_session(&self, scoped: Scoped) -> Result<Vec<Arc<dyn HostRegion>>, AgentError> {
+        let s = self.sessions.remove(scoped.id()).ok_or(AgentError::UnknownSession)?;
         let regions = self.retire(&s);
         info!(tenant = %s.tenant, released = regions.len(), "session closed");
         Ok(regions)
@@ -330,8 +326,16 @@ impl Agent {
         }
     }
 
-    pub fn register_region(&self, session_id: &str, export: RegionExport, length: u64) -> Result<String, AgentError> {
-        let r = self.register_checked(session_id, export.clone(), length);
+    /// Registers the region `export` names for session `scoped`, or, if
+    /// `scoped` is an error (the session is not open), refuses it; either
+    /// refusal releases what the export holds.
+    pub fn register_region(
+        &self,
+        scoped: Result<Scoped, AgentError>,
+        export: RegionExport,
+        length: u64,
+    ) -> Result<String, AgentError> {
+        let r = scoped.and_then(|s| self.register_checked(s.session(), export.clone(), length));
         if r.is_err() {
             // Refused before the export was taken: release what it holds
             // (a deposited memfd) now rather than when its ticket expires.
@@ -340,8 +344,7 @@ impl Agent {
         r
     }
 
-    fn register_checked(&self, session_id: &str, export: RegionExport, length: u64) -> Result<String, AgentError> {
-        let s = self.session(session_id)?;
+    fn register_checked(&self, s: &Session, export: RegionExport, length: u64) -> Result<String, AgentError> {
         if length == 0 {
             return Err(AgentError::BadRequest("region length must be > 0".into()));
         }
@@ -371,8 +374,8 @@ impl Agent {
 
     /// Releases a region; returns it so the caller can wait until transfers
     /// still using it have finished ([`crate::hostmem::quiesce`]).
-    pub fn release_region(&self, session_id: &str, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
-        let s = self.session(session_id)?;
+    pub fn release_region(&self, scoped: &Scoped, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
+        let s = scoped.session();
         let r = s.regions().remove(region_id).ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))?;
         self.metrics.regions.with_label_values(&[&s.tenant]).dec();
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(r.region.len() as i64);
@@ -400,41 +403,36 @@ impl Agent {
         }
     }
 
-    /// The deadline of a request in `namespace`: the caller's `timeout_ms`
-    /// if it gave one, never more than the namespace's `request_timeout_ms`.
-    fn deadline(&self, s: &Session, namespace: &str, timeout_ms: u32) -> Duration {
+    /// The deadline of a request in `namespace`: the caller's timeout if it
+    /// gave one, never more than the namespace's `request_timeout_ms`.
+    fn deadline(&self, s: &Session, namespace: &str, timeout: Option<Duration>) -> Duration {
         let ns = self
             .tenants
             .get(&s.tenant)
             .and_then(|t| t.namespaces.get(namespace))
             .map_or(crate::config::DEFAULT_REQUEST_TIMEOUT, |st| st.request_timeout());
-        match timeout_ms {
-            0 => ns,
-            ms => ns.min(Duration::from_millis(u64::from(ms))),
-        }
+        timeout.map_or(ns, |t| ns.min(t))
     }
 
     /// Runs `f` as one request: its deadline, a span with the request id,
     /// metrics, stats. A request past its deadline is dropped where it
     /// stands (every S3 call it made is cancelled and an unfinished
     /// multipart upload aborted) and fails with DEADLINE_EXCEEDED.
-    #[allow(clippy::too_many_arguments)]
     async fn run<T, F>(
         &self,
         s: &Session,
-        request_id: &str,
-        namespace: &str,
-        op: &'static str,
-        timeout_ms: u32,
+        ctx: &RequestCtx,
+        (namespace, op): (&str, &'static str),
         info_of: impl Fn(&T) -> (u64, DataPathUsed),
         f: F,
     ) -> Result<T, AgentError>
     where
         F: std::future::Future<Output = Result<T, AgentError>>,
     {
+        let request_id = ctx.request_id.as_str();
         let span = tracing::info_span!("request", request_id, tenant = %s.tenant, namespace, op);
         let start = Instant::now();
-        let limit = self.deadline(s, namespace, timeout_ms);
+        let limit = self.deadline(s, namespace, ctx.timeout);
         let result = match tokio::time::timeout(limit, f.instrument(span.clone())).await {
             Ok(r) => r,
             Err(_) => Err(AgentError::DeadlineExceeded(limit)),
@@ -488,21 +486,15 @@ impl Agent {
         }
     }
 
-    /// Runs one GET for session `session_id` (`timeout_ms` 0: the
+    /// Runs one GET for session `scoped` (no timeout in `ctx`: the
     /// namespace's deadline).
-    pub async fn get(
-        &self,
-        session_id: &str,
-        request_id: &str,
-        timeout_ms: u32,
-        req: &GetObject,
-    ) -> Result<TransferReport, AgentError> {
-        let s = self.session(session_id)?;
+    pub async fn get(&self, scoped: &Scoped, req: &GetObject, ctx: &RequestCtx) -> Result<TransferReport, AgentError> {
+        let s = scoped.session();
         let GetObject { namespace, key, range, region_id, offset, max_bytes, if_match } = req;
         let (namespace, offset, max_bytes) = (namespace.as_str(), *offset, *max_bytes);
         let work = async {
-            let store = self.authorize(&s, namespace, Permission::Read, "get")?;
-            let region = self.region(&s, region_id)?;
+            let store = self.authorize(s, namespace, Permission::Read, "get")?;
+            let region = self.region(s, region_id)?;
             check_key(key)?;
             let (start, len) = range.unwrap_or((0, None));
             let t0 = Instant::now();
@@ -511,11 +503,12 @@ impl Agent {
             // 0: up to the region's end.
             let room = if max_bytes == 0 { u64::MAX } else { max_bytes };
             let bound = self.get_bound(&s.tenant, region.len().saturating_sub(offset).min(room), len);
-            let permit = self.admit(&s, bound).await?;
-            let out = store
-                .get_into(key, start, len, &region, offset, room, if_match.as_deref(), request_id, Some(&permit))
-                .await?;
-            self.record_fallbacks(&s, namespace, "get", &store, &out.fallbacks);
+            let permit = self.admit(s, bound).await?;
+            let into = RegionSlice { region: &region, offset, room };
+            let read = ObjectRead { key, start, length: len, if_match: if_match.as_deref() };
+            let call = Call { request_id: &ctx.request_id, gate: Some(&permit) };
+            let out = store.get_into(&read, &into, &call).await?;
+            self.record_fallbacks(s, namespace, "get", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
             Ok(TransferReport {
@@ -529,26 +522,17 @@ impl Agent {
                 unverified: out.unverified,
             })
         };
-        self.run(&s, request_id, namespace, "get", timeout_ms, |r: &TransferReport| (r.bytes, r.data_path), work).await
+        self.run(s, ctx, (namespace, "get"), |r: &TransferReport| (r.bytes, r.data_path), work).await
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub async fn put(
-        &self,
-        session_id: &str,
-        request_id: &str,
-        namespace: &str,
-        key: &str,
-        region_id: &str,
-        offset: u64,
-        length: u64,
-        content_type: &str,
-        timeout_ms: u32,
-    ) -> Result<TransferReport, AgentError> {
-        let s = self.session(session_id)?;
+    /// Runs one PUT for session `scoped`.
+    pub async fn put(&self, scoped: &Scoped, req: &PutObject, ctx: &RequestCtx) -> Result<TransferReport, AgentError> {
+        let s = scoped.session();
+        let PutObject { namespace, key, region_id, offset, length, content_type } = req;
+        let (namespace, offset, length) = (namespace.as_str(), *offset, *length);
         let work = async {
-            let store = self.authorize(&s, namespace, Permission::Write, "put")?;
-            let region = self.region(&s, region_id)?;
+            let store = self.authorize(s, namespace, Permission::Write, "put")?;
+            let region = self.region(s, region_id)?;
             check_key(key)?;
             region.check(offset, length)?;
             // Refused before an upload starts, not at part 10,001.
@@ -563,9 +547,10 @@ impl Agent {
             let t0 = Instant::now();
             // Admitted for its length; each part is paced and scheduled
             // fairly inside the S3 client.
-            let permit = self.admit(&s, length).await?;
-            let out = store.put_from(key, &region, offset, length, content_type, request_id, Some(&permit)).await?;
-            self.record_fallbacks(&s, namespace, "put", &store, &out.fallbacks);
+            let permit = self.admit(s, length).await?;
+            let write = ObjectWrite { key, region: &region, offset, length, content_type };
+            let out = store.put_from(&write, &Call { request_id: &ctx.request_id, gate: Some(&permit) }).await?;
+            self.record_fallbacks(s, namespace, "put", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
             Ok(TransferReport {
@@ -579,72 +564,47 @@ impl Agent {
                 unverified: out.unverified,
             })
         };
-        self.run(&s, request_id, namespace, "put", timeout_ms, |r: &TransferReport| (r.bytes, r.data_path), work).await
+        self.run(s, ctx, (namespace, "put"), |r: &TransferReport| (r.bytes, r.data_path), work).await
     }
 
-    pub async fn head(
-        &self,
-        session_id: &str,
-        request_id: &str,
-        namespace: &str,
-        key: &str,
-        timeout_ms: u32,
-    ) -> Result<ObjectMeta, AgentError> {
-        let s = self.session(session_id)?;
+    pub async fn head(&self, scoped: &Scoped, req: &HeadObject, ctx: &RequestCtx) -> Result<ObjectMeta, AgentError> {
+        let (s, HeadObject { namespace, key }) = (scoped.session(), req);
         let work = async {
-            let store = self.authorize(&s, namespace, Permission::Read, "head")?;
+            let store = self.authorize(s, namespace, Permission::Read, "head")?;
             check_key(key)?;
-            let _permit = self.admit(&s, 0).await?;
-            Ok(store.head(key, request_id).await?)
+            let _permit = self.admit(s, 0).await?;
+            Ok(store.head(key, &ctx.request_id).await?)
         };
-        self.run(&s, request_id, namespace, "head", timeout_ms, |_| (0, DataPathUsed::Http), work).await
+        self.run(s, ctx, (namespace, "head"), |_| (0, DataPathUsed::Http), work).await
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub async fn list(
-        &self,
-        session_id: &str,
-        request_id: &str,
-        namespace: &str,
-        prefix: &str,
-        continuation_token: &str,
-        max_keys: u32,
-        delimiter: &str,
-        timeout_ms: u32,
-    ) -> Result<ListPage, AgentError> {
-        let s = self.session(session_id)?;
+    pub async fn list(&self, scoped: &Scoped, req: &ListObjects, ctx: &RequestCtx) -> Result<ListPage, AgentError> {
+        let (s, ListObjects { namespace, prefix, continuation_token, max_keys, delimiter }) = (scoped.session(), req);
         let work = async {
-            let store = self.authorize(&s, namespace, Permission::List, "list")?;
+            let store = self.authorize(s, namespace, Permission::List, "list")?;
             check_prefix(prefix)?;
-            let _permit = self.admit(&s, 0).await?;
-            Ok(store.list_page(prefix, continuation_token, max_keys, delimiter, request_id).await?)
+            let _permit = self.admit(s, 0).await?;
+            Ok(store.list_page(prefix, continuation_token, *max_keys, delimiter, &ctx.request_id).await?)
         };
-        self.run(&s, request_id, namespace, "list", timeout_ms, |_| (0, DataPathUsed::Http), work).await
+        self.run(s, ctx, (namespace, "list"), |_| (0, DataPathUsed::Http), work).await
     }
 
-    pub async fn delete(
-        &self,
-        session_id: &str,
-        request_id: &str,
-        namespace: &str,
-        key: &str,
-        timeout_ms: u32,
-    ) -> Result<(), AgentError> {
-        let s = self.session(session_id)?;
+    pub async fn delete(&self, scoped: &Scoped, req: &DeleteObject, ctx: &RequestCtx) -> Result<(), AgentError> {
+        let (s, DeleteObject { namespace, key }) = (scoped.session(), req);
         let work = async {
-            let store = self.authorize(&s, namespace, Permission::Delete, "delete")?;
+            let store = self.authorize(s, namespace, Permission::Delete, "delete")?;
             check_key(key)?;
-            let _permit = self.admit(&s, 0).await?;
-            Ok(store.delete(key, request_id).await?)
+            let _permit = self.admit(s, 0).await?;
+            Ok(store.delete(key, &ctx.request_id).await?)
         };
-        self.run(&s, request_id, namespace, "delete", timeout_ms, |_| (0, DataPathUsed::Http), work).await
+        self.run(s, ctx, (namespace, "delete"), |_| (0, DataPathUsed::Http), work).await
     }
 
-    pub fn stats(&self, session_id: &str) -> Result<StatsSnapshot, AgentError> {
-        let s = self.session(session_id)?;
+    pub fn stats(&self, scoped: &Scoped) -> StatsSnapshot {
+        let s = scoped.session();
         let regions = s.regions();
         let st = &s.stats;
-        Ok(StatsSnapshot {
+        StatsSnapshot {
             requests: st.requests.load(Ordering::Relaxed),
             bytes_read: st.bytes_read.load(Ordering::Relaxed),
             bytes_written: st.bytes_written.load(Ordering::Relaxed),
@@ -652,7 +612,7 @@ impl Agent {
             fallbacks: st.fallbacks.load(Ordering::Relaxed),
             regions: regions.len() as u32,
             registered_bytes: Session::registered_bytes(&regions),
-        })
+        }
     }
 }
 

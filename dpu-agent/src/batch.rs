@@ -14,7 +14,8 @@ use futures::{Stream, StreamExt};
 
 use crate::agent::{Agent, TransferReport};
 use crate::error::AgentError;
-use crate::requests::GetObject;
+use crate::requests::{GetObject, RequestCtx};
+use crate::session::Scoped;
 
 /// Most items of one batch in flight in the agent at once. The tenant's
 /// admission (requests/s, in-flight bytes) and the fair scheduler still
@@ -24,37 +25,40 @@ pub const BATCH_CONCURRENCY: usize = 64;
 pub use crate::model::MAX_BATCH_ITEMS;
 
 impl Agent {
-    /// Runs `items` for session `session_id`; yields `(index, result)` as
-    /// each finishes. `timeout_ms` (0: the namespace's default per item)
-    /// counts from the batch's arrival, so a batch never outlives it.
-    /// Dropping the stream cancels the items still running.
+    /// Runs `items` for session `scoped` (an unknown session failed the
+    /// call as a whole before: the shim re-opens it and sends the batch
+    /// again); yields `(index, result)` as each finishes. Item `i`'s
+    /// request id is `ctx`'s with `.i`; `ctx`'s timeout (none: the
+    /// namespace's default per item) counts from the batch's arrival, so a
+    /// batch never outlives it. Dropping the stream cancels the items still
+    /// running.
     pub fn get_many(
         self: &Arc<Self>,
-        session_id: String,
-        request_id: String,
+        scoped: Scoped,
         items: Vec<GetObject>,
-        timeout_ms: u32,
+        ctx: RequestCtx,
     ) -> Result<impl Stream<Item = (u32, Result<TransferReport, AgentError>)> + Send + 'static, AgentError> {
         if items.len() > MAX_BATCH_ITEMS {
             return Err(AgentError::BadRequest(format!("a batch of {} items exceeds {MAX_BATCH_ITEMS}", items.len())));
         }
-        // An unknown session fails the call as a whole (the shim re-opens
-        // it and sends the batch again), not item by item.
-        self.session_exists(&session_id)?;
         let arrived = Instant::now();
-        let (session_id, request_id): (Arc<str>, Arc<str>) = (session_id.into(), request_id.into());
-        let agent = self.clone();
+        let (agent, scoped, ctx) = (self.clone(), Arc::new(scoped), Arc::new(ctx));
         let stream = futures::stream::iter(items.into_iter().enumerate())
             .map(move |(i, item)| {
-                let (agent, session_id, request_id) = (agent.clone(), session_id.clone(), request_id.clone());
+                let (agent, scoped, ctx) = (agent.clone(), scoped.clone(), ctx.clone());
                 async move {
                     let index = u32::try_from(i).unwrap_or(u32::MAX);
-                    let timeout_ms = match remaining(timeout_ms, arrived) {
-                        Ok(ms) => ms,
+                    let timeout = match remaining(ctx.timeout, arrived) {
+                        Ok(t) => t,
                         Err(limit) => return (index, Err(AgentError::DeadlineExceeded(limit))),
                     };
-                    let rid = format!("{request_id}.{i}");
-                    let res = agent.get(&session_id, &rid, timeout_ms, &item).await;
+                    let item_ctx = RequestCtx { request_id: format!("{}.{i}", ctx.request_id), timeout };
+                    // Each item names the session again, as a call of its own
+                    // would: it renews it, and fails once it is closed.
+                    let res = match agent.rescoped(&scoped) {
+                        Ok(s) => agent.get(&s, &item, &item_ctx).await,
+                        Err(e) => Err(e),
+                    };
                     (index, res)
                 }
             })
@@ -63,17 +67,17 @@ impl Agent {
     }
 }
 
-/// What is left of a batch's `timeout_ms` for an item starting now (0 stays
-/// 0: the namespace's default); `Err(limit)` when nothing is left.
-fn remaining(timeout_ms: u32, arrived: Instant) -> Result<u32, Duration> {
-    if timeout_ms == 0 {
-        return Ok(0);
-    }
-    let limit = Duration::from_millis(u64::from(timeout_ms));
+/// What is left of a batch's `timeout` for an item starting now, in whole
+/// milliseconds (`None` stays `None`: the namespace's default);
+/// `Err(timeout)` when nothing is left.
+fn remaining(timeout: Option<Duration>, arrived: Instant) -> Result<Option<Duration>, Duration> {
+    let Some(limit) = timeout else {
+        return Ok(None);
+    };
     let left = limit.saturating_sub(arrived.elapsed());
-    match u32::try_from(left.as_millis()).unwrap_or(u32::MAX) {
+    match u64::try_from(left.as_millis()).unwrap_or(u64::MAX) {
         0 => Err(limit),
-        ms => Ok(ms),
+        ms => Ok(Some(Duration::from_millis(ms))),
     }
 }
 
@@ -83,9 +87,10 @@ mod tests {
 
     #[test]
     fn a_batch_deadline_counts_from_its_arrival() {
-        assert_eq!(remaining(0, Instant::now() - Duration::from_secs(100)), Ok(0));
-        let left = remaining(5000, Instant::now() - Duration::from_millis(1000)).unwrap();
-        assert!((3900..=4000).contains(&left), "{left}");
-        assert_eq!(remaining(100, Instant::now() - Duration::from_millis(200)), Err(Duration::from_millis(100)));
+        let ms = |n| Some(Duration::from_millis(n));
+        assert_eq!(remaining(None, Instant::now() - Duration::from_secs(100)), Ok(None));
+        let left = remaining(ms(5000), Instant::now() - Duration::from_millis(1000)).unwrap().unwrap();
+        assert!((3900..=4000).contains(&left.as_millis()), "{left:?}");
+        assert_eq!(remaining(ms(100), Instant::now() - Duration::from_millis(200)), Err(Duration::from_millis(100)));
     }
 }

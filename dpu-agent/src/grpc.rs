@@ -13,8 +13,9 @@ use crate::agent::{self, Agent};
 use crate::error::AgentError;
 use crate::hostmem::{MemoryKind, RegionExport};
 use crate::identity::{SessionRequest, ShimOrigin};
-use crate::requests::GetObject;
+use crate::requests::{DeleteObject, GetObject, HeadObject, ListObjects, PutObject, RequestCtx};
 use crate::s3::model::{DataPathUsed, ObjectMeta};
+use crate::session::Scoped;
 use crate::tls::ClientCert;
 
 /// Capabilities to and from protobuf.
@@ -141,6 +142,14 @@ impl GrpcService {
             (None, None) => ShimOrigin::Unix,
         }
     }
+
+    /// Session `session_id` for `req`: open, and named from where it was
+    /// opened. Every session operation of the agent takes the [`Scoped`]
+    /// this returns (and nothing else makes one), so no handler can skip
+    /// the check.
+    fn scoped<T>(&self, req: &Request<T>, session_id: &str) -> Result<Scoped, AgentError> {
+        self.agent.scoped(session_id, &self.origin_of(req))
+    }
 }
 
 fn report(request_id: &str, r: &agent::TransferReport) -> TransferReport {
@@ -183,12 +192,11 @@ impl AgentRpc for GrpcService {
 
     async fn get_many(&self, req: Request<pb::GetManyRequest>) -> Result<Response<GetManyStream>, Status> {
         use futures::StreamExt;
-        let origin = self.origin_of(&req);
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
         let items = r.items.into_iter().map(GetObject::from).collect();
         let request_id = r.request_id;
-        let results = self.agent.get_many(r.session_id, request_id.clone(), items, r.timeout_ms)?;
+        let results = self.agent.get_many(scoped, items, RequestCtx::new(request_id.clone(), r.timeout_ms))?;
         let stream = results.map(move |(index, res)| {
             let result = match res {
                 Ok(out) => pb::get_many_item::Result::Ok(get_reply(&format!("{request_id}.{index}"), out)),
@@ -250,10 +258,8 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionReply>, Status> {
-        let origin = self.origin_of(&req);
-        let id = req.into_inner().session_id;
-        self.agent.check_origin(&id, &origin)?;
-        let regions = self.agent.close_session(&id)?;
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
+        let regions = self.agent.close_session(scoped)?;
         crate::hostmem::quiesce(regions).await;
         Ok(Response::new(pb::CloseSessionReply {}))
     }
@@ -262,9 +268,14 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::RegisterRegionRequest>,
     ) -> Result<Response<pb::RegisterRegionReply>, Status> {
-        let origin = self.origin_of(&req);
+        let scoped = self.scoped(&req, &req.get_ref().session_id);
+        // A session named from another origin is refused before anything
+        // else; an unknown one once the export is read, so that it is
+        // released (`Agent::register_region`).
+        if let Err(e @ AgentError::Unauthenticated(_)) = scoped {
+            return Err(e.into());
+        }
         let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
         let export = match r.export {
             Some(pb::register_region_request::Export::ColocatedTicket(ticket)) => RegionExport::Colocated { ticket },
             Some(pb::register_region_request::Export::DocaExport(blob)) => RegionExport::Doca { blob },
@@ -272,7 +283,7 @@ impl AgentRpc for GrpcService {
                 return Err(AgentError::BadRequest("RegisterRegion needs an export (ticket or DOCA blob)".into()).into())
             }
         };
-        let region_id = self.agent.register_region(&r.session_id, export, r.length)?;
+        let region_id = self.agent.register_region(scoped, export, r.length)?;
         Ok(Response::new(pb::RegisterRegionReply { region_id, length: r.length }))
     }
 
@@ -280,69 +291,41 @@ impl AgentRpc for GrpcService {
         &self,
         req: Request<pb::ReleaseRegionRequest>,
     ) -> Result<Response<pb::ReleaseRegionReply>, Status> {
-        let origin = self.origin_of(&req);
-        let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
-        let region = self.agent.release_region(&r.session_id, &r.region_id)?;
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
+        let region = self.agent.release_region(&scoped, &req.get_ref().region_id)?;
         crate::hostmem::quiesce(vec![region]).await;
         Ok(Response::new(pb::ReleaseRegionReply {}))
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Result<Response<pb::GetReply>, Status> {
-        let origin = self.origin_of(&req);
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
-        let (session_id, request_id, timeout_ms) = (r.session_id.clone(), r.request_id.clone(), r.timeout_ms);
-        let out = self.agent.get(&session_id, &request_id, timeout_ms, &GetObject::from(r)).await?;
-        Ok(Response::new(get_reply(&request_id, out)))
+        let ctx = RequestCtx::new(r.request_id.clone(), r.timeout_ms);
+        let out = self.agent.get(&scoped, &GetObject::from(r), &ctx).await?;
+        Ok(Response::new(get_reply(&ctx.request_id, out)))
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutReply>, Status> {
-        let origin = self.origin_of(&req);
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
-        let out = self
-            .agent
-            .put(
-                &r.session_id,
-                &r.request_id,
-                &r.namespace,
-                &r.key,
-                &r.region_id,
-                r.offset,
-                r.length,
-                &r.content_type,
-                r.timeout_ms,
-            )
-            .await?;
-        Ok(Response::new(pb::PutReply { report: Some(report(&r.request_id, &out)), etag: out.etag }))
+        let ctx = RequestCtx::new(r.request_id.clone(), r.timeout_ms);
+        let out = self.agent.put(&scoped, &PutObject::from(r), &ctx).await?;
+        Ok(Response::new(pb::PutReply { report: Some(report(&ctx.request_id, &out)), etag: out.etag }))
     }
 
     async fn head(&self, req: Request<pb::HeadRequest>) -> Result<Response<pb::HeadReply>, Status> {
-        let origin = self.origin_of(&req);
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
-        let m = self.agent.head(&r.session_id, &r.request_id, &r.namespace, &r.key, r.timeout_ms).await?;
+        let ctx = RequestCtx::new(r.request_id.clone(), r.timeout_ms);
+        let m = self.agent.head(&scoped, &HeadObject::from(r), &ctx).await?;
         Ok(Response::new(pb::HeadReply { object: Some(info(m)) }))
     }
 
     async fn list(&self, req: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
-        let origin = self.origin_of(&req);
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
-        let page = self
-            .agent
-            .list(
-                &r.session_id,
-                &r.request_id,
-                &r.namespace,
-                &r.prefix,
-                &r.continuation_token,
-                r.max_keys,
-                &r.delimiter,
-                r.timeout_ms,
-            )
-            .await?;
+        let ctx = RequestCtx::new(r.request_id.clone(), r.timeout_ms);
+        let page = self.agent.list(&scoped, &ListObjects::from(r), &ctx).await?;
         Ok(Response::new(pb::ListReply {
             objects: page.objects.into_iter().map(info).collect(),
             common_prefixes: page.common_prefixes,
@@ -351,18 +334,16 @@ impl AgentRpc for GrpcService {
     }
 
     async fn delete(&self, req: Request<pb::DeleteRequest>) -> Result<Response<pb::DeleteReply>, Status> {
-        let origin = self.origin_of(&req);
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
-        self.agent.check_origin(&r.session_id, &origin)?;
-        self.agent.delete(&r.session_id, &r.request_id, &r.namespace, &r.key, r.timeout_ms).await?;
+        let ctx = RequestCtx::new(r.request_id.clone(), r.timeout_ms);
+        self.agent.delete(&scoped, &DeleteObject::from(r), &ctx).await?;
         Ok(Response::new(pb::DeleteReply {}))
     }
 
     async fn stats(&self, req: Request<pb::StatsRequest>) -> Result<Response<pb::StatsReply>, Status> {
-        let origin = self.origin_of(&req);
-        let id = req.into_inner().session_id;
-        self.agent.check_origin(&id, &origin)?;
-        let s = self.agent.stats(&id)?;
+        let scoped = self.scoped(&req, &req.get_ref().session_id)?;
+        let s = self.agent.stats(&scoped);
         Ok(Response::new(pb::StatsReply {
             requests: s.requests,
             bytes_read: s.bytes_read,

@@ -1,8 +1,106 @@
-//! Requests as typed values. A GET names the same things whether it comes
-//! alone (`Get`) or in a batch (`GetMany`); both convert into [`GetObject`]
-//! here, once, so the two cannot drift apart.
+//! Requests as typed values: what an operation is asked ([`GetObject`],
+//! [`PutObject`], [`HeadObject`], [`ListObjects`], [`DeleteObject`]) and
+//! what every request carries ([`RequestCtx`]). The agent's operations take
+//! these, never argument lists; protobuf converts into them here, once. A
+//! GET names the same things whether it comes alone (`Get`) or in a batch
+//! (`GetMany`), so both convert into [`GetObject`] and cannot drift apart.
+
+use std::time::Duration;
 
 use sluice_proto::agent as pb;
+
+/// What every request carries besides its operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestCtx {
+    /// The caller's id for it (logs, spans, the store's request headers).
+    pub request_id: String,
+    /// How long the caller gives it; `None`: the namespace's
+    /// `request_timeout_ms`, which it never exceeds either way.
+    pub timeout: Option<Duration>,
+}
+
+impl RequestCtx {
+    /// A request `request_id` with the caller's `timeout_ms` (0: none).
+    pub fn new(request_id: impl Into<String>, timeout_ms: u32) -> Self {
+        let timeout = (timeout_ms > 0).then(|| Duration::from_millis(u64::from(timeout_ms)));
+        Self { request_id: request_id.into(), timeout }
+    }
+}
+
+/// One PUT: an object from a slice of a region.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PutObject {
+    pub namespace: String,
+    pub key: String,
+    pub region_id: String,
+    pub offset: u64,
+    pub length: u64,
+    pub content_type: String,
+}
+
+impl From<pb::PutRequest> for PutObject {
+    fn from(r: pb::PutRequest) -> Self {
+        Self {
+            namespace: r.namespace,
+            key: r.key,
+            region_id: r.region_id,
+            offset: r.offset,
+            length: r.length,
+            content_type: r.content_type,
+        }
+    }
+}
+
+/// One HEAD.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeadObject {
+    pub namespace: String,
+    pub key: String,
+}
+
+impl From<pb::HeadRequest> for HeadObject {
+    fn from(r: pb::HeadRequest) -> Self {
+        Self { namespace: r.namespace, key: r.key }
+    }
+}
+
+/// One DELETE.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeleteObject {
+    pub namespace: String,
+    pub key: String,
+}
+
+impl From<pb::DeleteRequest> for DeleteObject {
+    fn from(r: pb::DeleteRequest) -> Self {
+        Self { namespace: r.namespace, key: r.key }
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListObjects {
+    pub namespace: String,
+    /// Under the namespace (empty: all of it).
+    pub prefix: String,
+    /// From the previous page (empty: the first).
+    pub continuation_token: String,
+    pub max_keys: u32,
+    /// Groups keys into common prefixes up to it (empty: none).
+    pub delimiter: String,
+}
+
+impl From<pb::ListRequest> for ListObjects {
+    fn from(r: pb::ListRequest) -> Self {
+        Self {
+            namespace: r.namespace,
+            prefix: r.prefix,
+            continuation_token: r.continuation_token,
+            max_keys: r.max_keys,
+            delimiter: r.delimiter,
+        }
+    }
+}
 
 /// One GET: which object (or range of it) into which region.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,5 +180,11 @@ mod tests {
         assert_eq!(one.range, Some((5, Some(7))));
         assert_eq!(one.if_match.as_deref(), Some("\"e\""));
         assert_eq!(GetObject::from(pb::GetItem::default()).if_match, None, "empty: any version");
+    }
+
+    #[test]
+    fn no_timeout_is_the_namespace_deadline() {
+        assert_eq!(RequestCtx::new("r", 0).timeout, None);
+        assert_eq!(RequestCtx::new("r", 250).timeout, Some(Duration::from_millis(250)));
     }
 }

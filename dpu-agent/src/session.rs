@@ -54,6 +54,31 @@ impl Session {
     }
 }
 
+/// A session resolved for one request: open (and renewed by it) and used
+/// from the origin that opened it. [`Sessions::scoped`] is the only way to
+/// get one, so an operation that takes a `&Scoped` cannot have skipped
+/// either check.
+pub struct Scoped {
+    id: Arc<str>,
+    session: Arc<Session>,
+}
+
+impl Scoped {
+    /// The session's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The tenant the session acts for.
+    pub fn tenant(&self) -> &str {
+        &self.session.tenant
+    }
+
+    pub(crate) fn session(&self) -> &Session {
+        &self.session
+    }
+}
+
 /// The agent's open sessions.
 pub(crate) struct Sessions {
     map: Mutex<HashMap<String, Arc<Session>>>,
@@ -97,9 +122,28 @@ impl Sessions {
         Ok(s)
     }
 
-    /// The session without renewing it (origin checks).
-    pub fn peek(&self, id: &str) -> Option<Arc<Session>> {
-        self.map().get(id).cloned()
+    /// Session `id` for a request from `origin`: refused (after
+    /// `other_origin` saw it) when it was opened from elsewhere, so a leaked
+    /// id is useless there; `UnknownSession` unless it is open. Renews it.
+    pub fn scoped(
+        &self,
+        id: &str,
+        origin: &ShimOrigin,
+        other_origin: impl FnOnce(&Session),
+    ) -> Result<Scoped, AgentError> {
+        // Checked before the lookup renews it: a call from another origin
+        // must not keep a session alive either.
+        if let Some(s) = self.map().get(id).filter(|s| s.origin != *origin).cloned() {
+            other_origin(&s);
+            return Err(AgentError::Unauthenticated("this session was opened from another origin".into()));
+        }
+        Ok(Scoped { id: id.into(), session: self.get(id)? })
+    }
+
+    /// `scoped` again, renewed, for a later step of the same call (a
+    /// batch's next item); `UnknownSession` once it was closed or expired.
+    pub fn refresh(&self, scoped: &Scoped) -> Result<Scoped, AgentError> {
+        Ok(Scoped { id: scoped.id.clone(), session: self.get(&scoped.id)? })
     }
 
     pub fn remove(&self, id: &str) -> Option<Arc<Session>> {
@@ -163,6 +207,21 @@ mod tests {
         assert_eq!(expired, ["c"], "only the session nobody named");
         assert_eq!(t.len(), 2);
         assert!(matches!(t.get("c"), Err(AgentError::UnknownSession)));
+    }
+
+    #[test]
+    fn a_session_is_scoped_only_from_its_origin() {
+        let t = Sessions::new(Duration::from_secs(10));
+        t.open("a".into(), "alpha", &ShimOrigin::Unix);
+        let other = ShimOrigin::Network { ip: "10.0.0.9".parse().expect("ip"), cert: None };
+        let mut seen = None;
+        let e = t.scoped("a", &other, |s| seen = Some(s.tenant.clone())).err().expect("refused");
+        assert!(matches!(e, AgentError::Unauthenticated(_)) && seen.as_deref() == Some("alpha"), "{e}");
+        let s = t.scoped("a", &ShimOrigin::Unix, |_| unreachable!()).expect("its own origin");
+        assert_eq!((s.id(), s.tenant()), ("a", "alpha"));
+        assert!(matches!(t.scoped("zz", &ShimOrigin::Unix, |_| ()), Err(AgentError::UnknownSession)));
+        t.remove("a");
+        assert!(matches!(t.refresh(&s), Err(AgentError::UnknownSession)), "closed since");
     }
 
     #[test]

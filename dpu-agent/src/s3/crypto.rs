@@ -16,6 +16,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use sluice_crypt::{CryptError, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN};
 
+use super::call::{enter, Call, ObjectRead, ObjectWrite, RegionSlice};
 use super::client::{header, Body, PartOf, PutBody, RangedGet};
 use super::encryption::Encryption;
 use super::error::S3Error;
@@ -23,7 +24,7 @@ use super::get::GetOutcome;
 use super::integrity::{self, Digests, Upload};
 use super::model::ObjectMeta;
 use super::put::PutOutcome;
-use super::store::{enter, Gate, ObjectStore};
+use super::store::ObjectStore;
 use super::token_path::Via;
 use super::xml;
 use crate::hostmem::HostRegion;
@@ -204,20 +205,16 @@ impl ObjectStore {
     /// `offset`. The header is fetched first (with the first chunks when
     /// reading from the start); it authenticates the object's size and
     /// layout, so no HEAD is needed.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn get_encrypted(
         &self,
         enc: &Encryption,
-        key: &str,
-        start: u64,
-        length: Option<u64>,
-        region: &Arc<dyn HostRegion>,
-        offset: u64,
-        room: u64,
-        if_match: Option<&str>,
-        request_id: &str,
-        gate: Gate<'_>,
+        read: &ObjectRead<'_>,
+        into: &RegionSlice<'_>,
+        call: &Call<'_>,
     ) -> Result<GetOutcome, S3Error> {
+        let ObjectRead { key, start, length, if_match } = *read;
+        let RegionSlice { region, offset, room } = *into;
+        let Call { request_id, gate } = *call;
         let full = self.full_key(key);
         let chunk_guess = u64::from(enc.chunk_size);
         let per_part_guess = (self.tuning.get_part_size / chunk_guess).max(1);
@@ -346,18 +343,14 @@ impl ObjectStore {
     }
 
     /// Encrypts `[offset, offset+len)` of `region` and stores it as `key`.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn put_encrypted(
         &self,
         enc: &Encryption,
-        key: &str,
-        region: &Arc<dyn HostRegion>,
-        offset: u64,
-        len: u64,
-        content_type: &str,
-        request_id: &str,
-        gate: Gate<'_>,
+        write: &ObjectWrite<'_>,
+        call: &Call<'_>,
     ) -> Result<PutOutcome, S3Error> {
+        let ObjectWrite { key, region, offset, length: len, content_type } = *write;
+        let Call { request_id, gate } = *call;
         let full = self.full_key(key);
         let (header, sealer) = ObjectSealer::new_with_cipher(
             &*enc.cipher,

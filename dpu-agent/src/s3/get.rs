@@ -9,10 +9,11 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
+use super::call::{enter, Call, ObjectRead, PartGet, RegionSlice};
 use super::client::{Body, RangedGet, Reply};
 use super::error::S3Error;
 use super::integrity::{self, unverified, Expected};
-use super::store::{enter, Gate, ObjectStore};
+use super::store::ObjectStore;
 use super::token_path::{Fallback, Via};
 use super::version::{parse_content_range, Version};
 use crate::hostmem::HostRegion;
@@ -91,19 +92,15 @@ impl ObjectStore {
     /// `if_match`: the ETag the object must have (a caller reading one object
     /// in several requests pins them to the version its first one saw);
     /// another version fails with PRECONDITION_FAILED before a byte is written.
-    #[allow(clippy::too_many_arguments)]
     pub async fn get_into(
         &self,
-        key: &str,
-        start: u64,
-        length: Option<u64>,
-        region: &Arc<dyn HostRegion>,
-        offset: u64,
-        room: u64,
-        if_match: Option<&str>,
-        request_id: &str,
-        gate: Gate<'_>,
+        read: &ObjectRead<'_>,
+        into: &RegionSlice<'_>,
+        call: &Call<'_>,
     ) -> Result<GetOutcome, S3Error> {
+        let ObjectRead { key, start, length, if_match } = *read;
+        let RegionSlice { region, offset, room } = *into;
+        let Call { request_id, gate } = *call;
         if length == Some(0) {
             return Err(S3Error::InvalidRange("a range must cover at least one byte".into()));
         }
@@ -112,7 +109,7 @@ impl ObjectStore {
         // staging, the CPU or a checksum pass.
         self.check_reach(region.as_ref(), super::gpu::Direction::Get)?;
         if let Some(enc) = &self.encryption {
-            return self.get_encrypted(enc, key, start, length, region, offset, room, if_match, request_id, gate).await;
+            return self.get_encrypted(enc, read, into, call).await;
         }
         let full = self.full_key(key);
         let part = self.tuning.get_part_size;
@@ -164,6 +161,7 @@ impl ObjectStore {
 
         let (full, etag) = (&full, &etag);
         let version = Version { etag, size: object_size };
+        let part_of = |from, to, dst, base| PartGet { full, from, to, version, region, dst, base, request_id };
         // A whole-object read is checked end to end against the object's
         // CRC64NVME, as the first reply carried it; otherwise the outcome
         // says why it was not.
@@ -187,7 +185,7 @@ impl ObjectStore {
                     Ok(crc) => crc,
                     Err(e) if e.is_retryable() => {
                         tracing::warn!(error = %e, "first part broke; re-fetching it");
-                        self.fetch_range(full, start, cover, version, region, offset, base, request_id).await?
+                        self.fetch_range(part_of(start, cover, offset, base)).await?
                     }
                     Err(e) => return Err(e),
                 };
@@ -204,16 +202,16 @@ impl ObjectStore {
                 let _slot = enter(gate, stop - from).await?;
                 let len = stop - from;
                 if let Some(r) = use_rdma {
-                    match self.get_part_rdma(r, full, from, stop, version, region, dst, base + i, request_id).await? {
+                    match self.get_part_rdma(r, part_of(from, stop, dst, base + i)).await? {
                         None => return Ok(PartDone { via: Via::Rdma, dst, len, crc: None }),
                         Some(f) => {
                             tracing::warn!(kind = f.kind, reason = %f.message, from, to = stop, "RDMA GET part fell back to HTTP");
-                            let crc = self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await?;
+                            let crc = self.fetch_range(part_of(from, stop, dst, base + i)).await?;
                             return Ok(PartDone { via: Via::Fallback(f), dst, len, crc: Some(crc) });
                         }
                     }
                 }
-                let crc = self.fetch_range(full, from, stop, version, region, dst, base + i, request_id).await?;
+                let crc = self.fetch_range(part_of(from, stop, dst, base + i)).await?;
                 Ok(PartDone { via: Via::Http, dst, len, crc: Some(crc) })
             }));
             pos = stop;
@@ -327,18 +325,8 @@ impl ObjectStore {
     /// Fetches `[from, to)` into `region` at `dst`, with retries. `If-Match`
     /// asks the store to refuse another version; the reply is checked to be
     /// of `version` all the same (a store may ignore `If-Match`).
-    #[allow(clippy::too_many_arguments)]
-    async fn fetch_range(
-        &self,
-        full: &str,
-        from: u64,
-        to: u64,
-        version: Version<'_>,
-        region: &Arc<dyn HostRegion>,
-        dst: u64,
-        base: usize,
-        request_id: &str,
-    ) -> Result<u64, S3Error> {
+    async fn fetch_range(&self, part: PartGet<'_>) -> Result<u64, S3Error> {
+        let PartGet { full, from, to, version, region, dst, base, request_id } = part;
         self.retrying(|attempt| async move {
             let req = Self::part_get(from, to, version.etag);
             let resp = self.client.get(self.at(base, attempt, full, request_id), req).await?;

@@ -109,6 +109,7 @@ mod tests {
     use sluice_dataplane::MemError;
 
     use super::*;
+    use crate::s3::call::{Call, ObjectWrite};
     use crate::s3::mock::{MockStore, Op};
 
     fn rdma_direct() -> PathFacts {
@@ -216,7 +217,7 @@ mod tests {
         let mock = Arc::new(MockStore::new());
         let s = store(mock.clone());
         let region: Arc<dyn HostRegion> = Arc::new(NicOnly);
-        let e = s.put_from("k", &region, 0, 4096, "", "req", None).await.unwrap_err();
+        let e = s.put_from(&ObjectWrite::from_start("k", &region, 4096), &Call::ungated("req")).await.unwrap_err();
         assert!(matches!(&e, S3Error::Unsupported(m) if m.contains("no CPU view")), "{e}");
         assert_eq!(e.code(), sluice_proto::common::ErrorCode::Unsupported);
         assert!(mock.calls().is_empty(), "{:?}", mock.calls());

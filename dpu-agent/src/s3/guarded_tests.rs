@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use sluice_dataplane::SharedRegion;
 
+use super::super::call::{Call, ObjectRead, ObjectWrite, RegionSlice};
 use super::super::client::{ListQuery, PartOf, PutBody, RangedGet, Reply, S3Client, S3Future, Target};
 use super::super::endpoints::{EndpointMetrics, EndpointRegistry};
 use super::super::error::S3Error;
@@ -244,7 +245,8 @@ fn contents(r: &Arc<dyn HostRegion>, len: u64) -> Vec<u8> {
 
 async fn get_all(s: &ObjectStore, key: &str, len: u64) -> Result<Vec<u8>, S3Error> {
     let r = region(len);
-    s.get_into(key, 0, None, &r, 0, len, None, "req", None).await?;
+    s.get_into(&ObjectRead::whole(key), &RegionSlice { region: &r, offset: 0, room: len }, &Call::ungated("req"))
+        .await?;
     Ok(contents(&r, len))
 }
 
@@ -350,7 +352,9 @@ async fn a_hung_endpoint_costs_a_request_the_first_byte_deadline_once() {
     let mut slowest = Duration::ZERO;
     for key in ["p1", "p2", "p3", "p4"] {
         let t0 = Instant::now();
-        s.put_from(key, &r, 0, len, "", "req", None).await.unwrap();
+        s.put_from(&ObjectWrite { key, region: &r, offset: 0, length: len, content_type: "" }, &Call::ungated("req"))
+            .await
+            .unwrap();
         slowest = slowest.max(t0.elapsed());
         assert_eq!(mock.object(&format!("t/{key}")).unwrap(), data);
     }
@@ -420,7 +424,14 @@ async fn a_resume_never_mixes_two_versions() {
         faulty.set(A, Mode::BreakBodyAfter(500));
         let (s, _) = store(Arc::new(faulty), 5000, 3);
         let r = region(len);
-        let e = s.get_into("k", 0, Some(PART), &r, 0, len, None, "req", None).await.unwrap_err();
+        let e = s
+            .get_into(
+                &ObjectRead { key: "k", start: 0, length: Some(PART), if_match: None },
+                &RegionSlice { region: &r, offset: 0, room: len },
+                &Call::ungated("req"),
+            )
+            .await
+            .unwrap_err();
         assert!(matches!(e, S3Error::PreconditionFailed(_)), "ignores If-Match {ignores_if_match}: {e}");
         let cont = mock.calls().into_iter().filter(|c| c.op == Op::Get).nth(1).unwrap();
         assert_eq!(cont.range, Some((500, PART - 1)), "it was a continuation");
@@ -439,7 +450,7 @@ async fn put_parts_sent_to_a_dead_endpoint_are_sent_again_elsewhere() {
     let r = region(len);
     let data = pattern(len as usize, 7);
     r.write_at(0, &data).unwrap();
-    let out = s.put_from("big", &r, 0, len, "", "req", None).await.unwrap();
+    let out = s.put_from(&ObjectWrite::from_start("big", &r, len), &Call::ungated("req")).await.unwrap();
     assert_eq!(out.parts, 7);
     assert_eq!(mock.object("t/big").unwrap(), data);
     assert_eq!(mock.open_uploads(), 0);
@@ -452,10 +463,10 @@ async fn put_parts_sent_to_a_dead_endpoint_are_sent_again_elsewhere() {
     faulty.set(C, Mode::Fine);
     s.probe_endpoints(Duration::from_millis(100)).await;
     faulty.set(B, Mode::Dead);
-    s.put_from("big2", &r, 0, len, "", "req", None).await.unwrap();
+    s.put_from(&ObjectWrite::from_start("big2", &r, len), &Call::ungated("req")).await.unwrap();
     assert_eq!(mock.object("t/big2").unwrap(), data);
     let to_b = faulty.sent(B, None);
-    s.put_from("big3", &r, 0, len, "", "req", None).await.unwrap();
+    s.put_from(&ObjectWrite::from_start("big3", &r, len), &Call::ungated("req")).await.unwrap();
     assert_eq!(faulty.sent(B, None), to_b, "once ejected, it gets no part");
     assert!(mock.object("t/big3").unwrap() == data && mock.open_uploads() == 0);
 }
@@ -498,7 +509,7 @@ async fn a_completion_held_by_a_hung_gateway_uploads_again() {
     let r = region(len);
     let data = pattern(len as usize, 8);
     r.write_at(0, &data).unwrap();
-    s.put_from("held", &r, 0, len, "", "req", None).await.unwrap();
+    s.put_from(&ObjectWrite::from_start("held", &r, len), &Call::ungated("req")).await.unwrap();
     assert_eq!(mock.object("t/held").unwrap(), data);
     assert_eq!((mock.count(Op::Create), mock.count(Op::Complete)), (2, 1), "one new upload, no retried completion");
     let t0 = Instant::now();

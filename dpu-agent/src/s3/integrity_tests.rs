@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use base64::Engine;
 
+use super::call::{Call, ObjectRead, ObjectWrite, RegionSlice};
 use super::error::S3Error;
 use super::failing::{Failing, Failure};
 use super::integrity::{unverified, META_CRC64NVME};
@@ -41,7 +42,11 @@ fn md5_b64(data: &[u8]) -> String {
 async fn put(s: &ObjectStore, key: &str, data: &[u8]) -> Result<PutOutcome, S3Error> {
     let r = region(data.len() as u64);
     r.write_at(0, data).unwrap();
-    s.put_from(key, &r, 0, data.len() as u64, "", "req", None).await
+    s.put_from(
+        &ObjectWrite { key, region: &r, offset: 0, length: data.len() as u64, content_type: "" },
+        &Call::ungated("req"),
+    )
+    .await
 }
 
 fn caps(s: &ObjectStore) -> StoreChecksums {
@@ -104,7 +109,13 @@ async fn a_byte_flipped_on_a_get_without_a_store_checksum_is_an_integrity_error(
         }
         // A ranged read cannot be checked: it says so (and here is damaged).
         let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 0, 1, Failure::Flip(0));
-        let out = store(Arc::new(failing), None).get_into("k", 1, Some(10), &r, 0, len, None, "req", None).await;
+        let out = store(Arc::new(failing), None)
+            .get_into(
+                &ObjectRead { key: "k", start: 1, length: Some(10), if_match: None },
+                &RegionSlice { region: &r, offset: 0, room: len },
+                &Call::ungated("req"),
+            )
+            .await;
         assert_eq!(out.unwrap().unverified.as_deref(), Some(unverified::RANGED));
     }
 }
@@ -176,7 +187,14 @@ async fn reads_that_cannot_be_checked_say_why() {
     let out = get_all(&s, "foreign", &r).await.unwrap();
     assert_eq!(out.unverified.as_deref(), Some(unverified::NO_CHECKSUM), "no store checksum, no metadata");
     put(&s, "mine", &pattern(PART as usize, 10)).await.unwrap();
-    let out = s.get_into("mine", 0, Some(PART - 1), &r, 0, PART, None, "req", None).await.unwrap();
+    let out = s
+        .get_into(
+            &ObjectRead { key: "mine", start: 0, length: Some(PART - 1), if_match: None },
+            &RegionSlice { region: &r, offset: 0, room: PART },
+            &Call::ungated("req"),
+        )
+        .await
+        .unwrap();
     assert_eq!(out.unverified.as_deref(), Some(unverified::RANGED));
     let mut ns = namespace();
     ns.verify_checksums = false;

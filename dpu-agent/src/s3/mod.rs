@@ -4,6 +4,7 @@
 //! the RDMA data path and inline encryption. Each S3 request goes through
 //! an [`S3Client`] (SigV4 over HTTP in the agent; in memory in tests).
 
+pub mod call;
 pub mod client;
 pub mod crypto;
 pub mod encryption;

@@ -2,16 +2,14 @@
 //! above it a multipart upload whose parts go up concurrently. Bodies are read
 //! from the region in chunks as the socket takes them (no whole-object copy).
 
-use std::sync::Arc;
-
 use futures::{StreamExt, TryStreamExt};
 
+use super::call::{enter, Call, ObjectWrite, PartPut};
 use super::client::{PartOf, PutBody};
 use super::error::S3Error;
 use super::integrity::{self, Digests, Upload};
-use super::store::{enter, Gate, ObjectStore};
+use super::store::ObjectStore;
 use super::token_path::{Fallback, Via};
-use crate::hostmem::HostRegion;
 
 /// What a PUT stored.
 #[derive(Debug, Clone)]
@@ -46,31 +44,23 @@ impl PutOutcome {
 impl ObjectStore {
     /// Stores `[offset, offset+len)` of `region` as `key`. The caller has
     /// checked the window against the region.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn put_from(
-        &self,
-        key: &str,
-        region: &Arc<dyn HostRegion>,
-        offset: u64,
-        len: u64,
-        content_type: &str,
-        request_id: &str,
-        gate: Gate<'_>,
-    ) -> Result<PutOutcome, S3Error> {
+    pub async fn put_from(&self, write: &ObjectWrite<'_>, call: &Call<'_>) -> Result<PutOutcome, S3Error> {
+        let ObjectWrite { key, region, offset, length: len, content_type } = *write;
+        let Call { request_id, gate } = *call;
         // A region only the NIC reaches (GPU memory on a co-located agent)
         // is refused before any upload starts.
         self.check_reach(region.as_ref(), super::gpu::Direction::Put)?;
         if let Some(enc) = &self.encryption {
-            return self.put_encrypted(enc, key, region, offset, len, content_type, request_id, gate).await;
+            return self.put_encrypted(enc, write, call).await;
         }
         let full = self.full_key(key);
         if len > self.tuning.multipart_threshold {
-            let put = self.put_multipart(&full, region, offset, len, content_type, request_id, gate).await;
+            let put = self.put_multipart(&full, write, call).await;
             // A completion a hung gateway holds: a new upload (`endpoints::held_elsewhere`).
             return match put {
                 Err(e) if super::endpoints::held_elsewhere(&e) => {
                     tracing::warn!(error = %e, "the upload's completion is held by a hung gateway; uploading again");
-                    self.put_multipart(&full, region, offset, len, content_type, request_id, gate).await
+                    self.put_multipart(&full, write, call).await
                 }
                 put => put,
             };
@@ -82,8 +72,19 @@ impl ObjectStore {
             // The object's CRC64NVME goes in its metadata (and is the PUT's checksum).
             let crc = super::token_path::crc64nvme_of(region, offset, len).await?;
             let meta = [(integrity::META_CRC64NVME, integrity::b64(crc))];
-            let sent =
-                self.put_rdma(r, &full, None, region, offset, len, content_type, &meta, Some(crc), base, request_id);
+            let put = PartPut {
+                full: &full,
+                part: None,
+                region,
+                offset,
+                len,
+                content_type,
+                extra: &meta,
+                crc: Some(crc),
+                base,
+                request_id,
+            };
+            let sent = self.put_rdma(r, put);
             match sent.await? {
                 // The serving side checked the CRC as it READ the bytes
                 // (docs/s3-over-rdma.md): a mismatch would have stored nothing.
@@ -116,17 +117,9 @@ impl ObjectStore {
         Ok(PutOutcome::from_parts(etag, &[via], (!confirmed).then_some(integrity::UNCONFIRMED_UPLOAD)))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn put_multipart(
-        &self,
-        full: &str,
-        region: &Arc<dyn HostRegion>,
-        offset: u64,
-        len: u64,
-        content_type: &str,
-        request_id: &str,
-        gate: Gate<'_>,
-    ) -> Result<PutOutcome, S3Error> {
+    async fn put_multipart(&self, full: &str, write: &ObjectWrite<'_>, call: &Call<'_>) -> Result<PutOutcome, S3Error> {
+        let ObjectWrite { region, offset, length: len, content_type, .. } = *write;
+        let Call { request_id, gate } = *call;
         let base = self.next_base();
         let part = self.tuning.put_part_size;
         let count = len.div_ceil(part);
@@ -156,7 +149,19 @@ impl ObjectStore {
             let mut via = Via::Http;
             if let Some(r) = self.rdma_for(n) {
                 let crc = Some(crcs[i as usize]);
-                match self.put_rdma(r, full, Some((i + 1, upload)), region, offset + from, n, "", &[], crc, base + i as usize, request_id).await? {
+                let put = PartPut {
+                    full,
+                    part: Some((i + 1, upload)),
+                    region,
+                    offset: offset + from,
+                    len: n,
+                    content_type: "",
+                    extra: &[],
+                    crc,
+                    base: base + i as usize,
+                    request_id,
+                };
+                match self.put_rdma(r, put).await? {
                     // The serving side checked the CRC as it READ the part.
                     Ok(etag) => return Ok((i, UploadedPart { etag, via: Via::Rdma, md5: None, confirmed: true })),
                     Err(f) => {

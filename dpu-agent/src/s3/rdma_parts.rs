@@ -7,11 +7,11 @@ use std::sync::Arc;
 use sluice_dataplane::s3_names::REPLY_HEADER;
 use sluice_dataplane::{Access, Grant};
 
+use super::call::{PartGet, PartPut};
 use super::client::{header, PartOf, PutBody};
 use super::error::S3Error;
 use super::store::ObjectStore;
 use super::token_path::*;
-use super::version::Version;
 use crate::hostmem::HostRegion;
 use crate::model::Placement;
 
@@ -19,36 +19,13 @@ impl ObjectStore {
     /// GETs `[from, to)` into `region` at `dst` over RDMA. `Ok(None)`: done;
     /// `Ok(Some(f))`: fetch it over HTTP instead; `Err`: a real S3 error
     /// (or an RDMA failure into a region HTTP cannot reach).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn get_part_rdma(
-        &self,
-        rdma: &TokenPath,
-        full: &str,
-        from: u64,
-        to: u64,
-        version: Version<'_>,
-        region: &Arc<dyn HostRegion>,
-        dst: u64,
-        base: usize,
-        request_id: &str,
-    ) -> Result<Option<Fallback>, S3Error> {
-        let done = self.try_part_rdma(rdma, full, from, to, version, region, dst, base, request_id).await;
-        unless_nic_only(region.as_ref(), done)
+    pub(super) async fn get_part_rdma(&self, rdma: &TokenPath, part: PartGet<'_>) -> Result<Option<Fallback>, S3Error> {
+        let done = self.try_part_rdma(rdma, part).await;
+        unless_nic_only(part.region.as_ref(), done)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    async fn try_part_rdma(
-        &self,
-        rdma: &TokenPath,
-        full: &str,
-        from: u64,
-        to: u64,
-        version: Version<'_>,
-        region: &Arc<dyn HostRegion>,
-        dst: u64,
-        base: usize,
-        request_id: &str,
-    ) -> Result<Option<Fallback>, S3Error> {
+    async fn try_part_rdma(&self, rdma: &TokenPath, part: PartGet<'_>) -> Result<Option<Fallback>, S3Error> {
+        let PartGet { full, from, to, version, region, dst, base, request_id } = part;
         let len = to - from;
         let (mem, off) = match rdma.target(region, dst, len) {
             Ok(t) => t,
@@ -102,21 +79,12 @@ impl ObjectStore {
     /// over RDMA. `Ok(Ok(etag))`: stored; `Ok(Err(f))`: send it over HTTP.
     /// `extra`: more object headers (metadata); `crc`: the window's
     /// CRC64NVME when the caller has it (used unless the bytes are staged).
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn put_rdma(
         &self,
         rdma: &TokenPath,
-        full: &str,
-        part: Option<(u64, &str)>,
-        region: &Arc<dyn HostRegion>,
-        offset: u64,
-        len: u64,
-        content_type: &str,
-        extra: &[(&'static str, String)],
-        crc: Option<u64>,
-        base: usize,
-        request_id: &str,
+        put: PartPut<'_>,
     ) -> Result<Result<String, Fallback>, S3Error> {
+        let PartPut { full, part, region, offset, len, content_type, extra, crc, base, request_id } = put;
         let (mem, off) = match rdma.target(region, offset, len) {
             Ok(t) => t,
             Err(f) => return Ok(Err(f)),

@@ -20,20 +20,6 @@ use super::uploads::UploadLog;
 use super::xml;
 use crate::config::{NamespaceConfig, S3Tuning};
 
-/// Per-part admission of a transfer: its tenant's permit paces each part
-/// (bytes/s) and takes a fair-scheduler slot for it, held while the part
-/// moves, so one tenant's large transfer never holds the agent for longer
-/// than a part. `None`: no quotas (tests of the S3 client alone).
-pub type Gate<'a> = Option<&'a sluice_qos::Permit>;
-
-/// Waits for `gate` to admit a part of `n` bytes.
-pub(super) async fn enter(gate: Gate<'_>, n: u64) -> Result<Option<sluice_qos::Slot>, S3Error> {
-    match gate {
-        Some(p) => p.chunk(n).await.map(Some).map_err(|e| S3Error::Quota(e.to_string())),
-        None => Ok(None),
-    }
-}
-
 /// The metrics an S3 client feeds.
 #[derive(Clone)]
 pub struct S3Counters {

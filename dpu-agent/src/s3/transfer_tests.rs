@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use sluice_dataplane::{SharedRegion, TransportKind};
 
+use super::call::{Call, ObjectRead, ObjectWrite, RegionSlice};
 use super::client::S3Client;
 use super::error::S3Error;
 use super::failing::{refused, slow_down, Failing, Failure};
@@ -70,7 +71,8 @@ pub(super) async fn get_all(
     key: &str,
     r: &Arc<dyn HostRegion>,
 ) -> Result<super::get::GetOutcome, S3Error> {
-    s.get_into(key, 0, None, r, 0, r.len(), None, "req", None).await
+    s.get_into(&ObjectRead::whole(key), &RegionSlice { region: r, offset: 0, room: r.len() }, &Call::ungated("req"))
+        .await
 }
 
 pub(super) async fn until(what: &str, cond: impl Fn() -> bool) {
@@ -112,7 +114,14 @@ async fn a_large_get_is_split_into_ranged_parts_that_cover_it_once() {
     // A window: [start, start+length) lands at the offset, nothing else moves.
     let r = region(3 * PART);
     r.write_at(0, &[0xee; 16]).unwrap();
-    let out = s.get_into("big", PART - 5, Some(2 * PART), &r, 16, 2 * PART, None, "req", None).await.unwrap();
+    let out = s
+        .get_into(
+            &ObjectRead { key: "big", start: PART - 5, length: Some(2 * PART), if_match: None },
+            &RegionSlice { region: &r, offset: 16, room: 2 * PART },
+            &Call::ungated("req"),
+        )
+        .await
+        .unwrap();
     assert_eq!(out.bytes, 2 * PART);
     assert_eq!(contents(&r, 16, 2 * PART), data[(PART - 5) as usize..(3 * PART - 5) as usize]);
     assert_eq!(contents(&r, 0, 16), [0xee; 16], "bytes before the offset are untouched");
@@ -139,7 +148,13 @@ async fn a_large_put_is_split_into_parts_and_completed_in_order() {
     let data = pattern(len as usize, 3);
     r.write_at(0, &data).unwrap();
 
-    let out = s.put_from("up", &r, 0, len, "text/plain", "req", None).await.unwrap();
+    let out = s
+        .put_from(
+            &ObjectWrite { key: "up", region: &r, offset: 0, length: len, content_type: "text/plain" },
+            &Call::ungated("req"),
+        )
+        .await
+        .unwrap();
     assert_eq!(out.parts, 6);
     assert_eq!(mock.object("t/up").unwrap(), data);
     assert_eq!((mock.count(Op::Create), mock.count(Op::UploadPart), mock.count(Op::Complete)), (1, 6, 1));
@@ -147,7 +162,7 @@ async fn a_large_put_is_split_into_parts_and_completed_in_order() {
     assert!(mock.object_headers("t/up").contains(&("content-type".into(), "text/plain".into())));
 
     // At the threshold: one PUT.
-    let out = s.put_from("small", &r, 0, 4 * PART, "", "req", None).await.unwrap();
+    let out = s.put_from(&ObjectWrite::from_start("small", &r, 4 * PART), &Call::ungated("req")).await.unwrap();
     assert_eq!(out.parts, 1);
     assert_eq!(mock.object("t/small").unwrap(), data[..(4 * PART) as usize]);
 }
@@ -232,7 +247,14 @@ async fn an_object_replaced_mid_read_fails_the_read() {
             let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 1, 1, Failure::Before(replace));
             let s = store(Arc::new(failing), None);
             let r = region(len);
-            let e = s.get_into("k", start, length, &r, 0, len, None, "req", None).await.unwrap_err();
+            let e = s
+                .get_into(
+                    &ObjectRead { key: "k", start, length, if_match: None },
+                    &RegionSlice { region: &r, offset: 0, room: len },
+                    &Call::ungated("req"),
+                )
+                .await
+                .unwrap_err();
             assert!(
                 matches!(e, S3Error::PreconditionFailed(_)),
                 "from {start}, the store ignores If-Match: {store_ignores_if_match}: {e}"
@@ -284,7 +306,7 @@ async fn parts_move_one_sidedly_when_the_store_serves_the_token() {
     assert_eq!((out.parts, out.rdma_parts, out.fallbacks.len()), (5, 4, 0));
 
     // PUT from the region: the store READs it.
-    let out = s.put_from("copy", &r, 0, 2 * PART, "", "req", None).await.unwrap();
+    let out = s.put_from(&ObjectWrite::from_start("copy", &r, 2 * PART), &Call::ungated("req")).await.unwrap();
     assert_eq!((out.rdma_parts, out.fallbacks.len()), (1, 0));
     assert_eq!(mock.object("t/copy").unwrap(), data[..(2 * PART) as usize]);
     assert_eq!(mock.calls().iter().filter(|c| c.rdma).count(), 5, "4 GET parts and the PUT carried tokens");
@@ -310,7 +332,7 @@ async fn rdma_falls_back_to_http_per_part_and_says_why() {
 
         // A PUT the store did not take by RDMA is sent again over HTTP, and
         // what is stored is the region's bytes (never an empty object).
-        let out = s.put_from("up", &r, 0, PART, "", "req", None).await.unwrap();
+        let out = s.put_from(&ObjectWrite::from_start("up", &r, PART), &Call::ungated("req")).await.unwrap();
         assert_eq!(out.fallbacks.len(), 1, "{kind}");
         assert_eq!(mock.object("t/up").unwrap(), data[..PART as usize], "{kind}");
     }
@@ -356,7 +378,13 @@ async fn parts_wait_for_the_tenants_scheduler_slot() {
     let r = region(len);
     let (s2, r2) = (s.clone(), r.clone());
     let transfer = tokio::spawn(async move {
-        s2.get_into("k", 0, None, &r2, 0, len, None, "req", Some(&permit)).await.map(|o| o.bytes)
+        s2.get_into(
+            &ObjectRead::whole("k"),
+            &RegionSlice { region: &r2, offset: 0, room: len },
+            &Call { request_id: "req", gate: Some(&permit) },
+        )
+        .await
+        .map(|o| o.bytes)
     });
     // The agent's only slot is taken: no request goes out.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -375,11 +403,21 @@ async fn a_refused_slot_fails_the_transfer_and_moves_nothing() {
     let permit = q.admit("tenant", PART).await.unwrap();
     let s = store(Arc::new(mock.clone()), None);
     let r = region(PART);
-    let e = s.get_into("k", 0, None, &r, 0, PART, None, "req", Some(&permit)).await.unwrap_err();
+    let e = s
+        .get_into(
+            &ObjectRead::whole("k"),
+            &RegionSlice { region: &r, offset: 0, room: PART },
+            &Call { request_id: "req", gate: Some(&permit) },
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(e, S3Error::Quota(_)), "{e}");
     assert_eq!(e.code(), sluice_proto::common::ErrorCode::QuotaExceeded);
     assert!(mock.calls().is_empty(), "nothing reached the store");
-    let e = s.put_from("new", &r, 0, PART, "", "req", Some(&permit)).await.unwrap_err();
+    let e = s
+        .put_from(&ObjectWrite::from_start("new", &r, PART), &Call { request_id: "req", gate: Some(&permit) })
+        .await
+        .unwrap_err();
     assert!(matches!(e, S3Error::Quota(_)), "{e}");
     assert!(mock.object("t/new").is_none());
 }
@@ -400,7 +438,7 @@ async fn a_failed_part_or_completion_aborts_the_upload() {
         let s = store(Arc::new(failing), None);
         let len = 6 * PART;
         let r = region(len);
-        let e = s.put_from("k", &r, 0, len, "", "req", None).await.unwrap_err();
+        let e = s.put_from(&ObjectWrite::from_start("k", &r, len), &Call::ungated("req")).await.unwrap_err();
         assert!(matches!(&e, S3Error::Rejected { code, .. } if code == "InvalidPart"), "{op:?}: {e}");
         until("the abort", || mock.open_uploads() == 0).await;
         assert_eq!(mock.count(Op::Abort), 1, "{op:?}");
@@ -417,7 +455,9 @@ async fn a_dropped_put_aborts_its_upload() {
     let s = store(Arc::new(failing), None);
     let len = 6 * PART;
     let r = region(len);
-    let put = s.put_from("k", &r, 0, len, "", "req", None);
+    let (write, call) =
+        (ObjectWrite { key: "k", region: &r, offset: 0, length: len, content_type: "" }, Call::ungated("req"));
+    let put = s.put_from(&write, &call);
     assert!(tokio::time::timeout(Duration::from_millis(200), put).await.is_err());
     until("the abort", || mock.open_uploads() == 0).await;
     assert_eq!(aborts(&s, "cancelled"), 1);
@@ -433,7 +473,7 @@ async fn a_throttled_part_is_retried_and_the_upload_completes() {
     let r = region(len);
     let data = pattern(len as usize, 13);
     r.write_at(0, &data).unwrap();
-    s.put_from("k", &r, 0, len, "", "req", None).await.unwrap();
+    s.put_from(&ObjectWrite::from_start("k", &r, len), &Call::ungated("req")).await.unwrap();
     assert_eq!(mock.object("t/k").unwrap(), data);
     assert_eq!(failing.endpoints(Op::UploadPart).len(), 8);
     assert_eq!((mock.count(Op::Abort), aborts(&s, "failed")), (0, 0));
@@ -448,23 +488,47 @@ async fn a_read_pinned_to_an_etag_refuses_another_version_writing_nothing() {
     let s = store(Arc::new(mock.clone()), None);
     mock.insert("t/k", pattern((3 * PART) as usize, 1));
     let r = region(3 * PART);
-    let first = s.get_into("k", 0, Some(PART), &r, 0, r.len(), None, "req", None).await.unwrap();
+    let first = s
+        .get_into(
+            &ObjectRead { key: "k", start: 0, length: Some(PART), if_match: None },
+            &RegionSlice { region: &r, offset: 0, room: r.len() },
+            &Call::ungated("req"),
+        )
+        .await
+        .unwrap();
     assert!(!first.etag.is_empty());
     // The same version, by its ETag with or without quotes: served.
     let bare = first.etag.trim_matches('"').to_owned();
     for tag in [first.etag.as_str(), bare.as_str()] {
-        let out = s.get_into("k", PART, None, &r, PART, r.len(), Some(tag), "req", None).await.unwrap();
+        let out = s
+            .get_into(
+                &ObjectRead { key: "k", start: PART, length: None, if_match: Some(tag) },
+                &RegionSlice { region: &r, offset: PART, room: r.len() },
+                &Call::ungated("req"),
+            )
+            .await
+            .unwrap();
         assert_eq!(out.bytes, 2 * PART);
     }
     // Replaced: a pinned read fails and the region keeps what it held.
     mock.insert("t/k", pattern((3 * PART) as usize, 9));
     r.write_at(0, &vec![0xab; (3 * PART) as usize]).unwrap();
     for (start, len) in [(0, None), (PART, Some(PART)), (2 * PART, None)] {
-        let e = s.get_into("k", start, len, &r, 0, r.len(), Some(&first.etag), "req", None).await.unwrap_err();
+        let e = s
+            .get_into(
+                &ObjectRead { key: "k", start, length: len, if_match: Some(&first.etag) },
+                &RegionSlice { region: &r, offset: 0, room: r.len() },
+                &Call::ungated("req"),
+            )
+            .await
+            .unwrap_err();
         assert!(matches!(e, S3Error::PreconditionFailed(_)), "{e:?}");
         assert!(e.to_string().contains("not"), "{e}");
     }
     assert_eq!(contents(&r, 0, 3 * PART), vec![0xab; (3 * PART) as usize], "nothing was written");
     // Unpinned, the new version reads as usual.
-    assert!(s.get_into("k", 0, None, &r, 0, r.len(), None, "req", None).await.is_ok());
+    assert!(s
+        .get_into(&ObjectRead::whole("k"), &RegionSlice { region: &r, offset: 0, room: r.len() }, &Call::ungated("req"))
+        .await
+        .is_ok());
 }

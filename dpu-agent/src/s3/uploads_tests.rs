@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::super::call::{Call, ObjectWrite};
 use super::super::client::S3Client;
 use super::super::client::{ListQuery, PartOf, PutBody, RangedGet, Reply, S3Future, Target};
 use super::super::endpoints::EndpointRegistry;
@@ -120,14 +121,16 @@ async fn uploads_are_journaled_before_their_parts_and_ended_after() {
     let failing = Failing::new(Arc::new(mock.clone())).fail(Op::UploadPart, 0, 1, Failure::Before(check));
     let s = store(Arc::new(failing), Some(&j));
     let data = vec![9u8; (6 * PART) as usize];
-    s.put_from("k", &region(&data), 0, data.len() as u64, "", "req", None).await.unwrap();
+    s.put_from(&ObjectWrite::from_start("k", &region(&data), data.len() as u64), &Call::ungated("req")).await.unwrap();
     assert_eq!(mock.object("t/k").unwrap(), data);
     until("the end in the journal", || j.open_uploads().is_empty()).await;
 
     // A failed upload is aborted, and its end journaled.
     let failing = Failing::new(Arc::new(mock.clone())).fail(Op::UploadPart, 1, 100, Failure::Error(refused));
     let s = store(Arc::new(failing), Some(&j));
-    s.put_from("k2", &region(&data), 0, data.len() as u64, "", "req", None).await.unwrap_err();
+    s.put_from(&ObjectWrite::from_start("k2", &region(&data), data.len() as u64), &Call::ungated("req"))
+        .await
+        .unwrap_err();
     until("the abort", || mock.open_uploads() == 0).await;
     until("the end in the journal", || j.open_uploads().is_empty()).await;
 }
@@ -173,7 +176,9 @@ async fn an_upload_whose_abort_failed_is_swept_later() {
     let failing = Failing::new(Arc::new(mock.clone())).fail(Op::UploadPart, 0, 100, Failure::Error(refused));
     let s = store(Arc::new(AbortsFail(failing)), Some(&j));
     let data = vec![1u8; (6 * PART) as usize];
-    s.put_from("k", &region(&data), 0, data.len() as u64, "", "req", None).await.unwrap_err();
+    s.put_from(&ObjectWrite::from_start("k", &region(&data), data.len() as u64), &Call::ungated("req"))
+        .await
+        .unwrap_err();
     until("the abort given up", || j.abandoned().len() == 1).await;
     assert_eq!(mock.open_uploads(), 1);
     // The store answers again: the sweep aborts it.
