@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, Instrument};
 
 use crate::capabilities::Capabilities;
-use crate::config::{AgentConfig, Limits};
+use crate::config::{AgentConfig, Limits, NamespaceConfig};
 use crate::error::AgentError;
 use crate::hostmem::{HostMemory, HostRegion, MemoryKind, RegionExport};
 use crate::identity::{SessionRequest, ShimAuth, ShimOrigin};
@@ -19,6 +19,7 @@ use crate::model::{Permission, Placement};
 use crate::quota::Quotas;
 use crate::requests::{DeleteObject, GetObject, HeadObject, ListObjects, PutObject, RequestCtx};
 use crate::s3::call::{Call, ObjectRead, ObjectWrite, RegionSlice};
+use crate::s3::client::S3Client;
 use crate::s3::model::{DataPathUsed, ListPage, ObjectMeta};
 use crate::s3::setup::{Failover, Signers, StoreParts};
 use crate::s3::store::{ObjectStore, S3Counters};
@@ -83,6 +84,18 @@ pub struct StatsSnapshot {
     pub registered_bytes: u64,
 }
 
+/// Where a namespace's S3 requests go instead of signed HTTP, by tenant
+/// and namespace (`Agent::from_parts`).
+pub type ClientFor<'a> = &'a dyn Fn(&str, &NamespaceConfig) -> Arc<dyn S3Client>;
+
+/// What an agent is built with besides its config: the host memory it
+/// reaches, its metrics, and the one-sided transports already started.
+pub struct AgentParts<'a> {
+    pub memory: Arc<dyn HostMemory>,
+    pub metrics: Arc<Metrics>,
+    pub transports: &'a RunningTransports,
+}
+
 /// The agent.
 pub struct Agent {
     tenants: HashMap<String, Tenant>,
@@ -108,6 +121,26 @@ impl Agent {
         metrics: Arc<Metrics>,
         transports: &RunningTransports,
     ) -> Result<Self, StartupError> {
+        Self::build(cfg, AgentParts { memory, metrics, transports }, None)
+    }
+
+    /// Builds the agent from its config and `parts`, each namespace sending
+    /// its S3 requests through `client(tenant, namespace)` instead of
+    /// signed HTTP: the test seam (`s3::mock`'s in-memory store, or
+    /// `s3::failing` around any client, with the `mock` feature).
+    pub fn from_parts(
+        cfg: &AgentConfig,
+        parts: AgentParts<'_>,
+        client: ClientFor<'_>,
+    ) -> Result<Self, StartupError> {
+        Self::build(cfg, parts, Some(client))
+    }
+
+    fn build(
+        cfg: &AgentConfig,
+        AgentParts { memory, metrics, transports }: AgentParts<'_>,
+        client: Option<ClientFor<'_>>,
+    ) -> Result<Self, StartupError> {
         let counters =
             S3Counters { retries: metrics.s3_retries.clone(), multipart_aborts: metrics.multipart_aborts.clone() };
         let failover = Arc::new(Failover::from_config(cfg, Some(metrics.endpoints.clone()))?);
@@ -118,9 +151,14 @@ impl Agent {
             let mut namespaces = HashMap::new();
             for ns in &t.namespaces {
                 let chosen = transports.choose(&t.name, ns)?;
-                let (store, client) =
-                    ObjectStore::for_namespace(&parts, cfg, &t.name, ns, chosen.transport, chosen.degraded)?;
-                signers.add(&ns.credentials, &format!("{}/{}", t.name, ns.name), client);
+                let store = match client {
+                    Some(client) => ObjectStore::on_client(&parts, cfg, &t.name, ns, chosen, client(&t.name, ns))?,
+                    None => {
+                        let (store, signer) = ObjectStore::for_namespace(&parts, cfg, &t.name, ns, chosen)?;
+                        signers.add(&ns.credentials, &format!("{}/{}", t.name, ns.name), signer);
+                        store
+                    }
+                };
                 namespaces.insert(ns.name.clone(), Arc::new(store));
             }
             tenants.insert(t.name.clone(), Tenant { namespaces });

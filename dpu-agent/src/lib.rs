@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+#[cfg(test)]
+mod agent_tests;
 pub mod batch;
 pub mod capabilities;
 pub mod config;

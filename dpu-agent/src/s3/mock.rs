@@ -1,5 +1,5 @@
-//! An in-memory S3 bucket behind the [`S3Client`] seam, for unit tests of
-//! the transfer logic: objects with ETags and full-object CRC64NVMEs,
+//! An in-memory S3 bucket behind the [`S3Client`] seam, for tests of the
+//! transfer logic (here, and in other crates with the `mock` feature): objects with ETags and full-object CRC64NVMEs,
 //! ranges, `If-Match`, ListObjectsV2 pages, multipart uploads, Content-MD5
 //! and the data path token (declined, ignored, or served over the real TCP
 //! one-sided transport). By default it treats checksums as S3 does; in
@@ -36,7 +36,7 @@ pub enum Op {
 
 /// One request the mock answered.
 #[derive(Clone, Debug)]
-pub struct Call {
+pub struct Recorded {
     pub op: Op,
     pub endpoint: String,
     pub key: String,
@@ -49,7 +49,7 @@ pub struct Call {
     pub headers: Vec<(String, String)>,
 }
 
-impl Call {
+impl Recorded {
     /// A request header, if it was sent.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
@@ -85,7 +85,7 @@ struct Upload {
 struct State {
     objects: BTreeMap<String, Object>,
     uploads: HashMap<String, Upload>,
-    calls: Vec<Call>,
+    calls: Vec<Recorded>,
     versions: u64,
     ignore_if_match: bool,
     rdma: RdmaMode,
@@ -196,7 +196,7 @@ impl MockStore {
     }
 
     /// Every request answered so far.
-    pub fn calls(&self) -> Vec<Call> {
+    pub fn calls(&self) -> Vec<Recorded> {
         self.lock().calls.clone()
     }
 
@@ -215,7 +215,7 @@ impl MockStore {
     }
 
     fn record(&self, op: Op, at: &Target<'_>) {
-        self.record_call(Call {
+        self.record_call(Recorded {
             op,
             endpoint: at.endpoint.to_owned(),
             key: at.key.to_owned(),
@@ -226,7 +226,7 @@ impl MockStore {
         });
     }
 
-    fn record_call(&self, call: Call) {
+    fn record_call(&self, call: Recorded) {
         self.lock().calls.push(call);
     }
 
@@ -321,7 +321,7 @@ impl S3Client for MockStore {
 
     fn get<'a>(&'a self, at: Target<'a>, req: RangedGet<'a>) -> S3Future<'a, Reply> {
         Box::pin(async move {
-            self.record_call(Call {
+            self.record_call(Recorded {
                 op: Op::Get,
                 endpoint: at.endpoint.to_owned(),
                 key: at.key.to_owned(),
@@ -423,7 +423,7 @@ impl S3Client for MockStore {
     ) -> S3Future<'a, http::HeaderMap> {
         Box::pin(async move {
             let token = if let PutBody::Rdma { token, .. } = &body { Some(token.clone()) } else { None };
-            self.record_call(Call {
+            self.record_call(Recorded {
                 op: if part.is_some() { Op::UploadPart } else { Op::Put },
                 endpoint: at.endpoint.to_owned(),
                 key: at.key.to_owned(),
@@ -482,7 +482,7 @@ impl S3Client for MockStore {
 
     fn create_upload<'a>(&'a self, at: Target<'a>, headers: &'a [(&'static str, String)]) -> S3Future<'a, String> {
         Box::pin(async move {
-            self.record_call(Call {
+            self.record_call(Recorded {
                 op: Op::Create,
                 endpoint: at.endpoint.to_owned(),
                 key: at.key.to_owned(),
@@ -533,7 +533,7 @@ impl S3Client for MockStore {
 
     fn abort_upload(&self, at: Target<'_>, upload_id: &str) -> S3Future<'static, ()> {
         // Recorded when sent: callers make several and send until one works.
-        let call = Call {
+        let call = Recorded {
             op: Op::Abort,
             endpoint: at.endpoint.to_owned(),
             key: at.key.to_owned(),

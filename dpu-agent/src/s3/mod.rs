@@ -10,8 +10,8 @@ pub mod crypto;
 pub mod encryption;
 pub mod endpoints;
 pub mod error;
-#[cfg(test)]
-mod failing;
+#[cfg(any(test, feature = "mock"))]
+pub mod failing;
 mod first_byte;
 pub mod get;
 pub mod gpu;
@@ -20,8 +20,8 @@ pub mod http_client;
 pub mod integrity;
 #[cfg(test)]
 mod integrity_tests;
-#[cfg(test)]
-mod mock;
+#[cfg(any(test, feature = "mock"))]
+pub mod mock;
 pub mod model;
 pub mod put;
 mod rdma_parts;
@@ -29,6 +29,8 @@ pub mod setup;
 mod sigv4;
 pub mod store;
 pub mod store_tls;
+#[cfg(test)]
+pub(crate) mod stores_tests;
 pub mod sweeper;
 pub mod token_path;
 #[cfg(test)]

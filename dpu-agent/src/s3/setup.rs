@@ -6,17 +6,17 @@
 
 use std::sync::Arc;
 
-use sluice_dataplane::{Transport, TransportKind};
-
+use super::client::S3Client;
 use super::encryption::Encryption;
 use super::endpoints::{EndpointMetrics, EndpointRegistry};
 use super::http_client::HttpClient;
 use super::sigv4::Keys;
 use super::store::{ObjectStore, S3Counters};
 use super::store_tls::PoolsError;
-use super::token_path::{Fallback, TokenPath};
+use super::token_path::TokenPath;
 use super::uploads::{Journal, UploadLog};
 use crate::config::{AgentConfig, CipherEngine, EncryptionConfig, NamespaceConfig};
+use crate::transports::Chosen;
 
 /// Why the namespaces' stores cannot be built (the agent does not start).
 #[derive(Debug, thiserror::Error)]
@@ -98,23 +98,43 @@ impl StoreParts {
 }
 
 impl ObjectStore {
-    /// Namespace `ns` of `tenant`, moving bytes over `transport` (`None`:
-    /// HTTP); `degraded` when that is a fallback. Its secret is read here
-    /// and kept only in memory. Also returns the client that signs its
-    /// requests, whose keys rotate on SIGHUP.
+    /// Namespace `ns` of `tenant`, moving bytes over `chosen`'s transport
+    /// (`None`: HTTP; degraded when that is a fallback), its requests
+    /// signed over HTTP. Its secret is read here and kept only in memory.
+    /// Also returns the client that signs its requests, whose keys rotate
+    /// on SIGHUP.
     pub fn for_namespace(
         parts: &StoreParts,
         cfg: &AgentConfig,
         tenant: &str,
         ns: &NamespaceConfig,
-        transport: Option<(Arc<dyn Transport>, TransportKind)>,
-        degraded: Option<Fallback>,
+        chosen: Chosen,
     ) -> Result<(Self, Arc<HttpClient>), StoreSetupError> {
         let cred = cfg.credentials.get(&ns.credentials).ok_or_else(|| StoreSetupError::MissingCredentials {
             namespace: ns.name.clone(),
             name: ns.credentials.clone(),
         })?;
         let keys = keys(cred).map_err(|source| StoreSetupError::Secret { name: ns.credentials.clone(), source })?;
+        let http =
+            parts.http.for_namespace(ns).map_err(|source| PoolsError::CaFile { namespace: ns.name.clone(), source })?;
+        let client = HttpClient::new(http, ns.bucket.clone(), keys, ns.region.clone())
+            .with_first_byte_timeout(cfg.failover.first_byte_timeout());
+        let client = Arc::new(client);
+        Ok((Self::on_client(parts, cfg, tenant, ns, chosen, client.clone())?, client))
+    }
+
+    /// Namespace `ns` of `tenant` as [`Self::for_namespace`] builds it,
+    /// but sending its requests through `client`: any [`S3Client`] (an
+    /// in-memory store, a failure-injecting wrapper: `Agent::from_parts`).
+    pub fn on_client(
+        parts: &StoreParts,
+        cfg: &AgentConfig,
+        tenant: &str,
+        ns: &NamespaceConfig,
+        chosen: Chosen,
+        client: Arc<dyn S3Client>,
+    ) -> Result<Self, StoreSetupError> {
+        let Chosen { transport, degraded } = chosen;
         let rdma = transport.map(|(transport, kind)| TokenPath {
             transport,
             kind,
@@ -122,12 +142,7 @@ impl ObjectStore {
             placement: ns.placement,
             min_bytes: ns.rdma_min_bytes,
         });
-        let http =
-            parts.http.for_namespace(ns).map_err(|source| PoolsError::CaFile { namespace: ns.name.clone(), source })?;
-        let client = HttpClient::new(http, ns.bucket.clone(), keys, ns.region.clone())
-            .with_first_byte_timeout(cfg.failover.first_byte_timeout());
-        let client = Arc::new(client);
-        let store = Self::new(client.clone(), ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
+        let store = Self::new(client, ns, tenant, cfg.s3.clone(), parts.counters.clone(), rdma);
         let encryption = Encryption::for_namespace(ns, &parts.keys, &parts.cipher)?;
         let uploads = parts
             .failover
@@ -135,7 +150,7 @@ impl ObjectStore {
             .as_ref()
             .map(|j| UploadLog::new(j.clone(), &format!("{tenant}/{}", ns.name), &ns.bucket));
         let store = store.with_failover(&parts.failover.registry, uploads);
-        Ok((store.with_degraded(degraded).with_encryption(encryption), client))
+        Ok(store.with_degraded(degraded).with_encryption(encryption))
     }
 }
 

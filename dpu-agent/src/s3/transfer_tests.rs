@@ -1,7 +1,8 @@
 //! The transfer logic of [`ObjectStore`] through the [`S3Client`] seam: an
 //! in-memory store ([`MockStore`]), and a wrapper that fails chosen requests
-//! ([`Failing`]). No network except the TCP one-sided transport of the RDMA
-//! tests.
+//! ([`Failing`]). The bodies that take a [`Backend`] run twice
+//! (`on_every_store!`): on the mock and on a real sluice-gateway in this
+//! process (loopback only); the rest check what only the mock can tell.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use super::error::S3Error;
 use super::failing::{refused, slow_down, Failing, Failure};
 use super::mock::{MockStore, Op, RdmaMode};
 use super::store::{ObjectStore, S3Counters};
+use super::stores_tests::{on_every_store, Backend};
 use super::token_path::TokenPath;
 use crate::config::{NamespaceConfig, S3Tuning};
 use crate::hostmem::HostRegion;
@@ -83,89 +85,90 @@ pub(super) async fn until(what: &str, cond: impl Fn() -> bool) {
     }
 }
 
-#[tokio::test]
-async fn a_large_get_is_split_into_ranged_parts_that_cover_it_once() {
-    let mock = MockStore::new();
-    let len = 10 * PART + 123;
+async fn a_large_get_is_split_into_ranged_parts_that_cover_it_once(b: Backend) {
+    let part = b.part();
+    let len = 4 * part + 123;
     let data = pattern(len as usize, 1);
-    mock.insert("t/big", data.clone());
-    let s = store(Arc::new(mock.clone()), None);
+    b.insert("t/big", data.clone()).await;
+    let s = b.store();
     let r = region(len + 7);
 
     let out = get_all(&s, "big", &r).await.unwrap();
-    assert_eq!((out.bytes, out.object_size, out.parts), (len, len, 11));
+    assert_eq!((out.bytes, out.object_size, out.parts), (len, len, 5));
     assert_eq!(contents(&r, 0, len), data);
-    let mut gets: Vec<_> = mock.calls().into_iter().filter(|c| c.op == Op::Get).collect();
-    gets.sort_by_key(|c| c.range);
-    let mut next = 0;
-    for g in &gets {
-        let (first, last) = g.range.unwrap();
-        assert_eq!(first, next, "parts are contiguous and do not overlap");
-        assert!(last - first < PART, "no part is over the part size");
-        assert_eq!(g.key, "t/big", "the namespace prefix is applied");
-        // The first part learns the ETag; every later one is bound to it.
-        assert_eq!(g.if_match.is_some(), first != 0, "{g:?}");
-        next = last + 1;
+    if let Some(mock) = b.as_mock() {
+        let mut gets: Vec<_> = mock.calls().into_iter().filter(|c| c.op == Op::Get).collect();
+        gets.sort_by_key(|c| c.range);
+        let mut next = 0;
+        for g in &gets {
+            let (first, last) = g.range.unwrap();
+            assert_eq!(first, next, "parts are contiguous and do not overlap");
+            assert!(last - first < part, "no part is over the part size");
+            assert_eq!(g.key, "t/big", "the namespace prefix is applied");
+            // The first part learns the ETag; every later one is bound to it.
+            assert_eq!(g.if_match.is_some(), first != 0, "{g:?}");
+            next = last + 1;
+        }
+        assert_eq!(next, len);
+        let endpoints: std::collections::BTreeSet<_> = gets.iter().map(|g| g.endpoint.as_str()).collect();
+        assert_eq!(endpoints.len(), 3, "parts are spread across the endpoints");
     }
-    assert_eq!(next, len);
-    let endpoints: std::collections::BTreeSet<_> = gets.iter().map(|g| g.endpoint.as_str()).collect();
-    assert_eq!(endpoints.len(), 3, "parts are spread across the endpoints");
 
     // A window: [start, start+length) lands at the offset, nothing else moves.
-    let r = region(3 * PART);
+    let r = region(3 * part);
     r.write_at(0, &[0xee; 16]).unwrap();
     let out = s
         .get_into(
-            &ObjectRead { key: "big", start: PART - 5, length: Some(2 * PART), if_match: None },
-            &RegionSlice { region: &r, offset: 16, room: 2 * PART },
+            &ObjectRead { key: "big", start: part - 5, length: Some(2 * part), if_match: None },
+            &RegionSlice { region: &r, offset: 16, room: 2 * part },
             &Call::ungated("req"),
         )
         .await
         .unwrap();
-    assert_eq!(out.bytes, 2 * PART);
-    assert_eq!(contents(&r, 16, 2 * PART), data[(PART - 5) as usize..(3 * PART - 5) as usize]);
+    assert_eq!(out.bytes, 2 * part);
+    assert_eq!(contents(&r, 16, 2 * part), data[(part - 5) as usize..(3 * part - 5) as usize]);
     assert_eq!(contents(&r, 0, 16), [0xee; 16], "bytes before the offset are untouched");
 }
+on_every_store!(a_large_get_is_split_into_ranged_parts_that_cover_it_once);
 
-#[tokio::test]
-async fn a_get_that_does_not_fit_writes_nothing() {
-    let mock = MockStore::new();
-    mock.insert("t/k", pattern(3 * PART as usize, 2));
-    let s = store(Arc::new(mock.clone()), None);
-    let r = region(PART);
+async fn a_get_that_does_not_fit_writes_nothing(b: Backend) {
+    let part = b.part();
+    b.insert("t/k", pattern(3 * part as usize, 2)).await;
+    let s = b.store();
+    let r = region(part);
     let e = get_all(&s, "k", &r).await.unwrap_err();
-    assert!(matches!(e, S3Error::DoesNotFit { needed, .. } if needed == 3 * PART), "{e}");
-    assert_eq!(contents(&r, 0, PART), vec![0; PART as usize]);
-    assert_eq!(mock.count(Op::Get), 1, "only the first part was asked for (it learns the size)");
+    assert!(matches!(e, S3Error::DoesNotFit { needed, .. } if needed == 3 * part), "{e}");
+    assert_eq!(contents(&r, 0, part), vec![0; part as usize]);
+    if let Some(mock) = b.as_mock() {
+        assert_eq!(mock.count(Op::Get), 1, "only the first part was asked for (it learns the size)");
+    }
 }
+on_every_store!(a_get_that_does_not_fit_writes_nothing);
 
-#[tokio::test]
-async fn a_large_put_is_split_into_parts_and_completed_in_order() {
-    let mock = MockStore::new();
-    let s = store(Arc::new(mock.clone()), None);
-    let len = 5 * PART + 999;
+async fn a_large_put_is_split_into_parts_and_completed_in_order(b: Backend) {
+    let part = b.part();
+    let s = b.store();
+    let len = 5 * part + 999;
     let r = region(len);
     let data = pattern(len as usize, 3);
     r.write_at(0, &data).unwrap();
 
-    let out = s
-        .put_from(
-            &ObjectWrite { key: "up", region: &r, offset: 0, length: len, content_type: "text/plain" },
-            &Call::ungated("req"),
-        )
-        .await
-        .unwrap();
+    let write = ObjectWrite { key: "up", region: &r, offset: 0, length: len, content_type: "text/plain" };
+    let out = s.put_from(&write, &Call::ungated("req")).await.unwrap();
     assert_eq!(out.parts, 6);
-    assert_eq!(mock.object("t/up").unwrap(), data);
-    assert_eq!((mock.count(Op::Create), mock.count(Op::UploadPart), mock.count(Op::Complete)), (1, 6, 1));
-    assert_eq!(mock.open_uploads(), 0);
-    assert!(mock.object_headers("t/up").contains(&("content-type".into(), "text/plain".into())));
+    assert_eq!(b.object("t/up").unwrap(), data);
+    if let Some(mock) = b.as_mock() {
+        assert_eq!((mock.count(Op::Create), mock.count(Op::UploadPart), mock.count(Op::Complete)), (1, 6, 1));
+        assert_eq!(mock.open_uploads(), 0);
+        assert!(mock.object_headers("t/up").contains(&("content-type".into(), "text/plain".into())));
+    }
 
     // At the threshold: one PUT.
-    let out = s.put_from(&ObjectWrite::from_start("small", &r, 4 * PART), &Call::ungated("req")).await.unwrap();
+    let out = s.put_from(&ObjectWrite::from_start("small", &r, 4 * part), &Call::ungated("req")).await.unwrap();
     assert_eq!(out.parts, 1);
-    assert_eq!(mock.object("t/small").unwrap(), data[..(4 * PART) as usize]);
+    assert_eq!(b.object("t/small").unwrap(), data[..(4 * part) as usize]);
 }
+on_every_store!(a_large_put_is_split_into_parts_and_completed_in_order);
 
 #[tokio::test]
 async fn retries_move_to_the_next_endpoint_and_stop_at_max_attempts() {
@@ -194,40 +197,38 @@ async fn retries_move_to_the_next_endpoint_and_stop_at_max_attempts() {
     assert!(mock.object("t/k").is_some(), "nothing was deleted");
 }
 
-#[tokio::test]
-async fn client_errors_are_never_retried() {
+async fn client_errors_are_never_retried(b: Backend) {
     fn denied() -> S3Error {
         S3Error::from_response(403, "<Error><Code>SignatureDoesNotMatch</Code></Error>", None)
     }
-    let mock = MockStore::new();
-    mock.insert("t/k", pattern(3 * PART as usize, 4));
-    let failing = Arc::new(Failing::new(Arc::new(mock.clone())).fail(Op::Get, 1, 1, Failure::Error(denied)));
-    let s = store(failing.clone(), None);
-    let e = get_all(&s, "k", &region(3 * PART)).await.unwrap_err();
+    let part = b.part();
+    b.insert("t/k", pattern(3 * part as usize, 4)).await;
+    let s = b.store_with(|c| Arc::new(Failing::new(c).fail(Op::Get, 1, 1, Failure::Error(denied))));
+    let e = get_all(&s, "k", &region(3 * part)).await.unwrap_err();
     assert!(matches!(e, S3Error::AccessDenied { .. }), "{e}");
     assert_eq!(s.counters.retries.get(), 0);
 }
+on_every_store!(client_errors_are_never_retried);
 
-#[tokio::test]
-async fn a_broken_body_is_fetched_again_and_the_bytes_are_whole() {
-    let mock = MockStore::new();
-    let len = 4 * PART + 10;
+async fn a_broken_body_is_fetched_again_and_the_bytes_are_whole(b: Backend) {
+    let part = b.part();
+    let len = 4 * part + 10;
     let data = pattern(len as usize, 5);
-    mock.insert("t/k", data.clone());
+    b.insert("t/k", data.clone()).await;
     // The first part's body and a later part's body both break midway.
-    let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Get, 0, 1, Failure::BreakBody(1000)).fail(
-        Op::Get,
-        2,
-        1,
-        Failure::BreakBody(PART / 2),
-    );
-    let s = store(Arc::new(failing), None);
+    let s = b.store_with(|c| {
+        let failing = Failing::new(c).fail(Op::Get, 0, 1, Failure::BreakBody(1000));
+        Arc::new(failing.fail(Op::Get, 2, 1, Failure::BreakBody(part / 2)))
+    });
     let r = region(len);
     let out = get_all(&s, "k", &r).await.unwrap();
     assert_eq!(out.bytes, len);
     assert_eq!(contents(&r, 0, len), data);
-    assert_eq!(mock.count(Op::Get), 5 + 2, "each broken part was fetched once more");
+    if let Some(mock) = b.as_mock() {
+        assert_eq!(mock.count(Op::Get), 5 + 2, "each broken part was fetched once more");
+    }
 }
+on_every_store!(a_broken_body_is_fetched_again_and_the_bytes_are_whole);
 
 #[tokio::test]
 async fn an_object_replaced_mid_read_fails_the_read() {
@@ -263,13 +264,11 @@ async fn an_object_replaced_mid_read_fails_the_read() {
     }
 }
 
-#[tokio::test]
-async fn listing_strips_the_namespace_prefix_and_pages() {
-    let mock = MockStore::new();
+async fn listing_strips_the_namespace_prefix_and_pages(b: Backend) {
     for k in ["t/a/1", "t/a/2", "t/b", "t/c", "other/x"] {
-        mock.insert(k, vec![1u8; 3]);
+        b.insert(k, vec![1u8; 3]).await;
     }
-    let s = store(Arc::new(mock.clone()), None);
+    let s = b.store();
     let page = s.list_page("", "", 2, "", "req").await.unwrap();
     let keys: Vec<_> = page.objects.iter().map(|o| o.key.as_str()).collect();
     assert_eq!(keys, ["a/1", "a/2"]);
@@ -279,6 +278,7 @@ async fn listing_strips_the_namespace_prefix_and_pages() {
     let grouped = s.list_page("", "", 10, "/", "req").await.unwrap();
     assert_eq!(grouped.common_prefixes, ["a/"]);
 }
+on_every_store!(listing_strips_the_namespace_prefix_and_pages);
 
 /// A TCP one-sided transport (the agent's side), serving on loopback.
 pub(super) async fn tcp_path(mode: DataPathMode) -> TokenPath {
@@ -455,8 +455,7 @@ async fn a_dropped_put_aborts_its_upload() {
     let s = store(Arc::new(failing), None);
     let len = 6 * PART;
     let r = region(len);
-    let (write, call) =
-        (ObjectWrite { key: "k", region: &r, offset: 0, length: len, content_type: "" }, Call::ungated("req"));
+    let (write, call) = (ObjectWrite::from_start("k", &r, len), Call::ungated("req"));
     let put = s.put_from(&write, &call);
     assert!(tokio::time::timeout(Duration::from_millis(200), put).await.is_err());
     until("the abort", || mock.open_uploads() == 0).await;
@@ -464,29 +463,31 @@ async fn a_dropped_put_aborts_its_upload() {
     assert!(mock.object("t/k").is_none());
 }
 
-#[tokio::test]
-async fn a_throttled_part_is_retried_and_the_upload_completes() {
-    let mock = MockStore::new();
-    let failing = Arc::new(Failing::new(Arc::new(mock.clone())).fail(Op::UploadPart, 3, 2, Failure::Error(slow_down)));
-    let s = store(failing.clone(), None);
-    let len = 6 * PART;
+async fn a_throttled_part_is_retried_and_the_upload_completes(b: Backend) {
+    let part = b.part();
+    let failing = Arc::new(Failing::new(b.client()).fail(Op::UploadPart, 3, 2, Failure::Error(slow_down)));
+    let s = b.store_with(|_| failing.clone());
+    let len = 6 * part;
     let r = region(len);
     let data = pattern(len as usize, 13);
     r.write_at(0, &data).unwrap();
     s.put_from(&ObjectWrite::from_start("k", &r, len), &Call::ungated("req")).await.unwrap();
-    assert_eq!(mock.object("t/k").unwrap(), data);
+    assert_eq!(b.object("t/k").unwrap(), data);
     assert_eq!(failing.endpoints(Op::UploadPart).len(), 8);
-    assert_eq!((mock.count(Op::Abort), aborts(&s, "failed")), (0, 0));
+    assert_eq!(aborts(&s, "failed"), 0);
+    if let Some(mock) = b.as_mock() {
+        assert_eq!(mock.count(Op::Abort), 0);
+    }
 }
+on_every_store!(a_throttled_part_is_retried_and_the_upload_completes);
 
 /// A read pinned to an ETag (`if_match`, a client reading one object in
 /// several requests) is served from that version only: another version is
 /// refused before a byte lands, plain and encrypted alike.
-#[tokio::test]
-async fn a_read_pinned_to_an_etag_refuses_another_version_writing_nothing() {
-    let mock = MockStore::new();
-    let s = store(Arc::new(mock.clone()), None);
-    mock.insert("t/k", pattern((3 * PART) as usize, 1));
+async fn a_read_pinned_to_an_etag_refuses_another_version_writing_nothing(b: Backend) {
+    const PART: u64 = 64 << 10;
+    let s = b.store();
+    b.insert("t/k", pattern((3 * PART) as usize, 1)).await;
     let r = region(3 * PART);
     let first = s
         .get_into(
@@ -511,7 +512,7 @@ async fn a_read_pinned_to_an_etag_refuses_another_version_writing_nothing() {
         assert_eq!(out.bytes, 2 * PART);
     }
     // Replaced: a pinned read fails and the region keeps what it held.
-    mock.insert("t/k", pattern((3 * PART) as usize, 9));
+    b.insert("t/k", pattern((3 * PART) as usize, 9)).await;
     r.write_at(0, &vec![0xab; (3 * PART) as usize]).unwrap();
     for (start, len) in [(0, None), (PART, Some(PART)), (2 * PART, None)] {
         let e = s
@@ -532,3 +533,4 @@ async fn a_read_pinned_to_an_etag_refuses_another_version_writing_nothing() {
         .await
         .is_ok());
 }
+on_every_store!(a_read_pinned_to_an_etag_refuses_another_version_writing_nothing);
