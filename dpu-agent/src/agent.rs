@@ -48,9 +48,10 @@ fn path_of(
     }
 }
 
-/// Result of a GET or PUT, for the caller.
+/// What a GET or PUT did, for the caller (`grpc.rs` turns it into the
+/// wire's `TransferReport`).
 #[derive(Debug, Clone)]
-pub struct TransferReport {
+pub struct TransferSummary {
     pub bytes: u64,
     pub data_path: DataPathUsed,
     pub fallback_reason: String,
@@ -128,11 +129,7 @@ impl Agent {
     /// its S3 requests through `client(tenant, namespace)` instead of
     /// signed HTTP: the test seam (`s3::mock`'s in-memory store, or
     /// `s3::failing` around any client, with the `mock` feature).
-    pub fn from_parts(
-        cfg: &AgentConfig,
-        parts: AgentParts<'_>,
-        client: ClientFor<'_>,
-    ) -> Result<Self, StartupError> {
+    pub fn from_parts(cfg: &AgentConfig, parts: AgentParts<'_>, client: ClientFor<'_>) -> Result<Self, StartupError> {
         Self::build(cfg, parts, Some(client))
     }
 
@@ -526,7 +523,7 @@ impl Agent {
 
     /// Runs one GET for session `scoped` (no timeout in `ctx`: the
     /// namespace's deadline).
-    pub async fn get(&self, scoped: &Scoped, req: &GetObject, ctx: &RequestCtx) -> Result<TransferReport, AgentError> {
+    pub async fn get(&self, scoped: &Scoped, req: &GetObject, ctx: &RequestCtx) -> Result<TransferSummary, AgentError> {
         let s = scoped.session();
         let GetObject { namespace, key, range, region_id, offset, max_bytes, if_match } = req;
         let (namespace, offset, max_bytes) = (namespace.as_str(), *offset, *max_bytes);
@@ -549,7 +546,7 @@ impl Agent {
             self.record_fallbacks(s, namespace, "get", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
-            Ok(TransferReport {
+            Ok(TransferSummary {
                 bytes: out.bytes,
                 data_path,
                 fallback_reason,
@@ -560,11 +557,11 @@ impl Agent {
                 unverified: out.unverified,
             })
         };
-        self.run(s, ctx, (namespace, "get"), |r: &TransferReport| (r.bytes, r.data_path), work).await
+        self.run(s, ctx, (namespace, "get"), |r: &TransferSummary| (r.bytes, r.data_path), work).await
     }
 
     /// Runs one PUT for session `scoped`.
-    pub async fn put(&self, scoped: &Scoped, req: &PutObject, ctx: &RequestCtx) -> Result<TransferReport, AgentError> {
+    pub async fn put(&self, scoped: &Scoped, req: &PutObject, ctx: &RequestCtx) -> Result<TransferSummary, AgentError> {
         let s = scoped.session();
         let PutObject { namespace, key, region_id, offset, length, content_type } = req;
         let (namespace, offset, length) = (namespace.as_str(), *offset, *length);
@@ -591,7 +588,7 @@ impl Agent {
             self.record_fallbacks(s, namespace, "put", &store, &out.fallbacks);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
-            Ok(TransferReport {
+            Ok(TransferSummary {
                 bytes: length,
                 data_path,
                 fallback_reason,
@@ -602,7 +599,7 @@ impl Agent {
                 unverified: out.unverified,
             })
         };
-        self.run(s, ctx, (namespace, "put"), |r: &TransferReport| (r.bytes, r.data_path), work).await
+        self.run(s, ctx, (namespace, "put"), |r: &TransferSummary| (r.bytes, r.data_path), work).await
     }
 
     pub async fn head(&self, scoped: &Scoped, req: &HeadObject, ctx: &RequestCtx) -> Result<ObjectMeta, AgentError> {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 
-use crate::agent::{Agent, TransferReport};
+use crate::agent::{Agent, TransferSummary};
 use crate::error::AgentError;
 use crate::requests::{GetObject, RequestCtx};
 use crate::session::Scoped;
@@ -37,7 +37,7 @@ impl Agent {
         scoped: Scoped,
         items: Vec<GetObject>,
         ctx: RequestCtx,
-    ) -> Result<impl Stream<Item = (u32, Result<TransferReport, AgentError>)> + Send + 'static, AgentError> {
+    ) -> Result<impl Stream<Item = (u32, Result<TransferSummary, AgentError>)> + Send + 'static, AgentError> {
         if items.len() > MAX_BATCH_ITEMS {
             return Err(AgentError::BadRequest(format!("a batch of {} items exceeds {MAX_BATCH_ITEMS}", items.len())));
         }

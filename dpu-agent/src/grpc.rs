@@ -152,7 +152,7 @@ impl GrpcService {
     }
 }
 
-fn report(request_id: &str, r: &agent::TransferReport) -> TransferReport {
+fn report(request_id: &str, r: &agent::TransferSummary) -> TransferReport {
     TransferReport {
         request_id: request_id.to_owned(),
         bytes: r.bytes,
@@ -179,7 +179,7 @@ fn info(m: ObjectMeta) -> ObjectInfo {
     }
 }
 
-fn get_reply(request_id: &str, out: agent::TransferReport) -> pb::GetReply {
+fn get_reply(request_id: &str, out: agent::TransferSummary) -> pb::GetReply {
     pb::GetReply { report: Some(report(request_id, &out)), object_size: out.object_size, etag: out.etag }
 }
 
