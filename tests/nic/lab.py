@@ -179,6 +179,12 @@ class Lab:
     def _port(self, ns, port, addr, mac):
         run("ip", "netns", "add", ns)
         run("ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        # The switch's end sends nothing of its own: with IPv6 on, the kernel
+        # would send router solicitations and MLD reports from it when it
+        # comes up, straight to the function's end of the veth (not through
+        # the switch), which the sniffers would count as frames the switch
+        # let through.
+        run("sysctl", "-qw", f"net.ipv6.conf.{port}.disable_ipv6=1")
         run("ip", "link", "set", port, "up")
         # TX checksum offload off on both ends: the userspace datapath drops
         # TCP with partial checksums.
