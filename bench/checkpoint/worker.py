@@ -663,8 +663,11 @@ def run(cfg: Dict[str, Any]) -> None:
         rss_baseline_mib=(baseline or 0) / 1024,
         rss_with_state_mib=(status_kib("VmRSS") or 0) / 1024,
     )
-    on_host = state_bytes if device == "cpu" else 0
     prepare = getattr(writer, "prepare", None)
+    # What a load allocates on the host besides the writer's own memory (the
+    # target state), not counted as extra: nothing for a writer that loads
+    # into the registered state it already holds.
+    on_host = state_bytes if device == "cpu" and prepare is None else 0
     if prepare is not None and device == "cpu":
         # Once, untimed (a training job does it when it builds its model);
         # the original state is dropped, as the job would.
