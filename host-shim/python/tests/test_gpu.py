@@ -128,6 +128,23 @@ def test_put_reads_from_gpu_memory_small_and_larger_than_a_lane(gclient, model, 
     assert model.unpinned_copies == 0
 
 
+def test_puts_larger_than_a_lane_reuse_one_pinned_staging_region(gclient, model, prefix):
+    pins = []
+    real = model.host_register
+    model.host_register = lambda addr, n: (pins.append(n), real(addr, n))[1]
+    n = 3 * LANE + 17
+    ptr = model.alloc(n)
+    with gclient.register_gpu(ptr, nbytes=n) as g:
+        for k in range(4):
+            data = payload(n, f"gpu-put-reuse-{k}")  # different bytes each time
+            model.write(ptr, data)
+            assert gclient.put(f"{prefix}/reuse{k}", g).bytes == n
+            assert gclient.get_bytes(f"{prefix}/reuse{k}", size_hint=n) == data
+    big = [p for p in pins if p >= n]
+    assert len(big) == 1, f"the staging for PUTs larger than a lane was pinned {len(big)} times"
+    assert model.unpinned_copies == 0
+
+
 def test_get_many_fills_a_gpu_batch_and_fails_only_bad_items(gclient, model, prefix):
     sizes = [1000, 70_000, 4096, 0, 900_000, 123, 1_500_000, 65_536]
     objs = {}
@@ -154,6 +171,60 @@ def test_get_many_fills_a_gpu_batch_and_fails_only_bad_items(gclient, model, pre
     assert isinstance(res[0].error, sluice.RegionTooSmall), res[0]
     assert res[1].ok and model.read(ptr + slot, sizes[1]) == objs[1]
     assert model.unpinned_copies == 0
+
+
+def test_get_many_reads_items_bigger_than_a_lane_side_by_side(gclient, model, prefix):
+    # Halves of 1 MiB: each of these items is read on its own, through a
+    # lane of its own, up to the staging's 4 lanes at once.
+    sizes = [3 << 20, (2 << 20) + 5, 5 << 20, (1 << 20) + 1, 4 << 20, 3 << 20]
+    objs = [payload(n, f"gpu-big-many-{i}") for i, n in enumerate(sizes)]
+    for i, o in enumerate(objs):
+        gclient.put(f"{prefix}/bm{i}", o)
+    slot = 6 << 20
+    ptr = model.alloc(slot * len(sizes))
+    g = gclient.register_gpu(ptr, nbytes=slot * len(sizes))
+    specs = [sluice.GetSpec(f"{prefix}/bm{i}", g, i * slot) for i in range(len(sizes))]
+    specs.insert(2, sluice.GetSpec(f"{prefix}/bm-missing", g, 0, range=(0, 3 << 20)))
+    res = gclient.get_many(specs)
+    assert isinstance(res[2].error, sluice.NoSuchKey), res[2]
+    got = [r for j, r in enumerate(res) if j != 2]
+    for i, (r, o) in enumerate(zip(got, objs)):
+        assert r.ok and r.nbytes == len(o), r
+        assert model.read(ptr + i * slot, len(o)) == o, f"item {i}"
+    st = gclient._stagings[0]
+    assert st.count > 1, "the big items were read one after another"
+    assert len(st.free) == st.count, "every lane was given back"
+    assert model.unpinned_copies == 0
+
+
+def test_big_gpu_batches_from_several_threads_share_the_lanes_without_deadlock(gclient, model, prefix):
+    import threading
+
+    objs = [payload((2 << 20) + 77 * i, f"gpu-threads-{i}") for i in range(6)]
+    for i, o in enumerate(objs):
+        gclient.put(f"{prefix}/tb{i}", o)
+    slot = 3 << 20
+    errors = []
+
+    def reader(k: int) -> None:
+        try:
+            ptr = model.alloc(slot * len(objs))
+            with gclient.register_gpu(ptr, nbytes=slot * len(objs)) as g:
+                for _ in range(3):
+                    res = gclient.get_many([sluice.GetSpec(f"{prefix}/tb{i}", g, i * slot) for i in range(len(objs))])
+                    for i, (r, o) in enumerate(zip(res, objs)):
+                        assert r.ok, r
+                        assert model.read(ptr + i * slot, len(o)) == o, f"thread {k} item {i}"
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a reader is stuck waiting for a lane"
+    assert not errors, errors
 
 
 def test_host_regions_are_pinned_once_when_cuda_is_in_use(stack, model):

@@ -869,6 +869,45 @@ def _pow2(n: int) -> int:
     return 1 << (max(n, 1) - 1).bit_length()
 
 
+def all_of(ops: "List[Op[Any]]") -> "Op[List[Any]]":
+    """Runs several operations side by side in one: each round sends every
+    call they are waiting to make together, and gives each its own answers.
+    Returns their results in order; an operation that raises a
+    :class:`SluiceError` has it as its result (the others go on). If this
+    operation is abandoned, every one not finished is closed (their
+    ``finally`` blocks run)."""
+    results: List[Any] = [None] * len(ops)
+    waiting: Dict[int, List[Call]] = {}
+
+    def step(i: int, outs: Optional[List[Outcome]]) -> None:
+        try:
+            done, val = drive_step(ops[i], outs)
+        except SluiceError as e:
+            done, val = True, e
+        if done:
+            results[i] = val
+            waiting.pop(i, None)
+        else:
+            waiting[i] = list(val)
+
+    try:
+        for i in range(len(ops)):
+            step(i, None)
+        while waiting:
+            order = sorted(waiting)
+            calls = [c for i in order for c in waiting[i]]
+            outs = yield calls
+            at = 0
+            for i in order:
+                n = len(waiting[i])
+                step(i, list(outs[at : at + n]))
+                at += n
+        return results
+    finally:
+        for i in list(waiting):
+            ops[i].close()
+
+
 def drive_step(gen: "Op[T]", outcomes: Optional[List[Outcome]]) -> Tuple[bool, Any]:
     """Advances ``gen``: returns (True, result) when it finished, else
     (False, next batch of calls). Exceptions propagate."""

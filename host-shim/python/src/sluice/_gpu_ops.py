@@ -91,11 +91,23 @@ class GpuOps:
 
     # -------------------------------------------------------------- lanes --
     def _lane_op(self, device: int) -> "Op[Tuple[gpu.Staging, gpu.Lane]]":
+        got = yield from self._lane_try_op(device, wait=True)
+        assert got is not None
+        return got
+
+    def _lane_try_op(self, device: int, wait: bool) -> "Op[Optional[Tuple[gpu.Staging, gpu.Lane]]]":
+        """A lane of ``device``'s staging: a free one, else a new one while
+        the budget allows; else waits for one (``wait``) or gives None."""
         d = self._driver()
         st = self._stagings.get(device)
         if st is None:
             st = self._stagings.setdefault(device, gpu.Staging(d, device, self._staging_bytes, self._lane_bytes))
-        lane = st.take_or_reserve()
+        if wait:
+            lane = st.take_or_reserve()
+        else:
+            ok, lane = st.try_take_or_reserve()
+            if not ok:
+                return None
         if lane is not None:
             return st, lane
         try:
@@ -165,64 +177,81 @@ class GpuOps:
         request_id: str,
         max_bytes: Optional[int],
     ) -> "Op[Transfer]":
-        from ._core import Call, _span, one
-
         st, lane = yield from self._lane_op(gr.device)
-        d = st.driver
         try:
-            d.use(gr.device)
-            start = rng["start"] if rng else 0
-            want = rng["length"] if rng else None
-            first_len = lane.half if want is None else min(lane.half, want)
-            # The first half tells the object's size and version; nothing
-            # reaches GPU memory until the whole span is known to fit.
-            fields = {
-                "path": path,
-                "range": {"start": start, "length": first_len},
-                "region_id": lane.region.id,
-                "offset": 0,
-                "if_match": if_match,
-            }
-            r = yield from one(Call("get", fields, request_id=request_id), "get")
-            first = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
-            total = _span(first.object_size, rng)
-            room = gr.nbytes - offset if max_bytes is None else min(max_bytes, gr.nbytes - offset)
-            if total > room:
-                e = RegionTooSmall(
-                    f"{total} bytes do not fit the {room} bytes of the GPU region ({gr.nbytes} bytes) at offset "
-                    f"{offset}; nothing was written",
-                    request_id=first.request_id,
-                )
-                e.needed_bytes = total
-                raise e
-            gpu._check_bytes(first.bytes, min(first_len, total), "the first part")
-            parts, half = first.parts, 0
-            if first.bytes:
-                d.htod(gr._check(offset, first.bytes), lane.addr, first.bytes, lane.stream)
-                lane.copied(d, 0)
-            done = first.bytes
-            while done < total:
-                half ^= 1
-                n = min(lane.half, total - done)
-                lane.wait(d, half)  # its previous copy is finished
-                fields = {
-                    "path": path,
-                    "range": {"start": start + done, "length": n},
-                    "region_id": lane.region.id,
-                    "offset": half * lane.half,
-                    "if_match": first.etag,
-                }
-                r = yield from one(Call("get", fields, request_id=request_id), "get")
-                t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
-                gpu._check_bytes(t.bytes, n, f"bytes {start + done}-{start + done + n - 1}")
-                d.htod(gr._check(offset + done, n), lane.addr + half * lane.half, n, lane.stream)
-                lane.copied(d, half)
-                parts += t.parts
-                done += n
-            lane.drain(d)
-            return dataclasses.replace(first, bytes=total, parts=parts)
+            return (yield from self._gpu_get_lane(st, lane, path, gr, offset, rng, if_match, request_id, max_bytes))
         finally:
             self._give_lane(st, lane)
+
+    def _gpu_get_lane(
+        self,
+        st: gpu.Staging,
+        lane: gpu.Lane,
+        path: str,
+        gr: gpu.GpuRegion,
+        offset: int,
+        rng: Optional[Dict[str, Any]],
+        if_match: str,
+        request_id: str,
+        max_bytes: Optional[int],
+    ) -> "Op[Transfer]":
+        """One object (or range) into ``gr`` through ``lane``, which the
+        caller holds: half by half, each half copied to the GPU while the
+        next is read."""
+        from ._core import Call, _span, one
+
+        d = st.driver
+        d.use(gr.device)
+        start = rng["start"] if rng else 0
+        want = rng["length"] if rng else None
+        first_len = lane.half if want is None else min(lane.half, want)
+        # The first half tells the object's size and version; nothing
+        # reaches GPU memory until the whole span is known to fit.
+        fields = {
+            "path": path,
+            "range": {"start": start, "length": first_len},
+            "region_id": lane.region.id,
+            "offset": 0,
+            "if_match": if_match,
+        }
+        r = yield from one(Call("get", fields, request_id=request_id), "get")
+        first = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+        total = _span(first.object_size, rng)
+        room = gr.nbytes - offset if max_bytes is None else min(max_bytes, gr.nbytes - offset)
+        if total > room:
+            e = RegionTooSmall(
+                f"{total} bytes do not fit the {room} bytes of the GPU region ({gr.nbytes} bytes) at offset "
+                f"{offset}; nothing was written",
+                request_id=first.request_id,
+            )
+            e.needed_bytes = total
+            raise e
+        gpu._check_bytes(first.bytes, min(first_len, total), "the first part")
+        parts, half = first.parts, 0
+        if first.bytes:
+            d.htod(gr._check(offset, first.bytes), lane.addr, first.bytes, lane.stream)
+            lane.copied(d, 0)
+        done = first.bytes
+        while done < total:
+            half ^= 1
+            n = min(lane.half, total - done)
+            lane.wait(d, half)  # its previous copy is finished
+            fields = {
+                "path": path,
+                "range": {"start": start + done, "length": n},
+                "region_id": lane.region.id,
+                "offset": half * lane.half,
+                "if_match": first.etag,
+            }
+            r = yield from one(Call("get", fields, request_id=request_id), "get")
+            t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+            gpu._check_bytes(t.bytes, n, f"bytes {start + done}-{start + done + n - 1}")
+            d.htod(gr._check(offset + done, n), lane.addr + half * lane.half, n, lane.stream)
+            lane.copied(d, half)
+            parts += t.parts
+            done += n
+        lane.drain(d)
+        return dataclasses.replace(first, bytes=total, parts=parts)
 
     def _give_lane(self, st: gpu.Staging, lane: gpu.Lane) -> None:
         try:
@@ -253,17 +282,21 @@ class GpuOps:
         st, lane = yield from self._lane_op(gr.device)
         d = st.driver
         own: Optional[Region] = None
+        clean = False
         try:
             d.use(gr.device)
             if n <= 2 * lane.half:
                 region, base = lane.region, lane.addr
             else:
-                # Bigger than a lane: a pinned region of its own for this PUT
-                # (the store needs the whole object before it completes it).
-                own = yield from self._register_op(n, pin=False)  # type: ignore[attr-defined]
+                # Bigger than a lane: a pinned region for this PUT (the store
+                # needs the whole object before it completes it), from the
+                # client's scratch pool: a save of many same-sized tensors
+                # registers and pins once, not per tensor.
+                own = yield from self._checkout(n)  # type: ignore[attr-defined]
                 region, base = own, _addr(own)
-                d.host_register(base, own.nbytes)
-                self._pinned[own.id] = base
+                if own.id not in self._pinned:
+                    d.host_register(base, own.nbytes)
+                    self._pinned[own.id] = base
             # Copied in pieces on the lane's stream: the first pieces are in
             # host memory while the last are still on their way.
             step = max(lane.half, 1)
@@ -272,12 +305,14 @@ class GpuOps:
             d.synchronize(lane.stream)
             fields = {"path": path, "region_id": region.id, "offset": 0, "length": n, "content_type": content_type}
             r = yield from one(Call("put", fields, request_id=request_id), "put")
+            clean = True
             return Transfer._from_wire(r.body["report"], r.body["etag"], n)
         finally:
             self._give_lane(st, lane)
             if own is not None:
-                self._unpin(own)
-                self._release_later(own)  # type: ignore[attr-defined]
+                # Kept for reuse only after a clean answer: a request cut
+                # short may still have the shim reading it.
+                self._give_back(own, clean)  # type: ignore[attr-defined]
 
     def _gpu_items_op(
         self, items: List[Tuple[int, str, gpu.GpuRegion, int, Optional[ByteRange], str]], results: List[ItemResult]
@@ -311,7 +346,7 @@ class GpuOps:
     def _gpu_items_in(
         self, items: List[Tuple[int, str, gpu.GpuRegion, int, Optional[ByteRange], str]], results: List[ItemResult]
     ) -> "Op[None]":
-        from ._core import Call, _batch_outcomes, _range, check
+        from ._core import Call, _batch_outcomes, _range, all_of, check
 
         # Each item's room: its range's length, else up to the next item in
         # the same tensor (a batch laid out item after item), else to the
@@ -392,9 +427,36 @@ class GpuOps:
                 lane.drain(d)
             finally:
                 self._give_lane(st, lane)
-        for i, path, gr, off, rng, if_match in big:
-            try:
-                t = yield from self._gpu_get_in(path, gr, off, _range(rng), if_match, "", cap[i])
-                results[i].ok, results[i].transfer, results[i].nbytes = True, t, t.bytes
-            except SluiceError as e:
-                results[i].error = e
+        # Items bigger than a half: several at once, each through a lane of
+        # its own (the first worker waits for a lane; the others start only
+        # if a lane is free now, so no worker waits on a sibling's lane).
+        by_device_big: Dict[int, List[Any]] = {}
+        for it in big:
+            by_device_big.setdefault(it[2].device, []).append(it)
+        for device, queue in by_device_big.items():
+            width = min(len(queue), max(1, self._staging_bytes // max(self._lane_bytes, 1)))
+            yield from all_of([self._gpu_big_worker(device, queue, results, cap, n == 0) for n in range(width)])
+
+    def _gpu_big_worker(
+        self, device: int, queue: List[Any], results: List[ItemResult], cap: Dict[int, int], first: bool
+    ) -> "Op[None]":
+        """Reads items from ``queue`` (shared with its sibling workers) one
+        after another through one lane, until the queue is empty."""
+        from ._core import _range
+
+        got = yield from self._lane_try_op(device, wait=first)
+        if got is None:
+            return
+        st, lane = got
+        try:
+            while queue:
+                i, path, gr, off, rng, if_match = queue.pop(0)
+                try:
+                    t = yield from self._gpu_get_lane(st, lane, path, gr, off, _range(rng), if_match, "", cap[i])
+                    results[i].ok, results[i].transfer, results[i].nbytes = True, t, t.bytes
+                except SluiceError as e:
+                    results[i].error = e
+                    # The lane may hold a copy in flight from a failed item.
+                    lane.drain(st.driver)
+        finally:
+            self._give_lane(st, lane)

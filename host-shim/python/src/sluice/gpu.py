@@ -263,6 +263,19 @@ class Staging:
                     return None
                 self.cond.wait()
 
+    def try_take_or_reserve(self) -> Tuple[bool, Optional[Lane]]:
+        """As :meth:`take_or_reserve` without waiting: (False, None) when
+        every lane is in use and no more may be made. For a request that
+        wants extra lanes beside the one it holds: waiting for one would
+        deadlock if the holders are its own siblings."""
+        with self.cond:
+            if self.free:
+                return True, self.free.pop()
+            if self.count < self.max_lanes:
+                self.count += 1
+                return True, None
+            return False, None
+
     def add(self, lane: Lane) -> None:
         with self.cond:
             self.lanes.append(lane)
