@@ -279,8 +279,15 @@ def encode_frame(msg: str, values: Dict[str, Any]) -> bytes:
 
 def decode_varint(data: bytes, pos: int) -> Tuple[int, int]:
     """Reads a varint at ``pos``; returns (value mod 2**64, new position)."""
-    result = 0
-    shift = 0
+    try:
+        b = data[pos]
+    except IndexError:
+        raise WireError("truncated varint") from None
+    if b < 0x80:  # most keys, lengths and small numbers: one byte
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
     while True:
         if pos >= len(data):
             raise WireError("truncated varint")
@@ -338,6 +345,48 @@ def _scalar(kind: str, v: int) -> Any:
     return v
 
 
+#: How a field is read: a number (varint), a string, or a message.
+_NUMBER, _STRING, _MESSAGE = 0, 1, 2
+
+
+class _Compiled:
+    """One message's schema, worked out once: the dict of defaults every
+    decode starts from, and per field number what to do with it (decoding
+    is on every reply's path: no per-field string tests there)."""
+
+    __slots__ = ("defaults", "repeated", "fields", "oneof_members")
+
+    def __init__(self, msg: str) -> None:
+        spec = SCHEMA[msg]
+        self.defaults: Dict[str, Any] = {}
+        self.repeated: List[str] = []
+        #: num -> (name, kind, how, repeated, oneof group or "")
+        self.fields: Dict[int, Tuple[str, str, int, bool, str]] = {}
+        self.oneof_members: List[Tuple[str, str]] = []  # (member, group)
+        for num, (name, kind, label) in spec.items():
+            rep = label == "repeated"
+            group = label[6:] if label.startswith("oneof:") else ""
+            if rep:
+                self.repeated.append(name)
+            else:
+                self.defaults[name] = _default(kind, label)
+            if group:
+                self.defaults[group] = None
+                self.oneof_members.append((name, group))
+            how = _STRING if kind == "string" else (_NUMBER if kind in _SCALARS else _MESSAGE)
+            self.fields[num] = (name, kind, how, rep, group)
+
+
+_COMPILED: Dict[str, _Compiled] = {}
+
+
+def _compiled(msg: str) -> _Compiled:
+    c = _COMPILED.get(msg)
+    if c is None:
+        c = _COMPILED[msg] = _Compiled(msg)
+    return c
+
+
 def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
     """Decodes ``data`` as message ``msg`` into a dict with every field.
 
@@ -345,33 +394,32 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
     fields ``None``. For a oneof ``<name>`` the dict also holds
     ``"<name>"`` = the member that was set (or ``None``).
     """
-    spec = SCHEMA[msg]
-    out: Dict[str, Any] = {}
-    for _num, (name, kind, label) in spec.items():
-        out[name] = _default(kind, label)
-        if label.startswith("oneof:"):
-            out[label[6:]] = None
-    raw_msgs: Dict[str, bytearray] = {}  # non-repeated message fields, merged
+    c = _compiled(msg)
+    out: Dict[str, Any] = dict(c.defaults)
+    for name in c.repeated:
+        out[name] = []
+    raw_msgs: Optional[Dict[str, bytearray]] = None  # non-repeated message fields, merged
     order: List[str] = []
     data = memoryview(data).tobytes() if not isinstance(data, bytes) else data
     pos, end = 0, len(data)
+    fields = c.fields
     while pos < end:
         key, pos = decode_varint(data, pos)
         num, wtype = key >> 3, key & 7
         if num == 0:
             raise WireError("field number 0")
-        field = spec.get(num)
+        field = fields.get(num)
         if field is None:
             pos = _skip(data, pos, wtype, num)
             continue
-        name, kind, label = field
-        if kind in _SCALARS and kind != "string":
-            if wtype == _LEN and label == "repeated":
+        name, kind, how, rep, group = field
+        if how == _NUMBER:
+            if wtype == _LEN and rep:
                 # proto3 packs repeated numbers: one length-delimited run.
                 n, pos = decode_varint(data, pos)
                 if pos + n > end:
                     raise WireError(f"{msg}.{name}: truncated")
-                run_end, pos = pos + n, pos
+                run_end = pos + n
                 while pos < run_end:
                     v, pos = decode_varint(data, pos)
                     if pos > run_end:
@@ -390,38 +438,44 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
                 raise WireError(f"{msg}.{name}: truncated")
             chunk = data[pos : pos + n]
             pos += n
-            if kind == "string":
+            if how == _STRING:
                 try:
                     value = chunk.decode("utf-8")
                 except UnicodeDecodeError as e:
                     raise WireError(f"{msg}.{name}: invalid UTF-8") from e
-            elif label == "repeated":
+            elif rep:
                 value = decode_message(kind, chunk)
             else:
-                if label.startswith("oneof:"):
-                    group = label[6:]
+                if raw_msgs is None:
+                    raw_msgs = {}
+                if group:
                     previous = out[group]
                     if previous is not None and previous != name:
                         # Setting another member clears the oneof.
                         raw_msgs.pop(previous, None)
                         raw_msgs.pop(name, None)
                     out[group] = name
-                raw_msgs.setdefault(name, bytearray()).extend(chunk)
+                raw = raw_msgs.get(name)
+                if raw is None:
+                    raw_msgs[name] = bytearray(chunk)
+                else:
+                    raw.extend(chunk)
                 if name not in order:
                     order.append(name)
                 continue
-        if label == "repeated":
+        if rep:
             out[name].append(value)
         else:
-            if label.startswith("oneof:"):
-                out[label[6:]] = name
+            if group:
+                out[group] = name
             out[name] = value
-    for name in order:
-        if name in raw_msgs:
-            kind = _BY_NAME[msg][name][1]
-            out[name] = decode_message(kind, bytes(raw_msgs[name]))
-    for _num, (name, _kind, label) in spec.items():
-        if label.startswith("oneof:") and out[label[6:]] != name:
+    if raw_msgs:
+        for name in order:
+            if name in raw_msgs:
+                kind = _BY_NAME[msg][name][1]
+                out[name] = decode_message(kind, bytes(raw_msgs[name]))
+    for name, group in c.oneof_members:
+        if out[group] != name:
             out[name] = None
     return out
 

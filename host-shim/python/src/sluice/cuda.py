@@ -38,6 +38,10 @@ ATTR_DMA_BUF_SUPPORTED = 124
 #: ``cuMemHostRegister`` flag: pinned for every context of the process.
 _HOST_REGISTER_PORTABLE = 0x1
 _STREAM_NON_BLOCKING = 0x1
+#: ``CUevent_flags``: a thread waiting on the event sleeps until the GPU
+#: signals it, instead of spinning a core (the default for streams and
+#: events here, where there are fewer contexts than cores).
+_EVENT_BLOCKING_SYNC = 0x1
 _EVENT_DISABLE_TIMING = 0x2
 _CUDA_ERROR_NOT_READY = 600
 
@@ -133,6 +137,8 @@ class LibCuda(Driver):
             raise Unsupported(f"GPU memory needs the CUDA driver ({path}): {e}") from None
         self._ctx: Dict[int, ctypes.c_void_p] = {}
         self._lock = threading.Lock()
+        #: stream -> the blocking event :meth:`synchronize` waits on.
+        self._sync_events: Dict[int, int] = {}
         self._call("cuInit", ctypes.c_uint(0))
 
     def _call(self, name: str, *args: object) -> None:
@@ -214,8 +220,10 @@ class LibCuda(Driver):
         return s.value or 0
 
     def event(self) -> int:
+        # Waited on with the thread asleep: a copy of tens of MiB takes
+        # milliseconds, and spinning for them is host CPU a loader pays.
         e = ctypes.c_void_p()
-        self._call("cuEventCreate", ctypes.byref(e), ctypes.c_uint(_EVENT_DISABLE_TIMING))
+        self._call("cuEventCreate", ctypes.byref(e), ctypes.c_uint(_EVENT_DISABLE_TIMING | _EVENT_BLOCKING_SYNC))
         return e.value or 0
 
     def htod(self, dst: int, src: int, nbytes: int, stream: int) -> None:
@@ -237,9 +245,24 @@ class LibCuda(Driver):
         self._call("cuEventSynchronize", ctypes.c_void_p(event))
 
     def synchronize(self, stream: int) -> None:
-        self._call("cuStreamSynchronize", ctypes.c_void_p(stream))
+        # Through a blocking event, not cuStreamSynchronize: that spins the
+        # calling thread for as long as the stream's copies take.
+        with self._lock:
+            ev = self._sync_events.get(stream)
+        if ev is None:
+            mine = self.event()
+            with self._lock:
+                ev = self._sync_events.setdefault(stream, mine)
+            if ev != mine:  # another thread made one first
+                self.destroy_event(mine)
+        self.record(ev, stream)
+        self.wait_event(ev)
 
     def destroy_stream(self, stream: int) -> None:
+        with self._lock:
+            ev = self._sync_events.pop(stream, None)
+        if ev is not None:
+            self.destroy_event(ev)
         self._call("cuStreamDestroy_v2", ctypes.c_void_p(stream))
 
     def destroy_event(self, event: int) -> None:

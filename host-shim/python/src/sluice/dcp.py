@@ -406,7 +406,11 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
                 raise IncompleteCheckpoint(f"{path}: stored shape {tuple(part.size())}, expected {tuple(target.size())}")
             target.copy_(part)
             if target.is_cuda:
-                torch.cuda.current_stream(target.device).synchronize()  # before the region goes
+                # Before the region goes; asleep, not spinning a core for
+                # the copy's milliseconds.
+                done = torch.cuda.Event(blocking=True)
+                done.record(torch.cuda.current_stream(target.device))
+                done.synchronize()
             del stored, part
         planner.commit_tensor(req, target)
 
