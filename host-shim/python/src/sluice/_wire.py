@@ -210,6 +210,9 @@ def _default(kind: str, label: str) -> Any:
 
 def encode_varint(value: int, out: bytearray) -> None:
     """Appends ``value`` (taken modulo 2**64) as a base-128 varint."""
+    if 0 <= value < 0x80:
+        out.append(value)
+        return
     value &= _U64_MASK
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)
@@ -236,33 +239,83 @@ def _encode_scalar(kind: str, value: Any, num: int, out: bytearray) -> None:
     raise WireError(f"unknown scalar kind {kind}")
 
 
-def encode_message(msg: str, values: Dict[str, Any]) -> bytes:
-    """Encodes ``values`` (field name -> value) as message ``msg``."""
-    spec = _BY_NAME[msg]
-    out = bytearray()
-    oneofs_seen: Dict[str, str] = {}
+class _EncField:
+    """How one field is written, worked out once per message (encoding is on
+    every request's path: no per-field string tests there)."""
+
+    __slots__ = ("num", "kind", "plain", "rep", "group", "is_msg", "default", "len_key", "var_key")
+
+    def __init__(self, num: int, kind: str, label: str) -> None:
+        self.num, self.kind = num, kind
+        self.plain = label == ""  # proto3: a plain field at its default is not sent
+        self.rep = label == "repeated"
+        self.group = label[6:] if label.startswith("oneof:") else ""
+        self.is_msg = kind not in _SCALARS
+        self.default = _default(kind, "") if not self.is_msg else None
+        key = bytearray()
+        encode_varint(num << 3 | _LEN, key)
+        self.len_key = bytes(key)
+        key = bytearray()
+        encode_varint(num << 3 | _VARINT, key)
+        self.var_key = bytes(key)
+
+
+_ENCODE: Dict[str, Dict[str, _EncField]] = {}
+
+
+def _encoding(msg: str) -> Dict[str, _EncField]:
+    spec = _ENCODE.get(msg)
+    if spec is None:
+        spec = {name: _EncField(num, kind, label) for name, (num, kind, label) in _BY_NAME[msg].items()}
+        _ENCODE[msg] = spec
+    return spec
+
+
+def _encode_into(msg: str, values: Dict[str, Any], out: bytearray) -> None:
+    spec = _encoding(msg)
+    oneofs_seen: Optional[Dict[str, str]] = None
     for name, value in values.items():
-        if name not in spec:
+        f = spec.get(name)
+        if f is None:
             raise WireError(f"{msg} has no field {name!r}")
-        num, kind, label = spec[name]
         if value is None:
             continue
-        if label.startswith("oneof:"):
-            group = label[6:]
-            if group in oneofs_seen:
-                raise WireError(f"{msg}: both {oneofs_seen[group]} and {name} set in oneof {group}")
-            oneofs_seen[group] = name
-        items = value if label == "repeated" else [value]
-        for item in items:
-            if kind in _SCALARS:
-                if label == "" and item == _default(kind, label):
-                    continue  # proto3: defaults are not sent
-                _encode_scalar(kind, item, num, out)
-            else:
-                body = encode_message(kind, item)
-                encode_varint(num << 3 | _LEN, out)
+        if f.group:
+            if oneofs_seen is None:
+                oneofs_seen = {}
+            if f.group in oneofs_seen:
+                raise WireError(f"{msg}: both {oneofs_seen[f.group]} and {name} set in oneof {f.group}")
+            oneofs_seen[f.group] = name
+        kind = f.kind
+        for item in value if f.rep else (value,):
+            if f.is_msg:
+                body = bytearray()
+                _encode_into(kind, item, body)
+                out += f.len_key
                 encode_varint(len(body), out)
                 out += body
+                continue
+            if f.plain and item == f.default:
+                continue  # proto3: defaults are not sent
+            if kind == "string":
+                data = item.encode("utf-8")
+                out += f.len_key
+                encode_varint(len(data), out)
+                out += data
+                continue
+            v = int(item)
+            if kind == "u32" and not 0 <= v <= 0xFFFFFFFF:
+                raise WireError(f"field {f.num}: {v} does not fit uint32")
+            if kind == "u64" and not 0 <= v <= _U64_MASK:
+                raise WireError(f"field {f.num}: {v} does not fit uint64")
+            out += f.var_key
+            encode_varint(v, out)
+
+
+def encode_message(msg: str, values: Dict[str, Any]) -> bytes:
+    """Encodes ``values`` (field name -> value) as message ``msg``."""
+    out = bytearray()
+    _encode_into(msg, values, out)
     return bytes(out)
 
 

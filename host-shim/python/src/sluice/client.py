@@ -504,7 +504,15 @@ class Client(CoreClient):
         the copy costs as much as the read). The memory is lent to the view:
         it is reused only once the view and every slice of it are gone, so
         drop it (or ``release()`` it) when done. ``numpy.frombuffer`` and
-        ``torch.frombuffer`` take it as is."""
+        ``torch.frombuffer`` take it as is.
+
+        With ``copy=True``, a ``bytes`` of a MiB or more can cost more in
+        page faults than in copying: glibc's ``malloc`` gives freed memory
+        back to the kernel, and the next result faults it in again
+        (docs/performance.md: ~220 faults per MiB in batches of 8). Setting
+        ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=67108864``
+        for the process keeps that memory; the client does not change the
+        process's allocator itself."""
         with call_timeout(timeout):
             return self._run(self._get_bytes_op(path, range, size_hint, copy=copy))[0]
 
