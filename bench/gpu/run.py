@@ -163,7 +163,7 @@ def main() -> None:
     sizes = [(label, size, counts[label]) for label, size in SIZES if counts[label] > 0]
     bucket, prefix = "data", "bench-gpu/"
 
-    stack = lr.Stack(args.bin_dir)
+    stack = lr.Stack(args.bin_dir, runtime_threads=len(split["dpu"]) if split else 0)
     placement: Dict[str, Any] = {}
     if split:
         for proc, role in (("gateway", "storage"), ("agent", "dpu"), ("shim", "host")):
@@ -424,6 +424,7 @@ def report(
             "peer_batch_mib": args.peer_batch_mib,
             "gpu_lane_mib": args.gpu_lane_mib,
             "split": {r: cpulist(c) for r, c in split.items()},
+            "runtime_threads": len(split["dpu"]) if split else 0,
             "placement": placement,
         },
         "method": {

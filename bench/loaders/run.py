@@ -133,15 +133,25 @@ def parse_args() -> argparse.Namespace:
 
 # ----------------------------------------------------------------- stack --
 class Stack:
-    def __init__(self, bin_dir: str) -> None:
+    def __init__(self, bin_dir: str, runtime_threads: int = 0) -> None:
+        """``runtime_threads``: the daemons' tokio runtimes get this many
+        workers (``TOKIO_WORKER_THREADS``; the shim keeps its configured
+        one). With a core split the daemons are pinned after they start, so
+        by default each would size its runtime to the whole machine and run
+        16 workers on the 6 cores it is given; an agent on a BlueField sees
+        only its own cores."""
         self.bin_dir = os.path.abspath(bin_dir)
         self.sluice = os.path.join(self.bin_dir, "sluice")
         # Short path: Unix socket names are limited to 108 bytes.
         self.dir = tempfile.mkdtemp(prefix="slbench-", dir="/tmp")
+        env = dict(os.environ)
+        if runtime_threads > 0:
+            env["TOKIO_WORKER_THREADS"] = str(runtime_threads)
         out = subprocess.run(
             [self.sluice, "up", "--dir", self.dir, "--bin-dir", self.bin_dir, "--json", "--rdma"],
             capture_output=True,
             text=True,
+            env=env,
         )
         if out.returncode != 0:
             raise SystemExit(f"sluice up failed:\n{out.stderr}")
@@ -418,7 +428,9 @@ def main() -> None:
         raise SystemExit("--dpu-cores needs --split (which cores are the DPU's)")
     if split and dpu_counts and max(dpu_counts) > len(split["dpu"]):
         raise SystemExit(f"--dpu-cores {args.dpu_cores}: the split gives the agent only {len(split['dpu'])} cores")
-    stack = Stack(args.bin_dir)
+    # The agent's runtime sized to the DPU cores it is pinned to (the
+    # gateway's to the same number: 6 and 6 in the default split).
+    stack = Stack(args.bin_dir, runtime_threads=len(split["dpu"]) if split else 0)
     interrupted = False
     prefix_cmd: List[str] = []
     if split:
@@ -762,6 +774,8 @@ def report(
         },
         "machine": machine_info(),
         "split": args.split or None,
+        # TOKIO_WORKER_THREADS for the gateway and the agent (0: the machine's cores).
+        "runtime_threads": len(benchlib.parse_split(args.split)["dpu"]) if args.split else 0,
         "dpu_scaling": dpu_scaling(rows, args),
         "versions": versions,
         "readers": {
