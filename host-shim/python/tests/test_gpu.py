@@ -197,6 +197,45 @@ def test_get_many_reads_items_bigger_than_a_lane_side_by_side(gclient, model, pr
     assert model.unpinned_copies == 0
 
 
+def test_big_gpu_batch_items_fail_typed_when_the_copy_engine_fails(gclient, model, prefix):
+    from sluice.cuda import CudaError
+
+    objs = [payload((2 << 20) + 11 * i, f"gpu-ce-{i}") for i in range(6)]
+    for i, o in enumerate(objs):
+        gclient.put(f"{prefix}/ce{i}", o)
+    slot = 3 << 20
+    ptr = model.alloc(slot * len(objs))
+    g = gclient.register_gpu(ptr, nbytes=slot * len(objs))
+    specs = [sluice.GetSpec(f"{prefix}/ce{i}", g, i * slot) for i in range(len(objs))]
+    real_htod, real_sync = model.htod, model.synchronize
+    failed = []
+
+    def broken_htod(*a, **k):
+        failed.append(1)
+        raise CudaError("cuMemcpyHtoDAsync_v2 failed: CUDA_ERROR_LAUNCH_FAILED (719) (test)")
+
+    def sync(stream):
+        if failed:  # once a copy failed, the stream is broken too
+            raise CudaError("cuStreamSynchronize failed: CUDA_ERROR_LAUNCH_FAILED (719) (test)")
+        real_sync(stream)
+
+    # Copies fail, and so does draining a lane afterwards: every worker
+    # stops, and no item is left without an error.
+    model.htod, model.synchronize = broken_htod, sync
+    try:
+        res = gclient.get_many(specs)
+    finally:
+        model.htod, model.synchronize = real_htod, real_sync
+    for r in res:
+        assert not r.ok and isinstance(r.error, sluice.SluiceError), r
+    st = gclient._stagings[0]
+    assert len(st.free) == st.count, "every lane was given back"
+    # The lanes still work afterwards.
+    res = gclient.get_many(specs)
+    for i, (r, o) in enumerate(zip(res, objs)):
+        assert r.ok and model.read(ptr + i * slot, len(o)) == o, (i, r)
+
+
 def test_big_gpu_batches_from_several_threads_share_the_lanes_without_deadlock(gclient, model, prefix):
     import threading
 

@@ -435,7 +435,12 @@ class GpuOps:
             by_device_big.setdefault(it[2].device, []).append(it)
         for device, queue in by_device_big.items():
             width = min(len(queue), max(1, self._staging_bytes // max(self._lane_bytes, 1)))
-            yield from all_of([self._gpu_big_worker(device, queue, results, cap, n == 0) for n in range(width)])
+            outs = yield from all_of([self._gpu_big_worker(device, queue, results, cap, n == 0) for n in range(width)])
+            # Every worker stopped on an error (a lane that could not be
+            # drained): what is still queued fails with it, never silently.
+            why = next((o for o in outs if isinstance(o, SluiceError)), None)
+            for i, *_ in queue:
+                results[i].error = why or SluiceError("not read: no staging lane was left for it")
 
     def _gpu_big_worker(
         self, device: int, queue: List[Any], results: List[ItemResult], cap: Dict[int, int], first: bool

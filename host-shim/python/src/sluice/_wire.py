@@ -220,25 +220,6 @@ def encode_varint(value: int, out: bytearray) -> None:
     out.append(value)
 
 
-def _encode_scalar(kind: str, value: Any, num: int, out: bytearray) -> None:
-    if kind == "string":
-        data = value.encode("utf-8")
-        encode_varint(num << 3 | _LEN, out)
-        encode_varint(len(data), out)
-        out += data
-        return
-    if kind in ("u64", "u32", "i64", "enum", "bool"):
-        v = int(value)
-        if kind == "u32" and not 0 <= v <= 0xFFFFFFFF:
-            raise WireError(f"field {num}: {v} does not fit uint32")
-        if kind == "u64" and not 0 <= v <= _U64_MASK:
-            raise WireError(f"field {num}: {v} does not fit uint64")
-        encode_varint(num << 3 | _VARINT, out)
-        encode_varint(v, out)
-        return
-    raise WireError(f"unknown scalar kind {kind}")
-
-
 class _EncField:
     """How one field is written, worked out once per message (encoding is on
     every request's path: no per-field string tests there)."""
