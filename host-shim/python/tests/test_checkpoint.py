@@ -198,13 +198,14 @@ def test_dcp_without_a_process_group(client, prefix):
     assert back["optim"] == state["optim"]
 
 
-def test_dcp_with_a_registered_state_copies_nothing_on_the_host(client, prefix):
+def test_dcp_with_a_registered_state_copies_nothing_on_the_host(monkeypatch, client, prefix):
     state = model_state(4)
     reg = dcp.register_state_dict(state, client)
     assert _equal(reg["model"], state["model"]) and _equal(reg["big"], state["big"])
     assert reg["optim"] == state["optim"]
     big = reg["big"]
     assert client.region_at(big.data_ptr(), big.numel() * big.element_size()) is not None
+    seen = _staging_watch(monkeypatch, client)
     dcp.save(reg, f"{prefix}/reg", client)
 
     target = dcp.register_state_dict(_zeros_like(state), client)
@@ -214,9 +215,8 @@ def test_dcp_with_a_registered_state_copies_nothing_on_the_host(client, prefix):
     assert _equal(target["model"], state["model"]) and _equal(target["big"], state["big"])
     assert target["optim"] == state["optim"] and target["big"].data_ptr() == where
     # The large tensors went straight from and into their own memory: the
-    # client never staged anything as big as them.
-    staged = [r.nbytes for r in list(client._regions.values()) if r._scratch]
-    assert all(n < big.numel() * big.element_size() for n in staged), staged
+    # client staged only the object of small items, once each way.
+    assert len(seen["sizes"]) == 2, seen["sizes"]
 
     # A checkpoint saved from ordinary memory loads into registered memory
     # (and the other way round), and a damaged object is still refused.
@@ -231,6 +231,89 @@ def test_dcp_with_a_registered_state_copies_nothing_on_the_host(client, prefix):
         dcp.load(target, f"{prefix}/reg", client)
     dcp.release_registered_state(client)
     assert client.region_at(where, 1) is None
+
+
+def _staging_watch(monkeypatch, client):
+    """Records every staging buffer the client lends, and the most bytes
+    lent at once."""
+    import contextlib
+    import threading
+
+    seen = {"sizes": [], "now": 0, "peak": 0}
+    lock = threading.Lock()
+    real = client.staging
+
+    @contextlib.contextmanager
+    def watched(nbytes):
+        with lock:
+            seen["sizes"].append(nbytes)
+            seen["now"] += nbytes
+            seen["peak"] = max(seen["peak"], seen["now"])
+        try:
+            with real(nbytes) as r:
+                yield r
+        finally:
+            with lock:
+                seen["now"] -= nbytes
+
+    monkeypatch.setattr(client, "staging", watched)
+    return seen
+
+
+def test_dcp_stores_big_tensors_in_pieces_within_the_memory_budget(monkeypatch, client, prefix):
+    import torch.distributed.checkpoint as tdcp
+
+    state = model_state(6)
+    g = torch.Generator().manual_seed(66)
+    state["huge"] = torch.randn(1_300_000, generator=g)  # 5.2 MB: 5 pieces of 1 MiB + a tail
+    state["wide"] = torch.randn(700, 1000, generator=g).to(torch.bfloat16)  # 1.4 MB: 2 pieces
+    path = f"{prefix}/pieces"
+    seen = _staging_watch(monkeypatch, client)
+    tdcp.save(state, storage_writer=dcp.StorageWriter(path, client, memory_bytes=3 * MIB, piece_bytes=MIB))
+    # No staging buffer bigger than a piece, never more than the budget at once.
+    assert seen["sizes"] and max(seen["sizes"]) <= MIB, seen["sizes"]
+    assert seen["peak"] <= 3 * MIB, seen["peak"]
+    keys = sorted(o.key.rsplit("/", 1)[1] for o in client.list(f"{path}/"))
+    assert sum(k.split(".distcp.")[0] != k for k in keys) >= 5 + 1 + 2 + 2, keys
+
+    seen["sizes"].clear()
+    seen["peak"] = 0
+    back = _zeros_like(state)
+    back["optim"] = {"step": 0, "lr": 0.0, "betas": (0, 0), "name": ""}
+    tdcp.load(back, storage_reader=dcp.StorageReader(path, client, memory_bytes=3 * MIB))
+    assert _equal(back["huge"], state["huge"]) and _equal(back["wide"], state["wide"])
+    assert _equal(back["model"], state["model"]) and back["optim"] == state["optim"]
+    assert max(seen["sizes"]) <= MIB and seen["peak"] <= 3 * MIB, (seen["sizes"], seen["peak"])
+
+    # Into registered memory: piece by piece into the tensor; only the
+    # object of small items is staged.
+    target = dcp.register_state_dict(_zeros_like(state), client)
+    seen["sizes"].clear()
+    dcp.load(target, path, client)
+    assert _equal(target["huge"], state["huge"]) and _equal(target["big"], state["big"])
+    assert len(seen["sizes"]) == 1, seen["sizes"]
+    # And registered memory saves in pieces too, with no copy.
+    seen["sizes"].clear()
+    tdcp.save(target, storage_writer=dcp.StorageWriter(f"{path}-reg", client, piece_bytes=MIB))
+    assert len(seen["sizes"]) == 1, seen["sizes"]
+    assert sum(o.key.endswith(".distcp.4") for o in client.list(f"{path}-reg/")) == 1
+    dcp.release_registered_state(client)
+
+    # Loaded as another dtype: the pieces are gathered, then converted.
+    conv = _zeros_like(state)
+    conv["huge"] = torch.zeros(1_300_000, dtype=torch.float64)
+    dcp.load(conv, path, client)
+    assert torch.equal(conv["huge"], state["huge"].to(torch.float64))
+
+    # A piece replaced or missing: the load is refused, naming it.
+    ns = prefix.split("/", 1)[0]
+    victim = next(o.key for o in client.list(f"{path}/") if o.key.endswith(".distcp.3"))
+    client.put(f"{ns}/{victim}", payload(client.head(f"{ns}/{victim}").size, "flipped"))
+    with pytest.raises(ck.IncompleteCheckpoint, match=r"distcp\.3 was replaced since it was saved"):
+        dcp.load(_zeros_like(state), path, client)
+    client.delete(f"{ns}/{victim}")
+    with pytest.raises(ck.IncompleteCheckpoint, match=r"distcp\.3 is missing"):
+        dcp.load(_zeros_like(state), path, client)
 
 
 def test_dcp_load_of_an_incomplete_or_corrupted_checkpoint_is_refused(client, prefix):

@@ -373,3 +373,60 @@ def test_gpu_paths_say_what_this_node_can_do(stack, model, monkeypatch):
     monkeypatch.setattr(cu, "_DRIVER", None)
     with sluice.Client(stack.socket) as c:
         assert c.gpu_paths() == []
+
+
+class ModelTensor(CudaArray):
+    """Just enough of a CUDA torch tensor, over model memory, for the DCP
+    writer's GPU path (torch here has no CUDA)."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        super().__init__(ptr, (nbytes,))
+        self._n = nbytes
+
+    def numel(self) -> int:
+        return self._n
+
+    def element_size(self) -> int:
+        return 1
+
+
+def test_dcp_saves_gpu_tensors_in_lane_sized_pieces_within_its_budget(gclient, model, prefix):
+    """A GPU tensor bigger than a lane is stored as lane-sized pieces, each
+    straight through a lane (no other host staging); the writer's budget
+    bounds the lanes it brings into being, whatever its thread count."""
+    dcp = pytest.importorskip("sluice.dcp")
+    if not dcp.HAVE_DCP:
+        pytest.fail("torch.distributed.checkpoint is missing from the test venv")
+    import concurrent.futures as cf
+
+    writer = dcp.StorageWriter(f"{prefix}/gpu-dcp", gclient, threads=8, memory_bytes=2 * LANE, piece_bytes=8 * LANE)
+    tensors = []
+    for k, n in enumerate([3 * LANE + 17, 2 * LANE, LANE - 5]):
+        ptr = model.alloc(n)
+        data = payload(n, f"gpu-dcp-{k}")
+        model.write(ptr, data)
+        tensors.append((ModelTensor(ptr, n), data))
+    assert writer._piece_of(tensors[0][0]) == LANE
+    checkouts = []
+    real = gclient._checkout
+
+    def counting(n):
+        checkouts.append(n)
+        return (yield from real(n))
+
+    gclient._checkout = counting
+    budget = dcp._Budget(writer.memory_bytes)
+    jobs = [(k, off, min(LANE, len(d) - off)) for k, (_, d) in enumerate(tensors) for off in range(0, len(d), LANE)]
+    with cf.ThreadPoolExecutor(8) as pool:
+        etags = list(pool.map(lambda j: writer._put_span(prefix.split("/", 1)[0], prefix.split("/", 1)[1],
+                                                         f"gpu-dcp/{j[0]}.{j[1]}", tensors[j[0]][0], j[1], j[2],
+                                                         budget), jobs))
+    assert all(etags) and len(jobs) == 4 + 2 + 1
+    assert checkouts == [], "GPU pieces went through the lanes, with no scratch staging"
+    for k, off, n in jobs:
+        assert gclient.get_bytes(f"{prefix}/gpu-dcp/{k}.{off}") == tensors[k][1][off : off + n]
+    st = gclient._stagings[0]
+    assert st.count <= 2, f"{st.count} lanes for a budget of 2"
+    assert model.unpinned_copies == 0

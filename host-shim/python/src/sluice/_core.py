@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import ctypes
 import fcntl
-import functools
 import itertools
 import mmap
 import os
 import threading
 import weakref
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Deque, Dict, Generator, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _wire
 from ._gpu_ops import PIN_AUTO, GpuOps
+# Re-exported: the clients and the GPU operations take them from here.
+from ._ops import Call, Op, Outcome, Reply, all_of, check, close_fd, drive_step, one  # noqa: F401
+from ._scratch import _byte_array, _pow2, _scratch_size, _ScratchPool
 from .errors import (
     BadRequest,
     ProtocolError,
@@ -48,9 +48,6 @@ LOCAL_STACK_SOCKET = ".sluice/run/shim.sock"
 #: namespace deadline is the same).
 DEFAULT_TIMEOUT = 300.0
 
-#: Smallest scratch region the client registers for ``get_bytes``/``put(bytes)``.
-SCRATCH_MIN = 1 << 20
-
 #: Most items in one GetBatch request (the shim's default ``max_batch_items``).
 MAX_BATCH_ITEMS = 1024
 #: ``Response.item`` of an answer about a whole batch (refused as such).
@@ -72,57 +69,6 @@ def resolve_socket(socket: "Optional[Union[str, os.PathLike[str]]]") -> str:
     if os.path.exists(LOCAL_STACK_SOCKET):
         return LOCAL_STACK_SOCKET
     return DEFAULT_SOCKET
-
-
-@dataclass
-class Call:
-    """One request to send: the ``Request.op`` member, its fields, and an
-    optional descriptor to attach (SCM_RIGHTS)."""
-
-    op: str
-    fields: Dict[str, Any]
-    fd: Optional[int] = None
-    request_id: str = ""
-
-
-@dataclass
-class Reply:
-    """A successful response: the ``Response.result`` member and its fields,
-    plus the descriptor that came with it (``Registered`` only)."""
-
-    id: int
-    request_id: str
-    kind: str
-    body: Dict[str, Any]
-    fd: Optional[int] = None
-
-
-Outcome = Union[Reply, SluiceError]
-T = TypeVar("T")
-Op = Generator[List[Call], List[Outcome], T]
-
-
-def one(call: Call, expect: str) -> "Op[Reply]":
-    """Sends one call; returns its reply (of kind ``expect``) or raises its error."""
-    (out,) = yield [call]
-    return check(out, expect)
-
-
-def check(out: Outcome, expect: str) -> Reply:
-    if isinstance(out, BaseException):
-        raise out
-    if out.kind != expect:
-        close_fd(out.fd)
-        raise ProtocolError(f"expected a {expect} response, got {out.kind}", request_id=out.request_id)
-    return out
-
-
-def close_fd(fd: Optional[int]) -> None:
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _u64(name: str, v: Any) -> int:
@@ -159,70 +105,6 @@ def _region_id(region: Any) -> str:
     if isinstance(region, str):
         return region
     raise TypeError(f"expected a Region (or a region id), not {type(region).__name__}")
-
-
-def _scratch_size(n: int) -> int:
-    n = max(n, SCRATCH_MIN)
-    p = 1 << (n - 1).bit_length()
-    return p if p - n <= n // 4 else (n + 4095) & ~4095
-
-
-class _ScratchPool:
-    """Regions the client registers for itself (``get_bytes``, ``put(bytes)``,
-    ``get_many`` without ``into``) and reuses, up to ``budget`` bytes kept in
-    total. Each is lent to one operation at a time. Thread-safe."""
-
-    def __init__(self, budget: int) -> None:
-        self._free: List[Region] = []
-        self._evicted: List[Region] = []
-        self._budget = max(0, budget)
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> Optional[Region]:
-        """The smallest free region of at least ``n`` bytes, if any."""
-        with self._lock:
-            best = None
-            for r in self._free:
-                if r.nbytes >= n and not r.released and (best is None or r.nbytes < best.nbytes):
-                    best = r
-            if best is not None:
-                self._free.remove(best)
-            return best
-
-    def give(self, region: Region) -> bool:
-        """Keeps ``region`` for reuse; False if the caller must release it."""
-        if region.released or region.nbytes > self._budget:
-            return False
-        with self._lock:
-            over = sum(r.nbytes for r in self._free) + region.nbytes - self._budget
-            if over > 0:
-                # Make room by evicting smaller regions, smallest first, but
-                # only if that is enough.
-                smaller = sorted((r for r in self._free if r.nbytes < region.nbytes), key=lambda r: r.nbytes)
-                if sum(r.nbytes for r in smaller) < over:
-                    return False
-                for r in smaller:
-                    if over <= 0:
-                        break
-                    self._free.remove(r)
-                    self._evicted.append(r)
-                    over -= r.nbytes
-            self._free.append(region)
-            return True
-
-    def pop_evicted(self) -> List[Region]:
-        with self._lock:
-            out, self._evicted = self._evicted, []
-            return out
-
-    def clear(self) -> List[Region]:
-        with self._lock:
-            out = self._free + self._evicted
-            self._free, self._evicted = [], []
-            return out
-
-    def __len__(self) -> int:
-        return len(self._free)
 
 
 _LIVE: "weakref.WeakSet[CoreClient]" = weakref.WeakSet()
@@ -857,63 +739,3 @@ def _batch_outcomes(out: Outcome, n: int) -> List[Outcome]:
     if isinstance(out, BaseException):
         return [out] * n
     return [ProtocolError(f"expected batch answers, got {out.kind}", request_id=out.request_id)] * n
-
-
-@functools.lru_cache(maxsize=64)
-def _byte_array(n: int) -> Any:
-    """The ctypes array type of ``n`` bytes (a type per size; cached)."""
-    return ctypes.c_char * n
-
-
-def _pow2(n: int) -> int:
-    return 1 << (max(n, 1) - 1).bit_length()
-
-
-def all_of(ops: "List[Op[Any]]") -> "Op[List[Any]]":
-    """Runs several operations side by side in one: each round sends every
-    call they are waiting to make together, and gives each its own answers.
-    Returns their results in order; an operation that raises a
-    :class:`SluiceError` has it as its result (the others go on). If this
-    operation is abandoned, every one not finished is closed (their
-    ``finally`` blocks run)."""
-    results: List[Any] = [None] * len(ops)
-    waiting: Dict[int, List[Call]] = {}
-
-    def step(i: int, outs: Optional[List[Outcome]]) -> None:
-        try:
-            done, val = drive_step(ops[i], outs)
-        except SluiceError as e:
-            done, val = True, e
-        if done:
-            results[i] = val
-            waiting.pop(i, None)
-        else:
-            waiting[i] = list(val)
-
-    try:
-        for i in range(len(ops)):
-            step(i, None)
-        while waiting:
-            order = sorted(waiting)
-            calls = [c for i in order for c in waiting[i]]
-            outs = yield calls
-            at = 0
-            for i in order:
-                n = len(waiting[i])
-                step(i, list(outs[at : at + n]))
-                at += n
-        return results
-    finally:
-        for i in list(waiting):
-            ops[i].close()
-
-
-def drive_step(gen: "Op[T]", outcomes: Optional[List[Outcome]]) -> Tuple[bool, Any]:
-    """Advances ``gen``: returns (True, result) when it finished, else
-    (False, next batch of calls). Exceptions propagate."""
-    try:
-        calls = next(gen) if outcomes is None else gen.send(outcomes)
-    except StopIteration as stop:
-        return True, stop.value
-    return False, calls
-

@@ -158,7 +158,6 @@ class GpuOps:
     ) -> "Op[Transfer]":
         """Reads into ``gr`` at ``offset``, at most ``max_bytes`` (default:
         to the region's end); a bigger object writes nothing (RegionTooSmall)."""
-        from ._core import Call, _span, one
 
         gr._check(offset, 0)
         gr._enter()
@@ -263,7 +262,6 @@ class GpuOps:
     def _gpu_put_op(
         self, path: str, gr: gpu.GpuRegion, offset: int, length: Optional[int], content_type: str, request_id: str
     ) -> "Op[Transfer]":
-        from ._core import Call, one
 
         n = gr.nbytes - offset if length is None else length
         gr._check(offset, n)
@@ -320,7 +318,6 @@ class GpuOps:
         """``get_many`` items into GPU regions: packed into lane halves, one
         GetBatch per half, each item then copied to its tensor while the next
         half is read; an item bigger than a half is read on its own."""
-        from ._core import Call, _batch_outcomes, _range, check
 
         if not items:
             return

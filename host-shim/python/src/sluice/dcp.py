@@ -7,7 +7,10 @@ group; each rank writes its own objects). A checkpoint at ``ns/prefix`` is:
 * ``ns/prefix/__<rank>_<n>.distcp``: one object per large tensor, its raw
   bytes (a GPU tensor is read straight from GPU memory through the client's
   GPU regions, and loaded straight back into GPU memory), and per rank one
-  object packing its small tensors and non-tensor items;
+  object packing its small tensors and non-tensor items. A tensor bigger
+  than ``piece_bytes`` is stored as pieces ``__<rank>_<n>.distcp.<i>``,
+  objects of their own, so that neither a save nor a load ever stages more
+  than ``memory_bytes`` of it on the host, however big it is;
 * ``ns/prefix/.metadata``: DCP's metadata (pickled), written **last**, by
   the coordinator, after every rank's objects are stored. A checkpoint
   without it does not exist (:func:`load` says so, naming it), so a save
@@ -33,11 +36,12 @@ background (a ``concurrent.futures.Future``).
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import io
 import pickle
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from .checkpoint import IncompleteCheckpoint
 from .errors import IntegrityError, NoSuchKey, PreconditionFailed, SluiceError
@@ -56,6 +60,10 @@ except ImportError:  # pragma: no cover - without torch the module still imports
 
 #: Tensors at least this big get an object of their own.
 DEFAULT_OBJECT_THRESHOLD = 1 << 20
+#: A tensor bigger than this (by default a quarter of ``memory_bytes``) is
+#: stored as pieces of this size: a 400 MiB embedding is then staged 32 MiB
+#: at a time, four pieces in flight, not 400 MiB at once.
+PIECES_PER_BUDGET = 4
 #: Bytes a writer or reader stages in registered memory at once: two 64 MiB
 #: staging buffers' worth, within the client's scratch pool (256 MiB by
 #: default), so the pool's regions are reused instead of registered anew.
@@ -96,6 +104,10 @@ class SluiceItem:
     #: For raw tensors: dtype name and shape of the stored bytes.
     dtype: str = ""
     shape: Tuple[int, ...] = ()
+    #: A tensor stored in pieces: (key, length, etag) of each, in order;
+    #: ``key`` is then their common stem and ``etag`` empty. Checkpoints
+    #: written before pieces existed unpickle with none.
+    pieces: Tuple[Tuple[str, int, str], ...] = ()
 
 
 def _client_of(client: Any) -> Any:
@@ -121,6 +133,11 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         client: a :class:`sluice.Client` (default: one for ``$SLUICE_SOCKET``).
         threads: objects stored at once per rank.
         object_threshold: tensors at least this big get an object each.
+        memory_bytes: host memory a save stages at once (copies of CPU
+            tensors, and the pinned lanes GPU tensors go through).
+        piece_bytes: tensors bigger than this are stored in pieces of
+            this size (default: a quarter of ``memory_bytes``; for GPU
+            tensors at most one staging lane).
     """
 
     def __init__(
@@ -131,6 +148,7 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         threads: int = 8,
         object_threshold: int = DEFAULT_OBJECT_THRESHOLD,
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
+        piece_bytes: Optional[int] = None,
     ) -> None:
         if not HAVE_DCP:
             raise SluiceError("sluice.dcp needs torch with torch.distributed.checkpoint")
@@ -139,9 +157,10 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         self._client = _client_of(client)
         self.threads = max(1, threads)
         self.object_threshold = object_threshold
-        #: Bytes of CPU tensors staged in registered memory at once (a
-        #: tensor bigger than this is stored alone).
+        #: Bytes staged on the host at once: CPU tensors' copies in
+        #: registered memory, and GPU tensors' staging lanes.
         self.memory_bytes = max(1, memory_bytes)
+        self.piece_bytes = max(4096, piece_bytes or self.memory_bytes // PIECES_PER_BUDGET)
         self._prefix = ""
 
     # -- StorageWriter --
@@ -177,58 +196,107 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
             else:
                 cpu = t.cpu()
                 packed.append((item, _tensor_bytes(cpu), str(t.dtype), tuple(t.shape)))
+        # One job per object: a tensor up to a piece is one, a bigger one
+        # is cut into pieces that are stored side by side like any other
+        # object (each staged, and checked on load, on its own).
+        jobs: List[Tuple[int, Any, int, int, str]] = []
+        for n, (item, t) in enumerate(own):
+            key = f"{rank_prefix}{n}.distcp"
+            nbytes = t.numel() * t.element_size()
+            piece = self._piece_of(t)
+            if nbytes <= piece:
+                jobs.append((n, t, 0, nbytes, key))
+            else:
+                jobs.extend((n, t, off, min(piece, nbytes - off), f"{key}.{i}")
+                            for i, off in enumerate(range(0, nbytes, piece)))
+        etags: Dict[Tuple[int, str], str] = {}
         results: List[Any] = []
         budget = _Budget(self.memory_bytes)
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-put") as pool:
-            futs = []
-            for n, (item, t) in enumerate(own):
-                key = f"{rank_prefix}{n}.distcp"
-                futs.append(pool.submit(self._put_tensor, ns, prefix, key, item, t, budget))
+            futs = {pool.submit(self._put_span, ns, prefix, key, t, off, length, budget): (n, key)
+                    for n, t, off, length, key in jobs}
+            packed_fut = None
             if packed:
                 key = f"{rank_prefix}{len(own)}.distcp"
-                futs.append(pool.submit(self._put_packed, ns, prefix, key, packed))
-            for f in futs:
-                r = f.result()
-                results.extend(r if isinstance(r, list) else [r])
+                packed_fut = pool.submit(self._put_packed, ns, prefix, key, packed, budget)
+            for f, where in futs.items():
+                etags[where] = f.result()
+            if packed_fut is not None:
+                results.extend(packed_fut.result())
+        for n, (item, t) in enumerate(own):
+            key = f"{rank_prefix}{n}.distcp"
+            nbytes = t.numel() * t.element_size()
+            dtype, shape = str(t.dtype), tuple(t.shape)
+            if (n, key) in etags:
+                info = SluiceItem(key, 0, nbytes, etags[(n, key)], dtype, shape)
+            else:
+                pieces = tuple((k, length, etags[(n, k)]) for m, _, _, length, k in jobs if m == n)
+                info = SluiceItem(key, 0, nbytes, "", dtype, shape, pieces)
+            results.append(_st.WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=info))
         fut = torch.futures.Future()  # what DCP waits on
         fut.set_result(results)
         return fut
 
-    def _put_tensor(self, ns: str, prefix: str, key: str, item: Any, t: Any, budget: "_Budget") -> Any:
-        path = f"{ns}/{prefix}/{key}"
-        nbytes = t.numel() * t.element_size()
+    def _piece_of(self, t: Any) -> int:
+        """The largest object a tensor is stored in: a GPU tensor's pieces
+        go through one staging lane each, with no other host memory."""
         if t.is_cuda:
-            # Straight from GPU memory (the client's staging lanes).
-            with self._client.register_gpu(t) as g:
-                tr = self._client.put(path, g, 0, nbytes)
-        elif (home := _registered_home(self._client, t, nbytes)) is not None:
-            # The tensor lives in registered memory (register_state_dict):
-            # stored from where it is, no copy on this host.
-            tr = self._client.put(path, home[0], home[1], nbytes)
-        else:
-            # Copied once into staging memory from the client's pool (kept
-            # registered between objects and saves: no registration or page
-            # faults per tensor), at most memory_bytes at a time, so a large
-            # state does not balloon the host.
-            held = budget.take(nbytes)
+            lane = getattr(self._client, "_lane_bytes", self.piece_bytes)
+            return max(1, min(self.piece_bytes, max(2 << 20, lane) & ~4095))
+        return self.piece_bytes
+
+    def _put_span(self, ns: str, prefix: str, key: str, t: Any, off: int, n: int, budget: "_Budget") -> str:
+        """Stores bytes ``off..off+n`` of tensor ``t`` as object ``key``;
+        returns its ETag."""
+        path = f"{ns}/{prefix}/{key}"
+        if t.is_cuda:
+            # Straight from GPU memory through one of the client's pinned
+            # staging lanes. Lanes are made on demand and kept: holding a
+            # lane's worth of the budget per PUT bounds how many there are.
+            held = budget.take(self._piece_of(t))
             try:
-                with self._client.staging(nbytes) as staged:
-                    staged.write(_tensor_bytes(t))
-                    tr = self._client.put(path, staged, 0, nbytes)
+                with self._client.register_gpu(t) as g:
+                    return self._client.put(path, g, off, n).etag
             finally:
                 budget.give(held)
-        info = SluiceItem(key, 0, nbytes, tr.etag, str(t.dtype), tuple(t.shape))
-        return _st.WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=info)
+        home = _registered_home(self._client, t, t.numel() * t.element_size())
+        if home is not None:
+            # The tensor lives in registered memory (register_state_dict):
+            # stored from where it is, no copy on this host.
+            return self._client.put(path, home[0], home[1] + off, n).etag
+        # Copied once into staging memory from the client's pool (kept
+        # registered between objects and saves: no registration or page
+        # faults per tensor). Every staging buffer is a piece's size, so
+        # the pool's regions fit every later piece and never pile up past
+        # the budget.
+        held = budget.take(self.piece_bytes)
+        try:
+            with self._client.staging(self.piece_bytes) as staged:
+                staged.write(_tensor_bytes(t)[off : off + n])
+                return self._client.put(path, staged, 0, n).etag
+        finally:
+            budget.give(held)
 
-    def _put_packed(self, ns: str, prefix: str, key: str, packed: List[Any]) -> List[Any]:
-        blob = io.BytesIO()
+    def _put_packed(self, ns: str, prefix: str, key: str, packed: List[Any], budget: "_Budget") -> List[Any]:
+        """The small items, packed into one object, staged within the
+        budget like a piece (and in a piece-sized buffer, so it neither
+        takes a buffer a piece is waiting for nor leaves one of another
+        size in the pool)."""
         spans = []
+        total = 0
         for item, data, dtype, shape in packed:
-            spans.append((item, blob.tell(), len(data), dtype, shape))
-            blob.write(data)
-        tr = self._client.put(f"{ns}/{prefix}/{key}", blob.getbuffer())
+            spans.append((item, total, len(data), dtype, shape))
+            total += len(data)
+        held = budget.take(max(total, self.piece_bytes))
+        try:
+            with self._client.staging(max(total, self.piece_bytes)) as staged:
+                for (_, off, _, _, _), (_, data, _, _) in zip(spans, packed):
+                    staged.write(data, off)
+                etag = self._client.put(f"{ns}/{prefix}/{key}", staged, 0, total).etag
+        finally:
+            budget.give(held)
         return [
-            _st.WriteResult(index=item.index, size_in_bytes=n, storage_data=SluiceItem(key, off, n, tr.etag, dtype, shape))
+            _st.WriteResult(index=item.index, size_in_bytes=n, storage_data=SluiceItem(key, off, n, etag, dtype, shape))
             for item, off, n, dtype, shape in spans
         ]
 
@@ -274,6 +342,10 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         #: Bytes of objects staged in registered memory at once (an object
         #: bigger than this is read alone).
         self.memory_bytes = max(1, memory_bytes)
+        #: Staging buffers are all this size (or an object's, if bigger):
+        #: the pool's buffers then fit every later object, so it never holds
+        #: more of them than are in use at once.
+        self._buffer_bytes = max(4096, self.memory_bytes // PIECES_PER_BUDGET)
         #: Refuse bytes the agent could not check end to end (IntegrityError).
         self.verify = verify
         self.storage_data: Dict[Any, SluiceItem] = {}
@@ -310,74 +382,39 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         ns, prefix = _split(self.path)
         # Each object is read whole, once: a whole-object read is checked
         # end to end against the CRC64NVME the agent stored with it (a
-        # ranged one could not be), then shared by the items in it.
+        # ranged one could not be), then shared by the items in it. A
+        # tensor stored in pieces is read piece by piece.
         sizes: Dict[str, int] = {}
         for info in self.storage_data.values():
-            sizes[info.key] = max(sizes.get(info.key, 0), info.offset + info.length)
+            if not info.pieces:
+                sizes[info.key] = max(sizes.get(info.key, 0), info.offset + info.length)
         by_key: Dict[str, List[Any]] = {}
+        pieced: List[Any] = []
         for req in plan.items:
-            by_key.setdefault(self.storage_data[req.storage_index].key, []).append(req)
+            info = self.storage_data[req.storage_index]
+            if info.pieces:
+                pieced.append(req)
+            else:
+                by_key.setdefault(info.key, []).append(req)
         budget = _Budget(self.memory_bytes)
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-get") as pool:
             futs = [
                 pool.submit(self._read_object, ns, prefix, k, sizes[k], reqs, planner, budget)
                 for k, reqs in by_key.items()
             ]
+            for req in pieced:
+                futs.extend(self._read_pieced(pool, ns, prefix, req, planner, budget))
             for f in futs:
                 f.result()
         fut = torch.futures.Future()
         fut.set_result(None)
         return fut
 
-    def _read_object(
-        self, ns: str, prefix: str, key: str, size: int, reqs: List[Any], planner: Any, budget: "_Budget"
-    ) -> None:
-        path = f"{ns}/{prefix}/{key}"
-        etag = self.storage_data[reqs[0].storage_index].etag
-        if self._read_in_place(path, etag, size, reqs, planner):
-            return
-        held = budget.take(size)
+    def _get_checked(self, path: str, etag: str, size: int, into: Any, offset: int = 0) -> None:
+        """Reads object ``path`` whole into ``into`` at ``offset``, pinned to
+        ``etag``; anything but exactly ``size`` verified bytes is refused."""
         try:
-            # Staging memory from the client's pool: registered once and
-            # reused by every object (and every later load).
-            with self._client.staging(size) as r:
-                t = self._client.get(path, into=r, if_match=etag)
-                if t.bytes != size:
-                    raise IncompleteCheckpoint(f"{path}: {t.bytes} bytes where the checkpoint recorded {size}")
-                if self.verify and not t.verified:
-                    raise IntegrityError(f"{path}: the bytes could not be verified ({t.unverified_reason})")
-                for req in reqs:
-                    self._deliver(path, r, req, planner)
-        except NoSuchKey:
-            raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
-        except PreconditionFailed:
-            raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} was replaced since it was saved") from None
-        finally:
-            budget.give(held)
-
-    def _read_in_place(self, path: str, etag: str, size: int, reqs: List[Any], planner: Any) -> bool:
-        """Reads an object straight into its target tensor when that tensor
-        lives in registered memory (register_state_dict) and the object is
-        exactly its bytes: no staging and no copy on this host. False when
-        it does not apply (the staged path then reads it)."""
-        if len(reqs) != 1 or reqs[0].type == _pl.LoadItemType.BYTE_IO:
-            return False
-        req = reqs[0]
-        info = self.storage_data[req.storage_index]
-        if info.offset != 0 or info.length != size or not size:
-            return False
-        if any(o != 0 for o in req.storage_offsets) or tuple(req.lengths) != tuple(info.shape):
-            return False  # a shard of the stored tensor: the staged path narrows it
-        target = planner.resolve_tensor(req).detach()
-        if target.is_cuda or not target.is_contiguous() or str(target.dtype) != info.dtype:
-            return False
-        if target.numel() * target.element_size() != size:
-            return False
-        home = _registered_home(self._client, target, size)
-        if home is None:
-            return False
-        try:
-            t = self._client.get(path, into=home[0], offset=home[1], if_match=etag)
+            t = self._client.get(path, into=into, offset=offset, if_match=etag)
         except NoSuchKey:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
         except PreconditionFailed:
@@ -386,8 +423,122 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
             raise IncompleteCheckpoint(f"{path}: {t.bytes} bytes where the checkpoint recorded {size}")
         if self.verify and not t.verified:
             raise IntegrityError(f"{path}: the bytes could not be verified ({t.unverified_reason})")
+
+    def _read_object(
+        self, ns: str, prefix: str, key: str, size: int, reqs: List[Any], planner: Any, budget: "_Budget"
+    ) -> None:
+        path = f"{ns}/{prefix}/{key}"
+        etag = self.storage_data[reqs[0].storage_index].etag
+        if self._read_in_place(path, etag, size, reqs, planner):
+            return
+        with self._staged(path, etag, size, budget) as r:
+            for req in reqs:
+                self._deliver(path, r, req, planner)
+
+    @contextlib.contextmanager
+    def _staged(self, path: str, etag: str, size: int, budget: "_Budget") -> Iterator[Any]:
+        """Object ``path`` read whole and checked into staging memory from
+        the client's pool (registered once, reused by every object and every
+        later load), held within the budget for the ``with`` block."""
+        buf = max(size, self._buffer_bytes)
+        held = budget.take(buf)
+        try:
+            with self._client.staging(buf) as r:
+                self._get_checked(path, etag, size, r)
+                yield r
+        finally:
+            budget.give(held)
+
+    def _whole_target(self, req: Any, planner: Any) -> Optional[Any]:
+        """The tensor ``req`` loads into when it takes the stored tensor
+        whole, as the same bytes (not a shard of it, not another dtype):
+        its bytes can then be filled object by object. Else None."""
+        info = self.storage_data[req.storage_index]
+        if req.type == _pl.LoadItemType.BYTE_IO or not info.length:
+            return None
+        if any(o != 0 for o in req.storage_offsets) or tuple(req.lengths) != tuple(info.shape):
+            return None
+        target = planner.resolve_tensor(req).detach()
+        if not target.is_contiguous() or str(target.dtype) != info.dtype:
+            return None
+        if target.numel() * target.element_size() != info.length:
+            return None
+        return target
+
+    def _read_in_place(self, path: str, etag: str, size: int, reqs: List[Any], planner: Any) -> bool:
+        """Reads an object straight into its target tensor when that tensor
+        lives in registered memory (register_state_dict) and the object is
+        exactly its bytes: no staging and no copy on this host. False when
+        it does not apply (the staged path then reads it)."""
+        if len(reqs) != 1:
+            return False
+        req = reqs[0]
+        info = self.storage_data[req.storage_index]
+        if info.offset != 0 or info.length != size:
+            return False
+        target = self._whole_target(req, planner)
+        if target is None or target.is_cuda:
+            return False
+        home = _registered_home(self._client, target, size)
+        if home is None:
+            return False
+        self._get_checked(path, etag, size, home[0], home[1])
         planner.commit_tensor(req, target)
         return True
+
+    def _read_pieced(self, pool: Any, ns: str, prefix: str, req: Any, planner: Any, budget: "_Budget") -> List[Any]:
+        """Jobs that load a tensor stored in pieces: one per piece straight
+        into its target (the last to finish commits it), or, for a shard or
+        a conversion, one that gathers the pieces in staging first."""
+        info = self.storage_data[req.storage_index]
+        paths = [(f"{ns}/{prefix}/{k}", n, etag) for k, n, etag in info.pieces]
+        if sum(n for _, n, _ in paths) != info.length:
+            raise IncompleteCheckpoint(f"checkpoint {self.path}: the pieces of {info.key} do not add up to its size")
+        target = self._whole_target(req, planner)
+        if target is None:
+            return [pool.submit(self._gather_pieces, paths, req, planner, budget)]
+        left = [len(paths)]
+        lock = threading.Lock()
+
+        def piece(path: str, off: int, n: int, etag: str) -> None:
+            self._read_piece(path, etag, target, off, n, budget)
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                planner.commit_tensor(req, target)
+
+        offs = [0]
+        for _, n, _ in paths[:-1]:
+            offs.append(offs[-1] + n)
+        return [pool.submit(piece, p, off, n, etag) for (p, n, etag), off in zip(paths, offs)]
+
+    def _read_piece(self, path: str, etag: str, target: Any, off: int, n: int, budget: "_Budget") -> None:
+        """Bytes ``off..off+n`` of ``target`` from object ``path``."""
+        home = _registered_home(self._client, target, target.numel() * target.element_size())
+        if home is not None:
+            self._get_checked(path, etag, n, home[0], home[1] + off)
+            return
+        with self._staged(path, etag, n, budget) as r:
+            dst = target.reshape(-1).view(torch.uint8)[off : off + n]
+            dst.copy_(torch.frombuffer(r.view[:n], dtype=torch.uint8))
+            if target.is_cuda:
+                _wait_for_copy(target)
+
+    def _gather_pieces(self, paths: List[Tuple[str, int, str]], req: Any, planner: Any, budget: "_Budget") -> None:
+        """A shard of (or a conversion from) a tensor stored in pieces: the
+        whole stored tensor gathered in staging, then handed over."""
+        info = self.storage_data[req.storage_index]
+        held = budget.take(info.length)
+        try:
+            with self._client.staging(info.length) as r:
+                off = 0
+                for path, n, etag in paths:
+                    self._get_checked(path, etag, n, r, off)
+                    off += n
+                self._deliver(paths[0][0], r, req, planner)
+        finally:
+            budget.give(held)
 
     def _deliver(self, path: str, r: Any, req: Any, planner: Any) -> None:
         """Hands one item of the object in region ``r`` to the planner: bytes
@@ -406,17 +557,22 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
                 raise IncompleteCheckpoint(f"{path}: stored shape {tuple(part.size())}, expected {tuple(target.size())}")
             target.copy_(part)
             if target.is_cuda:
-                # Before the region goes; asleep, not spinning a core for
-                # the copy's milliseconds.
-                done = torch.cuda.Event(blocking=True)
-                done.record(torch.cuda.current_stream(target.device))
-                done.synchronize()
+                _wait_for_copy(target)
             del stored, part
         planner.commit_tensor(req, target)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return StorageWriter.validate_checkpoint_id(checkpoint_id)
+
+
+def _wait_for_copy(target: Any) -> None:
+    """Waits for the copy into GPU tensor ``target`` to finish, before its
+    staging region goes back; asleep, not spinning a core for the copy's
+    milliseconds."""
+    done = torch.cuda.Event(blocking=True)
+    done.record(torch.cuda.current_stream(target.device))
+    done.synchronize()
 
 
 def narrow_tensor_by_index(t: Any, offsets: Any, lengths: Any) -> Any:
