@@ -92,7 +92,8 @@ def parse_args() -> argparse.Namespace:
                     help="Sluice namespace: data (HTTP data path) or data-rdma (RDMA path, tcp) (default data)")
     ap.add_argument("--chunk-mib", type=int, default=64,
                     help="CheckpointWriter chunk_bytes = the staging buffer (MiB, default 64, the API's default)")
-    ap.add_argument("--prefetch", type=int, default=2, help="open_read prefetch (chunks ahead, default 2: the API's)")
+    ap.add_argument("--prefetch", type=int, default=1,
+                    help="open_read prefetch (chunks ahead; default 1, the API's: two chunk buffers in all)")
     ap.add_argument("--peer-threads", type=int, default=8,
                     help="boto3 max_concurrency and s3torchconnector DCP thread_count (default 8)")
     ap.add_argument("--boto3-part-mib", type=int, default=64, help="boto3 multipart part size (MiB, default 64)")

@@ -17,6 +17,11 @@ flight ahead of the reader, each read whole and pinned to the ETag the
 manifest recorded (a chunk replaced since is refused, not mixed in),
 checked for size, and verified by the agent end to end against the
 CRC64NVME stored with it.
+Which chunks it fetches ahead follows the reader: the next ones in the
+file, or, for a ``torch.save`` archive (whose records ``torch.load`` reads
+in another order than they are stored: :mod:`sluice._archive_order`), the
+chunks of the records it will read next; a chunk is evicted only when the
+reader has left it behind or will not want it soon.
 
 The stored layout (``<path>`` the manifest, ``<path>.chunks/<writer>/<n>``
 the chunks) is Sluice's own; `sluice.dcp` writes torch.distributed
@@ -32,9 +37,9 @@ import os
 import secrets
 import threading
 import time
-from collections import OrderedDict
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
+from ._archive_order import ArchiveOrder
 from .errors import BadRequest, IntegrityError, NoSuchKey, PreconditionFailed, SluiceError
 
 #: The manifest's format name (and version).
@@ -286,7 +291,11 @@ class CheckpointReader(io.RawIOBase):
         self._prefetch = max(0, prefetch)
         width = max([c["size"] for c in self._m["chunks"]] + [1])
         self._free = [client.register(width) for _ in range(self._prefetch + 1)]
-        self._loaded: "OrderedDict[int, Any]" = OrderedDict()  # chunk -> (region, future)
+        self._loaded: Dict[int, Any] = {}  # chunk -> (region, future)
+        #: Where torch.load will read next, when this is a torch.save
+        #: archive (worked out on the first read).
+        self._order: Optional[ArchiveOrder] = None
+        self._order_tried = self._planning = False
         self._pool = cf.ThreadPoolExecutor(max_workers=max(1, self._prefetch + 1), thread_name_prefix="sluice-ckpt-get")
         self._lock = threading.Lock()
 
@@ -314,17 +323,43 @@ class CheckpointReader(io.RawIOBase):
     def readinto(self, b: Any) -> int:
         if self.closed:
             raise ValueError("read from a closed checkpoint reader")
+        if not self._order_tried:
+            self._order_tried = True
+            # Looked up with no chunk fetched ahead: the archive's directory
+            # is at its end, far from where the reader starts.
+            self._planning = True
+            try:
+                self._order = ArchiveOrder.of(self._read_at, self._size)
+            finally:
+                self._planning = False
         dst = memoryview(b).cast("B")
         want = max(0, min(dst.nbytes, self._size - self._pos))
+        done = self._copy_out(self._pos, dst[:want])
+        self._pos += done
+        return done
+
+    def _read_at(self, pos: int, n: int) -> bytes:
+        """``n`` bytes from ``pos`` (through the chunks), not moving the reader."""
+        out = bytearray(max(0, min(n, self._size - pos)))
+        self._copy_out(pos, memoryview(out))
+        return bytes(out)
+
+    def _copy_out(self, pos: int, dst: memoryview) -> int:
         done = 0
-        while done < want:
-            i = self._chunk_of(self._pos)
-            region = self._chunk(i)
-            off = self._pos - self._starts[i]
-            n = min(want - done, self._m["chunks"][i]["size"] - off)
+        order = self._order
+        while done < dst.nbytes:
+            if order is not None and order.tail_start >= 0 and pos + done >= order.tail_start:
+                at = pos + done - order.tail_start
+                n = min(dst.nbytes - done, len(order.tail) - at)
+                dst[done : done + n] = order.tail[at : at + n]
+                done += n
+                continue
+            i = self._chunk_of(pos + done)
+            region = self._chunk(i, pos + done)
+            off = pos + done - self._starts[i]
+            n = min(dst.nbytes - done, self._m["chunks"][i]["size"] - off)
             dst[done : done + n] = region.view[off : off + n]
             done += n
-            self._pos += n
         return done
 
     def _chunk_of(self, pos: int) -> int:
@@ -337,34 +372,59 @@ class CheckpointReader(io.RawIOBase):
                 hi = mid - 1
         return lo
 
-    def _chunk(self, i: int) -> Any:
+    def _chunk(self, i: int, pos: int) -> Any:
         """The region holding chunk ``i`` (read now if it is not), with the
-        next chunks started."""
-        self._start(i)
-        # Newest first out of the way of eviction: the prefetches below
-        # evict least recently used chunks, never this one.
-        self._loaded.move_to_end(i)
-        for j in range(i + 1, min(i + 1 + self._prefetch, len(self._starts))):
-            self._start(j)
+        chunks the reader will want next (from byte ``pos`` on) started."""
+        ahead = self._ahead(i, pos)
+        keep = {i, *ahead}
+        for j in [i, *ahead]:
+            if not self._start(j, keep):
+                break  # no region to spare: the chunk itself has one
         region, fut = self._loaded[i]
         fut.result()
         return region
 
-    def _start(self, i: int) -> None:
+    def _ahead(self, i: int, pos: int) -> List[int]:
+        """Up to ``prefetch`` chunks the reader will want after chunk ``i``,
+        soonest first: the next ones in the file, or, for a torch.save
+        archive, those of the records torch.load reads next."""
+        if self._planning:
+            return []
+        if self._order is None:
+            return list(range(i + 1, min(i + 1 + self._prefetch, len(self._starts))))
+        out: List[int] = []
+        for start, end in self._order.after(pos):
+            for j in range(self._chunk_of(start), self._chunk_of(max(start, end - 1)) + 1):
+                if j != i and j not in out:
+                    out.append(j)
+                    if len(out) >= self._prefetch:
+                        return out
+        return out
+
+    def _start(self, i: int, keep: Set[int]) -> bool:
+        """Starts reading chunk ``i`` unless it is loaded; False if no region
+        can be taken for it without evicting a chunk in ``keep`` (the one
+        being read and those wanted next)."""
         if i in self._loaded:
-            return
+            return True
         if not self._free:
-            # Reuse the least recently used chunk's region (its read is done
-            # or waited for first).
-            old = next(iter(self._loaded))
+            spare = [j for j in self._loaded if j not in keep]
+            if not spare:
+                return False
+            # Read sequentially, a chunk the reader has left behind goes
+            # first (the farthest), else the one farthest ahead; in an
+            # archive, every chunk not wanted soon is as good as another.
+            behind = [j for j in spare if j < i]
+            old = min(behind) if behind else max(spare)
             region, fut = self._loaded.pop(old)
             try:
-                fut.result()
+                fut.result()  # its read is done before the region is reused
             except SluiceError:
                 pass
             self._free.append(region)
         region = self._free.pop()
         self._loaded[i] = (region, self._pool.submit(self._get, i, region))
+        return True
 
     def _get(self, i: int, region: Any) -> None:
         c = self._m["chunks"][i]
