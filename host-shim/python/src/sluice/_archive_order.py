@@ -32,12 +32,12 @@ MAX_TAIL_BYTES = 4 << 20
 _STORAGE = re.compile(r"(?:^|/)data/(\d+)$")
 
 
-class _At(io.RawIOBase):
-    """A read-only file over ``read_at(pos, n)``, for :mod:`zipfile`."""
+class SeekableReader(io.RawIOBase):
+    """A read-only, seekable raw file of ``_size`` bytes, at ``_pos``:
+    subclasses provide ``readinto``."""
 
-    def __init__(self, read_at: Callable[[int, int], bytes], size: int) -> None:
-        super().__init__()
-        self._read_at, self._size, self._pos = read_at, size, 0
+    _size = 0
+    _pos = 0
 
     def readable(self) -> bool:
         return True
@@ -50,8 +50,19 @@ class _At(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        pos = base + offset
+        if pos < 0:
+            raise ValueError(f"seek to {pos}, before the start")
+        self._pos = pos
+        return pos
+
+
+class _At(SeekableReader):
+    """A file over ``read_at(pos, n)``, for :mod:`zipfile`."""
+
+    def __init__(self, read_at: Callable[[int, int], bytes], size: int) -> None:
+        super().__init__()
+        self._read_at, self._size, self._pos = read_at, size, 0
 
     def readinto(self, b: "bytearray") -> int:  # type: ignore[override]
         data = self._read_at(self._pos, min(len(b), max(0, self._size - self._pos)))

@@ -33,13 +33,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import io
 import json
-import os
 import secrets
 import threading
 import time
 from typing import Any, Dict, List, Optional, Set
 
-from ._archive_order import ArchiveOrder
+from ._archive_order import ArchiveOrder, SeekableReader
 from .errors import BadRequest, IntegrityError, NoSuchKey, PreconditionFailed, SluiceError
 
 #: The manifest's format name (and version).
@@ -265,7 +264,7 @@ def collect_garbage(
     return len(stale)
 
 
-class CheckpointReader(io.RawIOBase):
+class CheckpointReader(SeekableReader):
     """A read-only, seekable stream of the checkpoint at ``path``.
 
     Args:
@@ -302,23 +301,6 @@ class CheckpointReader(io.RawIOBase):
     @property
     def size(self) -> int:
         return self._size
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        pos = base + offset
-        if pos < 0:
-            raise ValueError(f"seek to {pos}, before the start")
-        self._pos = pos
-        return pos
 
     def readinto(self, b: Any) -> int:
         if self.closed:
