@@ -396,7 +396,7 @@ def test_dcp_saves_gpu_tensors_in_lane_sized_pieces_within_its_budget(gclient, m
     """A GPU tensor bigger than a lane is stored as lane-sized pieces, each
     straight through a lane (no other host staging); the writer's budget
     bounds the lanes it brings into being, whatever its thread count."""
-    dcp = pytest.importorskip("sluice.dcp")
+    from sluice import dcp
     if not dcp.HAVE_DCP:
         pytest.fail("torch.distributed.checkpoint is missing from the test venv")
     import concurrent.futures as cf
