@@ -173,17 +173,23 @@ def test_get_many_fills_a_gpu_batch_and_fails_only_bad_items(gclient, model, pre
     assert model.unpinned_copies == 0
 
 
+def _gpu_batch(gclient, model, stem, objs, slot):
+    """Stores ``objs`` as ``<stem><i>`` and makes one GPU region with a
+    ``slot``-byte place for each: (its address, the region, the specs)."""
+    for i, o in enumerate(objs):
+        gclient.put(f"{stem}{i}", o)
+    ptr = model.alloc(slot * len(objs))
+    g = gclient.register_gpu(ptr, nbytes=slot * len(objs))
+    return ptr, g, [sluice.GetSpec(f"{stem}{i}", g, i * slot) for i in range(len(objs))]
+
+
 def test_get_many_reads_items_bigger_than_a_lane_side_by_side(gclient, model, prefix):
     # Halves of 1 MiB: each of these items is read on its own, through a
     # lane of its own, up to the staging's 4 lanes at once.
     sizes = [3 << 20, (2 << 20) + 5, 5 << 20, (1 << 20) + 1, 4 << 20, 3 << 20]
     objs = [payload(n, f"gpu-big-many-{i}") for i, n in enumerate(sizes)]
-    for i, o in enumerate(objs):
-        gclient.put(f"{prefix}/bm{i}", o)
     slot = 6 << 20
-    ptr = model.alloc(slot * len(sizes))
-    g = gclient.register_gpu(ptr, nbytes=slot * len(sizes))
-    specs = [sluice.GetSpec(f"{prefix}/bm{i}", g, i * slot) for i in range(len(sizes))]
+    ptr, g, specs = _gpu_batch(gclient, model, f"{prefix}/bm", objs, slot)
     specs.insert(2, sluice.GetSpec(f"{prefix}/bm-missing", g, 0, range=(0, 3 << 20)))
     res = gclient.get_many(specs)
     assert isinstance(res[2].error, sluice.NoSuchKey), res[2]
@@ -201,12 +207,8 @@ def test_big_gpu_batch_items_fail_typed_when_the_copy_engine_fails(gclient, mode
     from sluice.cuda import CudaError
 
     objs = [payload((2 << 20) + 11 * i, f"gpu-ce-{i}") for i in range(6)]
-    for i, o in enumerate(objs):
-        gclient.put(f"{prefix}/ce{i}", o)
     slot = 3 << 20
-    ptr = model.alloc(slot * len(objs))
-    g = gclient.register_gpu(ptr, nbytes=slot * len(objs))
-    specs = [sluice.GetSpec(f"{prefix}/ce{i}", g, i * slot) for i in range(len(objs))]
+    ptr, g, specs = _gpu_batch(gclient, model, f"{prefix}/ce", objs, slot)
     real_htod, real_sync = model.htod, model.synchronize
     failed = []
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import itertools
 import re
 import zipfile
 from typing import Callable, Iterator, List, Optional, Tuple
@@ -124,4 +125,4 @@ class ArchiveOrder:
         if pos >= end:
             return
         yield pos, end
-        yield from self.spans[rank + 1 :]
+        yield from itertools.islice(self.spans, rank + 1, None)

@@ -34,7 +34,6 @@ import concurrent.futures as cf
 import io
 import json
 import secrets
-import threading
 import time
 from typing import Any, Dict, List, Optional, Set
 
@@ -296,7 +295,6 @@ class CheckpointReader(SeekableReader):
         self._order: Optional[ArchiveOrder] = None
         self._order_tried = self._planning = False
         self._pool = cf.ThreadPoolExecutor(max_workers=max(1, self._prefetch + 1), thread_name_prefix="sluice-ckpt-get")
-        self._lock = threading.Lock()
 
     @property
     def size(self) -> int:

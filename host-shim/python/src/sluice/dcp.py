@@ -196,41 +196,38 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
             else:
                 cpu = t.cpu()
                 packed.append((item, _tensor_bytes(cpu), str(t.dtype), tuple(t.shape)))
-        # One job per object: a tensor up to a piece is one, a bigger one
-        # is cut into pieces that are stored side by side like any other
-        # object (each staged, and checked on load, on its own).
-        jobs: List[Tuple[int, Any, int, int, str]] = []
+        # One object per tensor up to a piece; a bigger tensor is cut into
+        # pieces stored side by side like any other object (each staged,
+        # and checked on load, on its own). Per tensor: (key, offset, length).
+        plans: List[List[Tuple[str, int, int]]] = []
         for n, (item, t) in enumerate(own):
             key = f"{rank_prefix}{n}.distcp"
             nbytes = t.numel() * t.element_size()
             piece = self._piece_of(t)
             if nbytes <= piece:
-                jobs.append((n, t, 0, nbytes, key))
+                plans.append([(key, 0, nbytes)])
             else:
-                jobs.extend((n, t, off, min(piece, nbytes - off), f"{key}.{i}")
-                            for i, off in enumerate(range(0, nbytes, piece)))
-        etags: Dict[Tuple[int, str], str] = {}
+                plans.append([(f"{key}.{i}", off, min(piece, nbytes - off))
+                              for i, off in enumerate(range(0, nbytes, piece))])
         results: List[Any] = []
         budget = _Budget(self.memory_bytes)
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-put") as pool:
-            futs = {pool.submit(self._put_span, ns, prefix, key, t, off, length, budget): (n, key)
-                    for n, t, off, length, key in jobs}
+            futs = [[pool.submit(self._put_span, ns, prefix, k, t, off, length, budget) for k, off, length in plan]
+                    for (_, t), plan in zip(own, plans)]
             packed_fut = None
             if packed:
                 key = f"{rank_prefix}{len(own)}.distcp"
                 packed_fut = pool.submit(self._put_packed, ns, prefix, key, packed, budget)
-            for f, where in futs.items():
-                etags[where] = f.result()
+            etags = [[f.result() for f in row] for row in futs]
             if packed_fut is not None:
                 results.extend(packed_fut.result())
-        for n, (item, t) in enumerate(own):
+        for n, ((item, t), plan, tags) in enumerate(zip(own, plans, etags)):
             key = f"{rank_prefix}{n}.distcp"
-            nbytes = t.numel() * t.element_size()
-            dtype, shape = str(t.dtype), tuple(t.shape)
-            if (n, key) in etags:
-                info = SluiceItem(key, 0, nbytes, etags[(n, key)], dtype, shape)
+            nbytes, dtype, shape = t.numel() * t.element_size(), str(t.dtype), tuple(t.shape)
+            if len(plan) == 1 and plan[0][0] == key:
+                info = SluiceItem(key, 0, nbytes, tags[0], dtype, shape)
             else:
-                pieces = tuple((k, length, etags[(n, k)]) for m, _, _, length, k in jobs if m == n)
+                pieces = tuple((k, length, etag) for (k, _, length), etag in zip(plan, tags))
                 info = SluiceItem(key, 0, nbytes, "", dtype, shape, pieces)
             results.append(_st.WriteResult(index=item.index, size_in_bytes=nbytes, storage_data=info))
         fut = torch.futures.Future()  # what DCP waits on
