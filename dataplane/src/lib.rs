@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod capability;
+pub mod crc64;
 pub mod dc;
 pub mod file;
 pub mod memory;

@@ -253,7 +253,7 @@ impl<S: S3> Front<S> {
         let token = &ask.token;
         struct St {
             inner: Pin<Box<dyn futures::Stream<Item = Result<bytes::Bytes, TransportError>> + Send + Sync>>,
-            digest: crc64fast_nvme::Digest,
+            digest: sluice_dataplane::crc64::Digest,
             expected: Option<String>,
             done: bool,
             flags: Arc<PutFlags>,
@@ -266,7 +266,7 @@ impl<S: S3> Front<S> {
                 Some(v) => Box::pin(v.read_stream(token, token.size)),
                 None => Box::pin(self.tcp().read_stream(token, token.size)),
             },
-            digest: crc64fast_nvme::Digest::new(),
+            digest: sluice_dataplane::crc64::digest(),
             expected: expected_crc,
             done: false,
             flags,
@@ -289,7 +289,7 @@ impl<S: S3> Front<S> {
             };
             match next {
                 Some(Ok(b)) => {
-                    st.digest.write(&b);
+                    st.digest.update(&b);
                     Some((Ok(b), st))
                 }
                 Some(Err(e)) => {
@@ -299,7 +299,7 @@ impl<S: S3> Front<S> {
                 }
                 None => {
                     st.done = true;
-                    let got = base64::engine::general_purpose::STANDARD.encode(st.digest.sum64().to_be_bytes());
+                    let got = base64::engine::general_purpose::STANDARD.encode(st.digest.finalize().to_be_bytes());
                     match &st.expected {
                         Some(want) if *want != got => {
                             st.flags.bad_digest.store(true, Ordering::Relaxed);

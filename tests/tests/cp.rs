@@ -61,9 +61,9 @@ fn write(root: &Path, rel: &str, data: &[u8]) {
 }
 
 fn crc64nvme(data: &[u8]) -> String {
-    let mut d = crc64fast_nvme::Digest::new();
-    d.write(data);
-    format!("{:016x}", d.sum64())
+    let mut d = sluice_dataplane::crc64::digest();
+    d.update(data);
+    format!("{:016x}", d.finalize())
 }
 
 /// Object bytes and PUT/GET requests the agent has served so far.

@@ -187,9 +187,9 @@ async fn rdma_put_reads_the_window_and_verifies_crc64nvme() {
     // The right CRC-64/NVME: stored.
     let crc = {
         use base64::Engine;
-        let mut d = crc64fast_nvme::Digest::new();
-        d.write(&data);
-        base64::engine::general_purpose::STANDARD.encode(d.sum64().to_be_bytes())
+        let mut d = sluice_dataplane::crc64::digest();
+        d.update(&data);
+        base64::engine::general_purpose::STANDARD.encode(d.finalize().to_be_bytes())
     };
     let mut signed = tcp(&exp.token);
     signed.push(("x-amz-checksum-crc64nvme", crc.clone()));

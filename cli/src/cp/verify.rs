@@ -123,7 +123,7 @@ pub fn etag_of(data: &[u8], check: EtagCheck) -> Etag {
 /// Checksums of bytes that arrive in order (a file read in chunks, an
 /// object in windows): always the CRC64NVME, and an ETag's MD5 if asked.
 pub struct Hasher {
-    crc: crc64fast_nvme::Digest,
+    crc: crc_fast::Digest,
     whole: Option<Md5>,
     parts: Option<Parts>,
 }
@@ -152,11 +152,11 @@ impl Hasher {
                 (None, Some(Parts { size: size.max(1), filled: 0, current: Md5::new(), done: Vec::new() }))
             }
         };
-        Self { crc: crc64fast_nvme::Digest::new(), whole, parts }
+        Self { crc: crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc64Nvme), whole, parts }
     }
 
     pub fn update(&mut self, mut data: &[u8]) {
-        self.crc.write(data);
+        self.crc.update(data);
         if let Some(m) = &mut self.whole {
             m.update(data);
         }
@@ -186,7 +186,7 @@ impl Hasher {
             }
             (None, None) => None,
         };
-        Sums { crc: self.crc.sum64(), etag }
+        Sums { crc: self.crc.finalize(), etag }
     }
 }
 

@@ -153,7 +153,7 @@ pub(super) fn agent_crc(h: &http::HeaderMap) -> Option<u64> {
 pub(super) fn combine(a: Option<u64>, b: u64, len: u64) -> u64 {
     match a {
         None => b,
-        Some(a) => crc_fast::checksum_combine(crc_fast::CrcAlgorithm::Crc64Nvme, a, b, len),
+        Some(a) => sluice_dataplane::crc64::combine(a, b, len),
     }
 }
 
@@ -205,9 +205,9 @@ fn md5_array(h: md5::Md5) -> [u8; 16] {
 impl Digests {
     /// Of bytes in memory (call off the async threads for large ones).
     pub fn of(data: &[u8], md5: bool) -> Self {
-        let mut crc = crc64fast_nvme::Digest::new();
-        crc.write(data);
-        Self { crc: crc.sum64(), md5: md5.then(|| md5_array(md5::Md5::new_with_prefix(data))) }
+        let mut crc = sluice_dataplane::crc64::digest();
+        crc.update(data);
+        Self { crc: crc.finalize(), md5: md5.then(|| md5_array(md5::Md5::new_with_prefix(data))) }
     }
 
     /// Of a region window, in one pass off the async threads (a pass over
@@ -215,20 +215,20 @@ impl Digests {
     pub async fn of_region(region: &Arc<dyn HostRegion>, offset: u64, len: u64, md5: bool) -> Result<Self, S3Error> {
         let region = region.clone();
         tokio::task::spawn_blocking(move || {
-            let mut crc = crc64fast_nvme::Digest::new();
+            let mut crc = sluice_dataplane::crc64::digest();
             let mut sum = md5.then(md5::Md5::new);
             let mut buf = vec![0u8; (1 << 20).min(len.max(1) as usize)];
             let mut pos = 0;
             while pos < len {
                 let n = (len - pos).min(buf.len() as u64) as usize;
                 region.read_at(offset + pos, &mut buf[..n]).map_err(|e| S3Error::Destination(e.to_string()))?;
-                crc.write(&buf[..n]);
+                crc.update(&buf[..n]);
                 if let Some(s) = &mut sum {
                     s.update(&buf[..n]);
                 }
                 pos += n as u64;
             }
-            Ok(Self { crc: crc.sum64(), md5: sum.map(md5_array) })
+            Ok(Self { crc: crc.finalize(), md5: sum.map(md5_array) })
         })
         .await
         .map_err(|e| S3Error::Destination(format!("checksum task failed: {e}")))?

@@ -28,9 +28,9 @@ fn rgw() -> MockStore {
 }
 
 fn crc_b64(data: &[u8]) -> String {
-    let mut d = crc64fast_nvme::Digest::new();
-    d.write(data);
-    base64::engine::general_purpose::STANDARD.encode(d.sum64().to_be_bytes())
+    let mut d = sluice_dataplane::crc64::digest();
+    d.update(data);
+    base64::engine::general_purpose::STANDARD.encode(d.finalize().to_be_bytes())
 }
 
 fn md5_b64(data: &[u8]) -> String {

@@ -100,9 +100,9 @@ pub struct MockStore {
 }
 
 fn crc64(data: &[u8]) -> u64 {
-    let mut d = crc64fast_nvme::Digest::new();
-    d.write(data);
-    d.sum64()
+    let mut d = sluice_dataplane::crc64::digest();
+    d.update(data);
+    d.finalize()
 }
 
 fn b64(v: u64) -> String {

@@ -74,18 +74,9 @@ pub(super) async fn crc64nvme_header(region: &Arc<dyn HostRegion>, offset: u64, 
     Ok(base64::engine::general_purpose::STANDARD.encode(sum.to_be_bytes()))
 }
 
-/// CRC-64/NVME of a memory window.
+/// CRC-64/NVME of a memory window (in place where the memory is mapped).
 pub(super) fn crc64nvme_u64(mem: &dyn HostRegion, offset: u64, len: u64) -> Result<u64, S3Error> {
-    let mut digest = crc64fast_nvme::Digest::new();
-    let mut buf = vec![0u8; (1 << 20).min(len.max(1) as usize)];
-    let mut pos = 0;
-    while pos < len {
-        let n = (len - pos).min(buf.len() as u64) as usize;
-        mem.read_at(offset + pos, &mut buf[..n]).map_err(|e| S3Error::Destination(e.to_string()))?;
-        digest.write(&buf[..n]);
-        pos += n as u64;
-    }
-    Ok(digest.sum64())
+    mem.crc64nvme(offset, len).map_err(|e| S3Error::Destination(e.to_string()))
 }
 
 impl TokenPath {

@@ -160,11 +160,7 @@ impl DirStore {
                 ));
             }
             md5s.extend(hex::decode(&info.etag).map_err(|_| s3_error!(InvalidPart, "part {n} is damaged"))?);
-            crc = if i == 0 {
-                info.crc64
-            } else {
-                crc_fast::checksum_combine(crc_fast::CrcAlgorithm::Crc64Nvme, crc, info.crc64, info.size)
-            };
+            crc = if i == 0 { info.crc64 } else { sluice_dataplane::crc64::combine(crc, info.crc64, info.size) };
         }
         let crc_b64 = b64(&crc.to_be_bytes());
         if let Some(want) = full_crc {
@@ -225,17 +221,15 @@ fn crc_from_b64(s: &str) -> Option<u64> {
 mod tests {
     #[test]
     fn combined_crcs_equal_the_crc_of_the_whole() {
+        use sluice_dataplane::crc64;
         let a = vec![7u8; 1000];
         let b: Vec<u8> = (0..3000u32).map(|i| (i * 31) as u8).collect();
-        let alg = crc_fast::CrcAlgorithm::Crc64Nvme;
-        let whole = crc_fast::checksum(alg, &[a.clone(), b.clone()].concat());
-        let combined =
-            crc_fast::checksum_combine(alg, crc_fast::checksum(alg, &a), crc_fast::checksum(alg, &b), b.len() as u64);
-        assert_eq!(whole, combined);
-        // And the same CRC as the one the RDMA path checks with.
-        let mut d = crc64fast_nvme::Digest::new();
-        d.write(&a);
-        d.write(&b);
-        assert_eq!(d.sum64(), whole);
+        let whole = crc64::checksum(&[a.clone(), b.clone()].concat());
+        assert_eq!(crc64::combine(crc64::checksum(&a), crc64::checksum(&b), b.len() as u64), whole);
+        // Streamed in pieces, as the RDMA path checks, it is the same CRC.
+        let mut d = crc64::digest();
+        d.update(&a);
+        d.update(&b);
+        assert_eq!(d.finalize(), whole);
     }
 }
