@@ -16,6 +16,6 @@ pub mod transport;
 pub mod verbs;
 
 pub use capability::{Access, Capability, CapabilityTable, Grant, Rejection};
-pub use memory::{MemError, NicWindow, RegionMemory, SharedRegion};
+pub use memory::{CopiedRegion, MemError, NicWindow, RegionMemory, SharedRegion};
 pub use token::{Token, TokenError};
 pub use transport::{Capabilities, Exposure, Transport, TransportError, TransportKind, MAX_OP_BYTES};

@@ -75,12 +75,26 @@ pub trait RegionMemory: Send + Sync + std::fmt::Debug {
         }
     }
 
-    /// CRC-64/NVME of `[offset, offset+len)`. Implementations backed by a
+    /// Whether this memory is mapped here: [`read_from_fd`](Self::read_from_fd)
+    /// reads straight into it and checksums read it in place. `false`
+    /// (memory reached by DMA): those go through bounce buffers, and a
+    /// caller holding the bytes already had better copy them in itself.
+    fn is_mapped(&self) -> bool {
+        false
+    }
+
+    /// CRC-64/NVME of `[offset, offset+len)`.
+    fn crc64nvme(&self, offset: u64, len: u64) -> Result<u64, MemError> {
+        let mut digest = crate::crc64::digest();
+        self.crc64nvme_update(&mut digest, offset, len)?;
+        Ok(digest.finalize())
+    }
+
+    /// Feeds `[offset, offset+len)` to `digest`. Implementations backed by a
     /// mapping checksum the memory where it lies; this default copies it
     /// through a bounce buffer (memory reached by DMA, tests).
-    fn crc64nvme(&self, offset: u64, len: u64) -> Result<u64, MemError> {
+    fn crc64nvme_update(&self, digest: &mut crate::crc64::Digest, offset: u64, len: u64) -> Result<(), MemError> {
         self.check(offset, len)?;
-        let mut digest = crate::crc64::digest();
         let mut buf = vec![0u8; (1 << 20).min(len.max(1) as usize)];
         let mut pos = 0;
         while pos < len {
@@ -89,7 +103,7 @@ pub trait RegionMemory: Send + Sync + std::fmt::Debug {
             digest.update(&buf[..n]);
             pos += n as u64;
         }
-        Ok(digest.finalize())
+        Ok(())
     }
 
     /// One read from `fd` into the region at `offset`, at most `len` bytes.
@@ -180,19 +194,49 @@ impl RegionMemory for SharedRegion {
     fn write_to_fd(&self, offset: u64, len: usize, fd: BorrowedFd<'_>) -> io::Result<usize> {
         self.0.write_to_fd(offset, len, fd)
     }
+    fn is_mapped(&self) -> bool {
+        true
+    }
     /// Checksums the mapping in place: no copy of the bytes first (that
     /// copy was half the CPU of checking a GET that landed by the one-sided
     /// transport). A peer writing the window meanwhile makes the sum cover
     /// a mix of old and new bytes, so the check fails, as it must for bytes
     /// that changed under a transfer.
-    fn crc64nvme(&self, offset: u64, len: u64) -> Result<u64, MemError> {
+    fn crc64nvme_update(&self, digest: &mut crate::crc64::Digest, offset: u64, len: u64) -> Result<(), MemError> {
         let start = self.0.check(offset, len)?;
-        let mut digest = crate::crc64::digest();
         digest.update(&self.0.as_slice()[start..start + len as usize]);
-        Ok(digest.finalize())
+        Ok(())
     }
     fn pinned(&self) -> Option<std::sync::Arc<dyn sluice_rdma::PinnedMemory>> {
         Some(self.0.clone())
+    }
+}
+
+/// Memory in a `Vec`, reached only by copies (`read_at`/`write_at`), as a
+/// DPU reaches host memory by DMA: every default of [`RegionMemory`]
+/// applies. For tests of what handles such memory.
+#[derive(Debug)]
+pub struct CopiedRegion(std::sync::Mutex<Vec<u8>>);
+
+impl CopiedRegion {
+    pub fn new(bytes: Vec<u8>) -> Self {
+        Self(std::sync::Mutex::new(bytes))
+    }
+}
+
+impl RegionMemory for CopiedRegion {
+    fn len(&self) -> u64 {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len() as u64
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
+        self.check(offset, data.len() as u64)?;
+        self.0.lock().unwrap_or_else(|p| p.into_inner())[offset as usize..][..data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
+        self.check(offset, out.len() as u64)?;
+        out.copy_from_slice(&self.0.lock().unwrap_or_else(|p| p.into_inner())[offset as usize..][..out.len()]);
+        Ok(())
     }
 }
 
@@ -200,34 +244,13 @@ impl RegionMemory for SharedRegion {
 mod tests {
     use super::*;
 
-    /// Memory reached only through `read_at`/`write_at`: the trait's
-    /// default (bounce-buffer) checksum.
-    #[derive(Debug)]
-    struct Copied(std::sync::Mutex<Vec<u8>>);
-
-    impl RegionMemory for Copied {
-        fn len(&self) -> u64 {
-            self.0.lock().unwrap().len() as u64
-        }
-        fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
-            self.check(offset, data.len() as u64)?;
-            self.0.lock().unwrap()[offset as usize..][..data.len()].copy_from_slice(data);
-            Ok(())
-        }
-        fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
-            self.check(offset, out.len() as u64)?;
-            out.copy_from_slice(&self.0.lock().unwrap()[offset as usize..][..out.len()]);
-            Ok(())
-        }
-    }
-
     #[test]
     fn a_mapped_region_checksums_in_place_as_the_copying_default_does() {
         let len = (3 << 20) + 4099;
         let data: Vec<u8> = (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let mapped = SharedRegion::new(sluice_shm::MappedRegion::create("crc-test", len as u64).unwrap());
         mapped.write_at(0, &data).unwrap();
-        let copied = Copied(std::sync::Mutex::new(data.clone()));
+        let copied = CopiedRegion::new(data.clone());
         for (off, n) in [(0, len), (1, 0), (7, 4096), (4095, (2 << 20) + 3), (len - 1, 1)] {
             let want = crate::crc64::checksum(&data[off..off + n]);
             assert_eq!(mapped.crc64nvme(off as u64, n as u64).unwrap(), want, "mapped {off}+{n}");

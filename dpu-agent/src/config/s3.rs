@@ -87,6 +87,11 @@ pub struct S3Tuning {
     pub connect_timeout_ms: u64,
     /// Longest silence on a connection before the request fails.
     pub read_timeout_ms: u64,
+    /// Data GETs to `http://` endpoints on the agent's own HTTP/1.1
+    /// connections, bodies read from the socket straight into the region
+    /// (one copy fewer than through the general client). `false`: every
+    /// request through the general client.
+    pub direct_gets: bool,
 }
 
 impl Default for S3Tuning {
@@ -100,6 +105,7 @@ impl Default for S3Tuning {
             retry_base_ms: 50,
             connect_timeout_ms: 3000,
             read_timeout_ms: 30_000,
+            direct_gets: true,
         }
     }
 }

@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
 
 use super::error::S3Error;
 use super::model::ListPage;
@@ -28,8 +27,7 @@ use crate::hostmem::HostRegion;
 /// What a request's future resolves to.
 pub type S3Future<'a, T> = BoxFuture<'a, Result<T, S3Error>>;
 
-/// A reply body, streamed.
-pub type Body = BoxStream<'static, Result<Bytes, S3Error>>;
+pub use super::body::Body;
 
 /// Where one request goes: an endpoint of the namespace and a stored key
 /// (the namespace prefix already applied).

@@ -115,7 +115,7 @@ impl Failing {
 /// `body`, broken after `after` bytes.
 fn broken(body: Body, after: u64) -> Body {
     let mut left = after;
-    body.scan(false, move |ended, chunk| {
+    let chunks = body.into_stream().scan(false, move |ended, chunk| {
         if *ended {
             return futures::future::ready(None);
         }
@@ -136,13 +136,13 @@ fn broken(body: Body, after: u64) -> Body {
             Err(e) => Err(e),
         };
         futures::future::ready(Some(item))
-    })
-    .boxed()
+    });
+    Body::from_stream(chunks)
 }
 
 /// `body` with byte `at` inverted.
 fn flipped(body: Body, at: u64) -> Body {
-    body.scan(0u64, move |pos, chunk| {
+    let chunks = body.into_stream().scan(0u64, move |pos, chunk| {
         let item = chunk.map(|c| {
             let start = *pos;
             *pos += c.len() as u64;
@@ -155,8 +155,8 @@ fn flipped(body: Body, at: u64) -> Body {
             }
         });
         futures::future::ready(Some(item))
-    })
-    .boxed()
+    });
+    Body::from_stream(chunks)
 }
 
 /// A PUT body with byte `at` inverted (sent from memory).

@@ -356,22 +356,5 @@ pub(super) fn check_if_match(want: Option<&str>, etag: &str) -> Result<(), S3Err
 /// returns their CRC64NVME. Extra bytes beyond `expected` (a store that
 /// ignored Range) are not read.
 async fn stream_body(mut body: Body, region: &Arc<dyn HostRegion>, dst: u64, expected: u64) -> Result<u64, S3Error> {
-    let mut digest = sluice_dataplane::crc64::digest();
-    let mut got = 0u64;
-    while got < expected {
-        let chunk = match body.next().await {
-            Some(c) => c?,
-            None => {
-                return Err(S3Error::TransferFailed {
-                    message: format!("body ended after {got} of {expected} bytes"),
-                    attempts: 1,
-                })
-            }
-        };
-        let take = (chunk.len() as u64).min(expected - got) as usize;
-        region.write_at(dst + got, &chunk[..take]).map_err(|e| S3Error::Destination(e.to_string()))?;
-        digest.update(&chunk[..take]);
-        got += take as u64;
-    }
-    Ok(digest.finalize())
+    super::body::land(&mut body, region, dst, expected).await
 }

@@ -21,8 +21,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use bytes::Bytes;
+use futures::future::BoxFuture;
 
+use super::body::{BodySource, Landing};
 use super::client::{Body, ListQuery, PartOf, PutBody, RangedGet, Reply, S3Client, S3Future, Target};
 use super::endpoints::{classify, deadline_error, Endpoint, EndpointSet, FailureKind};
 use super::error::S3Error;
@@ -110,7 +112,7 @@ impl S3Client for Guarded {
                 return Ok(reply);
             }
             let resume = Resume::of(self, &at, &req, &reply);
-            let body = std::mem::replace(&mut reply.body, futures::stream::empty().boxed());
+            let body = std::mem::replace(&mut reply.body, Body::empty());
             let set = self.set.clone();
             reply.body = watch(BodyWatch { body, idle: self.first_byte, set, endpoint: ep, resume, done: false });
             Ok(reply)
@@ -320,60 +322,114 @@ fn content_range(v: &str) -> Option<(u64, u64, u64)> {
 
 /// The body of `w`, stall-limited, continued elsewhere when it breaks.
 fn watch(w: BodyWatch) -> Body {
-    futures::stream::unfold(w, |mut w| async move {
-        if w.done {
-            return None;
+    Body::from_source(w)
+}
+
+impl BodyWatch {
+    /// The body ended: fine when it owed nothing more, a break otherwise (a
+    /// gateway killed mid-body can look like this).
+    fn ended(&self) -> Option<S3Error> {
+        match &self.resume {
+            Some(r) if r.next <= r.last => Some(S3Error::TransferFailed {
+                message: format!("the body from {} ended at byte {} of {}", self.endpoint.url(), r.next, r.last),
+                attempts: 1,
+            }),
+            _ => None,
         }
-        loop {
-            let item = match w.idle {
-                Some(d) => tokio::time::timeout(d, w.body.next()).await.unwrap_or_else(|_| {
-                    Some(Err(deadline_error(
-                        w.endpoint.url(),
-                        "between two chunks of a body; [failover] first_byte_timeout_ms",
-                        d,
-                    )))
-                }),
-                None => w.body.next().await,
-            };
-            let err = match item {
-                Some(Ok(chunk)) => {
-                    if let Some(r) = &mut w.resume {
-                        r.next += chunk.len() as u64;
+    }
+
+    fn stalled(&self, d: Duration) -> S3Error {
+        deadline_error(self.endpoint.url(), "between two chunks of a body; [failover] first_byte_timeout_ms", d)
+    }
+
+    /// After `err` broke the body: the endpoint is marked, and the body
+    /// continues from another one when it can; otherwise the error stands.
+    async fn recover(&mut self, err: S3Error) -> Result<(), S3Error> {
+        if let Some(kind) = classify(&err) {
+            self.set.failed(&self.endpoint, kind, &err.to_string());
+        }
+        let resumable = err.is_retryable() && self.resume.as_ref().is_some_and(|r| r.left > 0);
+        let next = match self.resume.as_mut() {
+            Some(r) if resumable => r.continue_after(self.endpoint.clone()).await,
+            _ => Err(err),
+        };
+        match next {
+            Ok((body, ep)) => {
+                self.body = body;
+                self.endpoint = ep;
+                Ok(())
+            }
+            Err(e) => {
+                self.done = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn advance(&mut self, n: u64) {
+        if let Some(r) = &mut self.resume {
+            r.next += n;
+        }
+    }
+}
+
+impl BodySource for BodyWatch {
+    fn next_chunk(&mut self) -> BoxFuture<'_, Option<Result<Bytes, S3Error>>> {
+        Box::pin(async move {
+            if self.done {
+                return None;
+            }
+            loop {
+                let item = match self.idle {
+                    Some(d) => {
+                        tokio::time::timeout(d, self.body.next()).await.unwrap_or_else(|_| Some(Err(self.stalled(d))))
                     }
-                    return Some((Ok(chunk), w));
+                    None => self.body.next().await,
+                };
+                let err = match item {
+                    Some(Ok(chunk)) => {
+                        self.advance(chunk.len() as u64);
+                        return Some(Ok(chunk));
+                    }
+                    None => self.ended()?,
+                    Some(Err(e)) => e,
+                };
+                if let Err(e) = self.recover(err).await {
+                    return Some(Err(e));
                 }
-                // A body cut short without an error (a gateway killed
-                // mid-body can look like this) is a break like any other.
-                None => match &w.resume {
-                    Some(r) if r.next <= r.last => S3Error::TransferFailed {
-                        message: format!("the body from {} ended at byte {} of {}", w.endpoint.url(), r.next, r.last),
-                        attempts: 1,
+            }
+        })
+    }
+
+    fn read_into<'a>(&'a mut self, to: Landing<'a>) -> BoxFuture<'a, Result<u64, S3Error>> {
+        Box::pin(async move {
+            if self.done {
+                return Ok(0);
+            }
+            let Landing { region, dst, max, digest } = to;
+            loop {
+                let landing = Landing { region, dst, max, digest: &mut *digest };
+                let got = match self.idle {
+                    Some(d) => tokio::time::timeout(d, self.body.read_into(landing))
+                        .await
+                        .unwrap_or_else(|_| Err(self.stalled(d))),
+                    None => self.body.read_into(landing).await,
+                };
+                let err = match got {
+                    Ok(0) => match self.ended() {
+                        Some(e) => e,
+                        None => return Ok(0),
                     },
-                    _ => return None,
-                },
-                Some(Err(e)) => e,
-            };
-            if let Some(kind) = classify(&err) {
-                w.set.failed(&w.endpoint, kind, &err.to_string());
+                    Ok(n) => {
+                        self.advance(n);
+                        return Ok(n);
+                    }
+                    Err(e) => e,
+                };
+                self.recover(err).await?;
             }
-            let resumable = err.is_retryable() && w.resume.as_ref().is_some_and(|r| r.left > 0);
-            let next = match w.resume.as_mut() {
-                Some(r) if resumable => r.continue_after(w.endpoint.clone()).await,
-                _ => Err(err),
-            };
-            match next {
-                Ok((body, ep)) => {
-                    w.body = body;
-                    w.endpoint = ep;
-                }
-                Err(e) => {
-                    w.done = true;
-                    return Some((Err(e), w));
-                }
-            }
-        }
-    })
-    .boxed()
+        })
+    }
 }
 
 #[cfg(test)]

@@ -93,7 +93,7 @@ impl Faulty {
 /// `body` after `n` bytes: broken (`stall` false) or stopped for good.
 fn cut(body: super::super::client::Body, n: u64, stall: bool) -> super::super::client::Body {
     let left = Arc::new(AtomicU64::new(n));
-    let head = body.scan(left, |left, c| {
+    let head = body.into_stream().scan(left, |left, c| {
         let item = c.map(|c| {
             let l = left.load(Ordering::Relaxed) as usize;
             let take = c.len().min(l);
@@ -103,7 +103,7 @@ fn cut(body: super::super::client::Body, n: u64, stall: bool) -> super::super::c
         futures::future::ready(Some(item))
     });
     let head = head.take_while(|c| futures::future::ready(c.as_ref().map_or(true, |c| !c.is_empty())));
-    let tail: super::super::client::Body = if stall {
+    let tail: futures::stream::BoxStream<'static, Result<bytes::Bytes, S3Error>> = if stall {
         futures::stream::pending().boxed()
     } else {
         futures::stream::iter([Err(S3Error::TransferFailed {
@@ -112,7 +112,7 @@ fn cut(body: super::super::client::Body, n: u64, stall: bool) -> super::super::c
         })])
         .boxed()
     };
-    head.chain(tail).boxed()
+    super::super::client::Body::from_stream(head.chain(tail))
 }
 
 impl S3Client for Faulty {

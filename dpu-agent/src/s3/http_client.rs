@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sluice_dataplane::s3_names::{REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
 
 use super::client::{ListQuery, PartOf, PutBody, RangedGet, RdmaToken, Reply, S3Client, S3Future, Target};
 use super::error::S3Error;
+use super::http1::{self, Http1};
 use super::model::ListPage;
 use super::sigv4::Keys;
 use super::{sigv4, xml};
@@ -131,12 +132,21 @@ pub struct HttpClient {
     signer: std::sync::RwLock<Arc<sigv4::Signer>>,
     /// See `first_byte`; `None`: only the pool's read timeout.
     first_byte: Option<Duration>,
+    /// Data GETs to `http://` endpoints go here, their bodies read straight
+    /// into the region (`[s3] direct_gets`); `None`: all through reqwest.
+    direct: Option<Arc<Http1>>,
 }
 
 impl HttpClient {
     pub fn new(http: reqwest::Client, bucket: String, keys: Keys, region: String) -> Self {
         let signer = Arc::new(sigv4::Signer::new(keys, region));
-        Self { http, bucket, signer: std::sync::RwLock::new(signer), first_byte: None }
+        Self { http, bucket, signer: std::sync::RwLock::new(signer), first_byte: None, direct: None }
+    }
+
+    /// Sends data GETs to plain-HTTP endpoints on `direct`'s connections.
+    pub fn with_direct_gets(mut self, direct: Option<Arc<Http1>>) -> Self {
+        self.direct = direct;
+        self
     }
 
     /// Fails requests that go `limit` without progress (`first_byte`).
@@ -205,6 +215,51 @@ impl HttpClient {
         })
     }
 
+    /// A GET on a connection of `direct`: the signed request head written
+    /// by hand (the same headers reqwest would send), the body left on the
+    /// socket for the caller to read into its region.
+    async fn get_direct(
+        &self,
+        direct: &Arc<Http1>,
+        spec: Spec<'_>,
+        at: &Target<'_>,
+        asked: u64,
+    ) -> Result<Reply, S3Error> {
+        let p = self.prepare(&spec)?;
+        let signed = self.sign(&spec.method, &p, SystemTime::now());
+        let mut head = Vec::with_capacity(p.url.len() + 768);
+        head.extend_from_slice(b"GET ");
+        head.extend_from_slice(p.url[p.path_start..].as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
+        let fixed = [
+            ("x-sluice-request-id", at.request_id),
+            ("x-amz-date", signed.amz_date.as_str()),
+            ("x-amz-content-sha256", p.payload_sha256.as_str()),
+            ("authorization", signed.authorization.as_str()),
+        ];
+        let token = signed.security_token.as_deref().map(|t| ("x-amz-security-token", t));
+        for (n, v) in p.headers.iter().map(|(n, v)| (*n, v.as_str())).chain(fixed).chain(token) {
+            // Values come from the config, the caller and earlier replies;
+            // none may end the header early.
+            if v.bytes().any(|b| b == b'\r' || b == b'\n') {
+                return Err(S3Error::Protocol(format!("header {n} would carry a line break")));
+            }
+            head.extend_from_slice(n.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(v.as_bytes());
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        let authority = p.headers[0].1.as_str();
+        let req = http1::Request { endpoint: at.endpoint, authority, head, asked, first_byte: self.first_byte };
+        let resp = direct.get(req).await?;
+        if !resp.status.is_success() {
+            let body = read_capped(resp.body, 64 << 10).await;
+            return Err(S3Error::from_response(resp.status.as_u16(), &body, Some(at.key)).naming_bucket(&self.bucket));
+        }
+        Ok(Reply { status: resp.status, headers: resp.headers, body: resp.body })
+    }
+
     fn sign(&self, method: &http::Method, p: &Prepared<'_>, now: SystemTime) -> sigv4::Signed {
         let headers: Vec<(&str, &str)> = p.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         self.signer().sign(method.as_str(), p.path(), p.query(), &headers, &p.payload_sha256, now)
@@ -267,9 +322,14 @@ impl S3Client for HttpClient {
             if req.checksum_mode {
                 spec = spec.header("x-amz-checksum-mode", "ENABLED".into());
             }
+            // Plain HTTP without a data path token: the body is the data.
+            let plain = at.endpoint.strip_prefix("http://").is_some_and(|rest| !rest.contains('/'));
+            if let (Some(direct), true, None) = (&self.direct, plain, &req.rdma) {
+                return self.get_direct(direct, spec, &at, req.last.saturating_sub(req.first) + 1).await;
+            }
             let resp = self.send(spec.token(&req.rdma), &at).await?;
             let (status, headers) = (resp.status(), resp.headers().clone());
-            let body = resp.bytes_stream().map_err(S3Error::from_reqwest).boxed();
+            let body = super::client::Body::from_stream(resp.bytes_stream().map_err(S3Error::from_reqwest));
             Ok(Reply { status, headers, body })
         })
     }
@@ -415,13 +475,14 @@ async fn check(resp: reqwest::Response, key: Option<&str>, rdma: bool) -> Result
     // a NoSuchBucket whose body does not name it).
     let bucket = resp.url().path_segments().and_then(|mut s| s.next()).unwrap_or_default().to_owned();
     // Error bodies are small; cap what we read so a broken server cannot make us buffer much.
-    let body = read_capped(resp, 64 << 10).await;
+    let body =
+        read_capped(super::client::Body::from_stream(resp.bytes_stream().map_err(S3Error::from_reqwest)), 64 << 10)
+            .await;
     Err(S3Error::from_response(status.as_u16(), &body, key).naming_bucket(&bucket))
 }
 
-async fn read_capped(resp: reqwest::Response, cap: usize) -> String {
+async fn read_capped(mut body: super::client::Body, cap: usize) -> String {
     let mut out = Vec::new();
-    let mut body = resp.bytes_stream();
     while let Some(Ok(chunk)) = body.next().await {
         out.extend_from_slice(&chunk[..chunk.len().min(cap - out.len())]);
         if out.len() >= cap {

@@ -134,7 +134,7 @@ fn headers_of(pairs: &[(&str, String)]) -> http::HeaderMap {
 fn chunked(data: Bytes) -> super::client::Body {
     let chunks: Vec<Result<Bytes, S3Error>> =
         (0..data.len()).step_by(64 << 10).map(|i| Ok(data.slice(i..(i + (64 << 10)).min(data.len())))).collect();
-    futures::stream::iter(chunks).boxed()
+    super::client::Body::from_stream(futures::stream::iter(chunks))
 }
 
 impl Default for MockStore {
@@ -356,7 +356,7 @@ impl S3Client for MockStore {
                 if let Some(moved) = self.rdma_get(mode, token, data).await? {
                     h.push((REPLY_HEADER, "200".into()));
                     h.push((BYTES_HEADER, moved.to_string()));
-                    body = futures::stream::empty().boxed();
+                    body = super::client::Body::empty();
                 }
             }
             Ok(Reply { status: http::StatusCode::PARTIAL_CONTENT, headers: headers_of(&h), body })

@@ -4,6 +4,7 @@
 //! the RDMA data path and inline encryption. Each S3 request goes through
 //! an [`S3Client`] (SigV4 over HTTP in the agent; in memory in tests).
 
+pub mod body;
 pub mod call;
 pub mod client;
 pub mod crypto;
@@ -16,6 +17,7 @@ mod first_byte;
 pub mod get;
 pub mod gpu;
 mod guarded;
+pub mod http1;
 pub mod http_client;
 pub mod integrity;
 #[cfg(test)]

@@ -118,7 +118,8 @@ impl ObjectStore {
         let http =
             parts.http.for_namespace(ns).map_err(|source| PoolsError::CaFile { namespace: ns.name.clone(), source })?;
         let client = HttpClient::new(http, ns.bucket.clone(), keys, ns.region.clone())
-            .with_first_byte_timeout(cfg.failover.first_byte_timeout());
+            .with_first_byte_timeout(cfg.failover.first_byte_timeout())
+            .with_direct_gets(parts.http.direct());
         let client = Arc::new(client);
         Ok((Self::on_client(parts, cfg, tenant, ns, chosen, client.clone())?, client))
     }

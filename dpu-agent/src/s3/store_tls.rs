@@ -7,6 +7,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -72,6 +74,9 @@ pub fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, CaFileE
 pub struct Pools {
     base: reqwest::Client,
     by_ca: BTreeMap<PathBuf, reqwest::Client>,
+    /// Connections for data GETs to `http://` endpoints; `None` with
+    /// `[s3] direct_gets = false`.
+    direct: Option<Arc<super::http1::Http1>>,
 }
 
 impl Pools {
@@ -92,7 +97,18 @@ impl Pools {
             tracing::info!(namespace = %ns.name, ca_file = %path.display(), "trusting a private CA for the store");
             by_ca.insert(path.clone(), pool);
         }
-        Ok(Self { base, by_ca })
+        let direct = cfg.s3.direct_gets.then(|| {
+            super::http1::Http1::new(
+                Duration::from_millis(cfg.s3.connect_timeout_ms),
+                Duration::from_millis(cfg.s3.read_timeout_ms),
+            )
+        });
+        Ok(Self { base, by_ca, direct })
+    }
+
+    /// Where data GETs to `http://` endpoints go (`None`: the pools).
+    pub fn direct(&self) -> Option<Arc<super::http1::Http1>> {
+        self.direct.clone()
     }
 
     /// The pool for namespace `ns` (of the config these pools were built
