@@ -285,3 +285,91 @@ fn authorities_with_and_without_ports() {
     assert!(!has_port("store.example"));
     assert!(!has_port("[::1]"));
 }
+
+mod wire {
+    //! What a store sends is input like any other: no reply may panic the
+    //! parser, and whatever it accepts is what was framed.
+    use bytes::BytesMut;
+    use proptest::prelude::*;
+
+    use super::super::{dechunk, parse_head};
+
+    fn chunked(body: &[u8], sizes: &[usize]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let (mut at, mut i) = (0, 0);
+        while at < body.len() {
+            let n = sizes[i % sizes.len()].min(body.len() - at);
+            out.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+            out.extend_from_slice(&body[at..at + n]);
+            out.extend_from_slice(b"\r\n");
+            at += n;
+            i += 1;
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_as_a_head_are_parsed_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            if let Ok(Some((_, len))) = parse_head(&bytes) {
+                prop_assert!(len <= bytes.len());
+            }
+        }
+
+        #[test]
+        fn any_bytes_as_chunks_decode_to_no_more_than_they_hold(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let (mut raw, mut out) = (BytesMut::from(&bytes[..]), BytesMut::new());
+            let _ = dechunk(&mut raw, &mut out);
+            prop_assert!(out.len() <= bytes.len());
+        }
+
+        #[test]
+        fn chunked_bodies_decode_whatever_the_reads(
+            body in proptest::collection::vec(any::<u8>(), 0..4096),
+            sizes in proptest::collection::vec(1usize..700, 1..6),
+            cuts in proptest::collection::vec(1usize..300, 1..8),
+        ) {
+            let wire = chunked(&body, &sizes);
+            let (mut raw, mut out, mut at, mut i, mut done) = (BytesMut::new(), BytesMut::new(), 0, 0, false);
+            while !done {
+                prop_assert!(at < wire.len() || raw.len() > 0, "ran out of input undecoded");
+                let n = cuts[i % cuts.len()].min(wire.len() - at);
+                raw.extend_from_slice(&wire[at..at + n]);
+                at += n;
+                i += 1;
+                done = dechunk(&mut raw, &mut out).unwrap();
+                if at == wire.len() && !done {
+                    prop_assert!(false, "complete input not decoded");
+                }
+            }
+            prop_assert_eq!(&out[..], &body[..]);
+            prop_assert!(raw.is_empty());
+        }
+
+        #[test]
+        fn well_formed_heads_keep_their_status_and_headers(
+            status in 200u16..600,
+            values in proptest::collection::vec("[ -~]{0,40}", 0..12),
+            body in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let mut head = format!("HTTP/1.1 {status} Whatever\r\n");
+            for (i, v) in values.iter().enumerate() {
+                head.push_str(&format!("x-h{i}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            let mut wire = head.clone().into_bytes();
+            wire.extend_from_slice(&body);
+            let (h, len) = parse_head(&wire).unwrap().unwrap();
+            prop_assert_eq!(len, head.len());
+            prop_assert_eq!(h.status.as_u16(), status);
+            for (i, v) in values.iter().enumerate() {
+                prop_assert_eq!(h.headers.get(format!("x-h{i}")).unwrap().to_str().unwrap(), v.trim());
+            }
+            // Every prefix short of the whole head asks for more bytes.
+            for cut in [0, 1, head.len() / 2, head.len() - 1] {
+                prop_assert!(parse_head(&wire[..cut]).unwrap().is_none(), "cut at {}", cut);
+            }
+        }
+    }
+}
