@@ -1,4 +1,4 @@
-//! Data GETs from plain-HTTP stores on connections the agent owns.
+//! Object GETs and HEADs to plain-HTTP stores on connections the agent owns.
 //!
 //! reqwest hands a body over as chunks of its own buffer, which the agent
 //! then copies into the destination region: a second pass over every byte
@@ -9,9 +9,10 @@
 //! middleware per request, only a request head written and a response head
 //! parsed (`httparse`).
 //!
-//! Scope: GETs of object bytes over `http://` (signed by the caller), with
+//! Scope: GETs and HEADs of objects over `http://` (signed by the caller;
+//! GETs with a data path token too, whose answers are bodyless), with
 //! keep-alive connections pooled per `host:port`. Everything else (TLS,
-//! uploads, listings, the RDMA token path) stays on reqwest. A connection
+//! uploads, listings) stays on reqwest. A connection
 //! is reused only after its body was read to the end; a pooled connection
 //! the store closed meanwhile is replaced once, transparently (a GET is
 //! idempotent). Bodies framed by `Content-Length` stream; a chunked or
@@ -67,6 +68,8 @@ pub struct Request<'a> {
     pub asked: u64,
     /// The longest wait for the response head (`None`: the read timeout).
     pub first_byte: Option<Duration>,
+    /// The answer has no body whatever its headers say (a HEAD).
+    pub no_body: bool,
 }
 
 /// A response: status, headers and the body.
@@ -111,7 +114,7 @@ impl Http1 {
         let (conn, (head, rest)) = tokio::time::timeout(wait, exchange)
             .await
             .map_err(|_| deadline_error(req.endpoint, "no response head; [failover] first_byte_timeout_ms", wait))??;
-        let framing = head.framing()?;
+        let framing = if req.no_body { Framing::Length(0) } else { head.framing()? };
         let mut body = Socket {
             pool: self.clone(),
             authority: req.authority.to_owned(),

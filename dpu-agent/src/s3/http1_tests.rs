@@ -75,7 +75,7 @@ fn region(len: u64) -> Arc<dyn HostRegion> {
 
 fn request<'a>(addr: &'a str, endpoint: &'a str, first_byte: Option<Duration>) -> Request<'a> {
     let head = format!("GET /b/k HTTP/1.1\r\nhost: {addr}\r\n\r\n").into_bytes();
-    Request { endpoint, authority: addr, head, asked: 1 << 20, first_byte }
+    Request { endpoint, authority: addr, head, asked: 1 << 20, first_byte, no_body: false }
 }
 
 fn client() -> Arc<Http1> {
@@ -102,6 +102,24 @@ async fn bodies_land_in_the_region_from_the_socket_over_one_kept_alive_connectio
     }
     assert_eq!(conns.load(Ordering::SeqCst), 1, "the second GET reused the connection");
     assert_eq!(c.idle_count(), 1);
+}
+
+#[tokio::test]
+async fn a_head_answer_has_no_body_whatever_its_length_says() {
+    // The object's length, and no body: the connection is at once reusable.
+    let (addr, conns) =
+        serve(Arc::new(|_, _| (b"HTTP/1.1 200 OK\r\ncontent-length: 12345\r\netag: \"e\"\r\n\r\n".to_vec(), false))).await;
+    let c = client();
+    for _ in 0..2 {
+        let mut req = request(&addr, "http://store", None);
+        req.no_body = true;
+        let resp = c.get(req).await.unwrap();
+        assert_eq!(resp.headers.get("content-length").unwrap(), "12345");
+        let mut body = resp.body;
+        assert!(body.next().await.is_none());
+        assert_eq!(c.idle_count(), 1);
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

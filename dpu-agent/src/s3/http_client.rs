@@ -215,20 +215,31 @@ impl HttpClient {
         })
     }
 
-    /// A GET on a connection of `direct`: the signed request head written
-    /// by hand (the same headers reqwest would send), the body left on the
-    /// socket for the caller to read into its region.
-    async fn get_direct(
+    /// The connections for a request to `endpoint`, if it goes over them:
+    /// plain HTTP, no path in the endpoint.
+    fn direct_for(&self, endpoint: &str) -> Option<&Arc<Http1>> {
+        let plain = endpoint.strip_prefix("http://").is_some_and(|rest| !rest.contains('/'));
+        self.direct.as_ref().filter(|_| plain)
+    }
+
+    /// A GET or HEAD (bodyless `spec`) on a connection of `direct`: the
+    /// signed request head written by hand (the same headers reqwest would
+    /// send), a GET's body left on the socket for the caller to read into
+    /// its region. Errors as [`check`] makes them.
+    async fn send_direct(
         &self,
         direct: &Arc<Http1>,
         spec: Spec<'_>,
         at: &Target<'_>,
         asked: u64,
     ) -> Result<Reply, S3Error> {
+        let rdma = spec.headers.iter().any(|(n, _)| *n == TOKEN_HEADER);
+        let no_body = spec.method == http::Method::HEAD;
         let p = self.prepare(&spec)?;
         let signed = self.sign(&spec.method, &p, SystemTime::now());
         let mut head = Vec::with_capacity(p.url.len() + 768);
-        head.extend_from_slice(b"GET ");
+        head.extend_from_slice(spec.method.as_str().as_bytes());
+        head.push(b' ');
         head.extend_from_slice(p.url[p.path_start..].as_bytes());
         head.extend_from_slice(b" HTTP/1.1\r\n");
         let fixed = [
@@ -250,10 +261,23 @@ impl HttpClient {
             head.extend_from_slice(b"\r\n");
         }
         head.extend_from_slice(b"\r\n");
+        debug_assert_eq!(p.headers[0].0, "host");
         let authority = p.headers[0].1.as_str();
-        let req = http1::Request { endpoint: at.endpoint, authority, head, asked, first_byte: self.first_byte };
+        // An RDMA answer waits for the one-sided transfer: no first-byte
+        // deadline, only the read timeout.
+        let first_byte = self.first_byte.filter(|_| !rdma);
+        let req = http1::Request { endpoint: at.endpoint, authority, head, asked, first_byte, no_body };
         let resp = direct.get(req).await?;
         if !resp.status.is_success() {
+            if rdma
+                && (resp.status == http::StatusCode::NOT_IMPLEMENTED
+                    || super::client::header(&resp.headers, REPLY_HEADER) == "501")
+            {
+                return Err(S3Error::RdmaDeclined(format!(
+                    "the store declined RDMA (HTTP {}, {REPLY_HEADER}: 501)",
+                    resp.status
+                )));
+            }
             let body = read_capped(resp.body, 64 << 10).await;
             return Err(S3Error::from_response(resp.status.as_u16(), &body, Some(at.key)).naming_bucket(&self.bucket));
         }
@@ -307,6 +331,9 @@ impl S3Client for HttpClient {
         Box::pin(async move {
             let spec =
                 Spec::new(http::Method::HEAD, at.endpoint).key(at.key).header("x-amz-checksum-mode", "ENABLED".into());
+            if let Some(direct) = self.direct_for(at.endpoint) {
+                return Ok(self.send_direct(direct, spec, &at, 0).await?.headers);
+            }
             Ok(self.send(spec, &at).await?.headers().clone())
         })
     }
@@ -322,12 +349,11 @@ impl S3Client for HttpClient {
             if req.checksum_mode {
                 spec = spec.header("x-amz-checksum-mode", "ENABLED".into());
             }
-            // Plain HTTP without a data path token: the body is the data.
-            let plain = at.endpoint.strip_prefix("http://").is_some_and(|rest| !rest.contains('/'));
-            if let (Some(direct), true, None) = (&self.direct, plain, &req.rdma) {
-                return self.get_direct(direct, spec, &at, req.last.saturating_sub(req.first) + 1).await;
+            let spec = spec.token(&req.rdma);
+            if let Some(direct) = self.direct_for(at.endpoint) {
+                return self.send_direct(direct, spec, &at, req.last.saturating_sub(req.first) + 1).await;
             }
-            let resp = self.send(spec.token(&req.rdma), &at).await?;
+            let resp = self.send(spec, &at).await?;
             let (status, headers) = (resp.status(), resp.headers().clone());
             let body = super::client::Body::from_stream(resp.bytes_stream().map_err(S3Error::from_reqwest));
             Ok(Reply { status, headers, body })
