@@ -108,7 +108,8 @@ async fn bodies_land_in_the_region_from_the_socket_over_one_kept_alive_connectio
 async fn a_head_answer_has_no_body_whatever_its_length_says() {
     // The object's length, and no body: the connection is at once reusable.
     let (addr, conns) =
-        serve(Arc::new(|_, _| (b"HTTP/1.1 200 OK\r\ncontent-length: 12345\r\netag: \"e\"\r\n\r\n".to_vec(), false))).await;
+        serve(Arc::new(|_, _| (b"HTTP/1.1 200 OK\r\ncontent-length: 12345\r\netag: \"e\"\r\n\r\n".to_vec(), false)))
+            .await;
     let c = client();
     for _ in 0..2 {
         let mut req = request(&addr, "http://store", None);
@@ -229,6 +230,28 @@ async fn silence_before_the_head_is_a_deadline_naming_the_endpoint() {
     assert!(matches!(e, S3Error::Connection { .. }), "{e}");
     assert!(e.to_string().contains("http://slow"), "{e}");
     assert_eq!(super::super::endpoints::classify(&e), Some(super::super::endpoints::FailureKind::Deadline), "{e}");
+}
+
+#[tokio::test]
+async fn a_body_that_stalls_fails_at_the_read_timeout() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let _hold = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let _ = sock.read(&mut buf).await;
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n").await.unwrap();
+        sock.write_all(&data(30_000, 1)).await.unwrap();
+        futures::future::pending::<()>().await
+    });
+    let c = Http1::new(Duration::from_secs(2), Duration::from_millis(300));
+    let mut b = c.get(request(&addr, "http://stuck", None)).await.unwrap().body;
+    let started = std::time::Instant::now();
+    let e = super::super::body::land(&mut b, &region(1 << 20), 0, 100_000).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert_eq!(super::super::endpoints::classify(&e), Some(super::super::endpoints::FailureKind::Deadline), "{e}");
+    assert!(e.to_string().contains("http://stuck"), "{e}");
+    assert_eq!(c.idle_count(), 0);
 }
 
 #[tokio::test]
