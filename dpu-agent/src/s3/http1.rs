@@ -19,12 +19,13 @@
 //! close-delimited body (error replies) is read whole, bounded.
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::future::BoxFuture;
+use nix::sys::socket::{recv, MsgFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::TcpStream;
 
@@ -114,7 +115,8 @@ impl Http1 {
         let (conn, (head, rest)) = tokio::time::timeout(wait, exchange)
             .await
             .map_err(|_| deadline_error(req.endpoint, "no response head; [failover] first_byte_timeout_ms", wait))??;
-        let framing = if req.no_body { Framing::Length(0) } else { head.framing()? };
+        let framing =
+            if req.no_body { Framing::Length(0) } else { head.framing().map_err(|m| connection(req.endpoint, &m))? };
         let mut body = Socket {
             pool: self.clone(),
             authority: req.authority.to_owned(),
@@ -133,7 +135,8 @@ impl Http1 {
                 Body::from_source(body)
             }
             Framing::Chunked | Framing::UntilClose => {
-                let cap = if head.status.is_success() { MAX_WHOLE + req.asked as usize } else { MAX_WHOLE };
+                let asked = usize::try_from(req.asked).unwrap_or(usize::MAX);
+                let cap = if head.status.is_success() { MAX_WHOLE.saturating_add(asked) } else { MAX_WHOLE };
                 let whole = body.read_whole(framing, cap).await?;
                 Body::from_stream(futures::stream::iter([Ok(whole)]))
             }
@@ -151,11 +154,19 @@ impl Http1 {
         Ok(conn)
     }
 
+    /// An idle connection to `authority` that can carry a request: not
+    /// too old, and with nothing to read on it (a store that closed it, or
+    /// sent bytes no request asked for, makes it unusable).
     fn take(&self, authority: &str) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         let conns = idle.get_mut(authority)?;
         while let Some((conn, since)) = conns.pop() {
-            if since.elapsed() < IDLE_FOR {
+            if since.elapsed() >= IDLE_FOR {
+                continue;
+            }
+            let mut probe = [0u8; 1];
+            let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+            if let Err(nix::errno::Errno::EAGAIN) = recv(conn.as_raw_fd(), &mut probe, peek) {
                 return Some(conn);
             }
         }
@@ -216,7 +227,9 @@ impl Failure {
     fn with_endpoint(self, endpoint: &str) -> S3Error {
         match self {
             Self::Io(e) => connection(endpoint, &e.to_string()),
-            Self::Protocol(m) => S3Error::Protocol(format!("{endpoint}: {m}")),
+            // As reqwest reported a reply it could not parse: the endpoint
+            // is broken (retried elsewhere, counted against its health).
+            Self::Protocol(m) => connection(endpoint, &m),
         }
     }
 }
@@ -235,27 +248,34 @@ enum Framing {
 }
 
 impl Head {
-    fn framing(&self) -> Result<Framing, S3Error> {
+    fn framing(&self) -> Result<Framing, String> {
+        // These never have a body, whatever the headers say (RFC 9112 6.3).
+        if self.status == http::StatusCode::NO_CONTENT || self.status == http::StatusCode::NOT_MODIFIED {
+            return Ok(Framing::Length(0));
+        }
         let te = super::client::header(&self.headers, "transfer-encoding");
         if !te.is_empty() {
             return if te.eq_ignore_ascii_case("chunked") {
                 Ok(Framing::Chunked)
             } else {
-                Err(S3Error::Protocol(format!("unsupported Transfer-Encoding {te:?}")))
+                Err(format!("unsupported Transfer-Encoding {te:?}"))
             };
         }
-        match self.headers.get("content-length") {
-            Some(v) => v
+        // Every Content-Length must say the same (else the framing is
+        // ambiguous and bytes of one reply could be read as the next's).
+        let mut length = None;
+        for v in self.headers.get_all("content-length") {
+            let n: u64 = v
                 .to_str()
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
-                .map(Framing::Length)
-                .ok_or_else(|| S3Error::Protocol(format!("bad Content-Length {v:?}"))),
-            None if self.status == http::StatusCode::NO_CONTENT || self.status == http::StatusCode::NOT_MODIFIED => {
-                Ok(Framing::Length(0))
+                .ok_or_else(|| format!("bad Content-Length {v:?}"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err("conflicting Content-Length headers".into());
             }
-            None => Ok(Framing::UntilClose),
+            length = Some(n);
         }
+        Ok(length.map_or(Framing::UntilClose, Framing::Length))
     }
 }
 
@@ -271,7 +291,12 @@ async fn exchange(conn: &mut TcpStream, request: &[u8]) -> Result<(Head, BytesMu
     conn.write_all(request).await.map_err(closed)?;
     let mut buf = BytesMut::with_capacity(16 << 10);
     loop {
-        let n = conn.read_buf(&mut buf).await.map_err(closed)?;
+        let n = match conn.read_buf(&mut buf).await {
+            Ok(n) => n,
+            // Part of an answer came: this is no idle connection closed.
+            Err(e) if !buf.is_empty() => return Err(Exchange::Failed(Failure::Io(e))),
+            Err(e) => return Err(closed(e)),
+        };
         if n == 0 {
             return Err(if buf.is_empty() {
                 Exchange::Closed
@@ -304,28 +329,31 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, String> {
             httparse::Status::Complete(n) => n,
         };
         let code = resp.code.unwrap_or(0);
+        if code == 101 {
+            return Err("a switch of protocols (101) in answer to a GET".into());
+        }
         if (100..200).contains(&code) {
             start += len;
             continue;
         }
         let status = http::StatusCode::from_u16(code).map_err(|_| format!("status {code}"))?;
         let mut headers = http::HeaderMap::with_capacity(resp.headers.len());
-        let mut keep_alive = resp.version == Some(1);
+        let (mut close, mut keep) = (false, false);
         for h in resp.headers.iter() {
             let name =
                 http::HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| format!("header name {:?}", h.name))?;
             let value =
                 http::HeaderValue::from_bytes(h.value).map_err(|_| format!("the value of header {}", h.name))?;
             if name == http::header::CONNECTION {
-                let v = value.to_str().unwrap_or_default();
-                keep_alive = if resp.version == Some(1) {
-                    !v.eq_ignore_ascii_case("close")
-                } else {
-                    v.eq_ignore_ascii_case("keep-alive")
-                };
+                for token in value.to_str().unwrap_or_default().split(',').map(str::trim) {
+                    close |= token.eq_ignore_ascii_case("close");
+                    keep |= token.eq_ignore_ascii_case("keep-alive");
+                }
             }
             headers.append(name, value);
         }
+        // HTTP/1.1 keeps the connection unless told to close; 1.0 only when asked.
+        let keep_alive = !close && (resp.version == Some(1) || keep);
         return Ok(Some((Head { status, headers, keep_alive }, start + len)));
     }
 }
@@ -392,34 +420,36 @@ impl Socket {
         }
     }
 
-    /// A chunked or close-delimited body, read whole (at most `cap` bytes).
+    /// A chunked or close-delimited body, read whole: at most `cap` bytes
+    /// of it (an error reply's text, a data reply's asked-for span); past
+    /// that the rest is left unread and the connection dropped.
     async fn read_whole(&mut self, framing: Framing, cap: usize) -> Result<Bytes, S3Error> {
+        let chunked = matches!(framing, Framing::Chunked);
         let mut raw = BytesMut::from(&self.buffered[..]);
         self.buffered = Bytes::new();
-        let too_big = || S3Error::Protocol(format!("a body read whole is larger than {cap} bytes"));
         let mut out = BytesMut::new();
         loop {
-            if let Framing::Chunked = framing {
-                if dechunk(&mut raw, &mut out).map_err(|m| S3Error::Protocol(format!("{}: {m}", self.endpoint)))? {
-                    if raw.is_empty() {
-                        self.remaining = 0;
-                        self.release();
-                    } else {
-                        self.conn = None;
-                    }
-                    return Ok(out.freeze());
+            if chunked && dechunk(&mut raw, &mut out).map_err(|m| broken(&self.endpoint, &m))? {
+                if raw.is_empty() {
+                    self.remaining = 0;
+                    self.release();
+                } else {
+                    self.conn = None;
                 }
+                return Ok(out.freeze());
             }
-            if out.len() + raw.len() > cap + (64 << 10) {
-                return Err(too_big());
+            let held = if chunked { out.len() } else { raw.len() };
+            if held >= cap || raw.len() > cap.saturating_add(64 << 10) {
+                self.conn = None;
+                let mut whole = if chunked { out } else { raw };
+                whole.truncate(cap);
+                return Ok(whole.freeze());
             }
             self.readable().await?;
             match self.conn()?.try_read_buf(&mut raw) {
-                Ok(0) if matches!(framing, Framing::UntilClose) => {
+                Ok(0) if !chunked => {
                     self.conn = None;
-                    if raw.len() > cap {
-                        return Err(too_big());
-                    }
+                    raw.truncate(cap);
                     return Ok(raw.freeze());
                 }
                 Ok(0) => return Err(broken(&self.endpoint, "the connection closed inside a chunked body")),
@@ -450,7 +480,7 @@ fn dechunk(raw: &mut BytesMut, out: &mut BytesMut) -> Result<bool, String> {
             raw.advance(eol + end + 4);
             return Ok(true);
         }
-        let need = eol + 2 + size + 2;
+        let need = (eol + 4).checked_add(size).ok_or_else(|| format!("chunk size {hex:?}"))?;
         if raw.len() < need {
             return Ok(false);
         }

@@ -265,17 +265,111 @@ async fn a_refused_connection_is_a_connection_error() {
 }
 
 #[tokio::test]
-async fn malformed_heads_are_protocol_errors() {
+async fn replies_that_cannot_be_framed_count_against_the_endpoint() {
+    // As reqwest reported them: a broken endpoint, retried elsewhere.
     for reply in [
         &b"HTTP/1.1 2000 Nope\r\n\r\n"[..],
         b"HTTP/1.1 200 OK\r\ncontent-length: ten\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\ncontent-length: 11\r\n\r\n0123456789",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",
         b"SSH-2.0-OpenSSH\r\n\r\n",
     ] {
         let (addr, _) = serve(Arc::new(move |_, _| (reply.to_vec(), false))).await;
         let e = client().get(request(&addr, "http://odd", None)).await.err().unwrap();
-        assert!(matches!(e, S3Error::Protocol(_)), "{:?}: {e}", String::from_utf8_lossy(reply));
+        let what = String::from_utf8_lossy(reply);
+        assert!(e.is_retryable() && e.to_string().contains("http://odd"), "{what:?}: {e}");
+        assert_eq!(
+            super::super::endpoints::classify(&e),
+            Some(super::super::endpoints::FailureKind::Broken),
+            "{what:?}: {e}"
+        );
     }
+}
+
+#[tokio::test]
+async fn absurd_chunk_sizes_fail_the_transfer_without_a_panic() {
+    for size in ["fffffffffffffffe", "ffffffffffffffffff", "10000000000"] {
+        let (addr, _) = serve(Arc::new(move |_, _| {
+            (format!("HTTP/1.1 404 Not Found\r\ntransfer-encoding: chunked\r\n\r\n{size}\r\nxx").into_bytes(), true)
+        }))
+        .await;
+        let e = client().get(request(&addr, "http://odd", None)).await.err().unwrap();
+        assert!(matches!(e, S3Error::TransferFailed { .. }), "{size}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn an_idle_connection_with_bytes_nobody_asked_for_is_not_reused() {
+    // After its answer the store sends a second one, late, on the idle
+    // connection: it must never be read as the answer to the next GET.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let conns = Arc::new(AtomicUsize::new(0));
+    let accepted = conns.clone();
+    let _server = tokio::spawn(async move {
+        loop {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let first = accepted.fetch_add(1, Ordering::SeqCst) == 0;
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while sock.read(&mut buf).await.unwrap_or(0) > 0 {
+                    sock.write_all(&ok(b"fresh", "")).await.unwrap();
+                    if first {
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                        sock.write_all(&ok(b"stale", "")).await.unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let c = client();
+    for _ in 0..2 {
+        let mut b = c.get(request(&addr, "http://store", None)).await.unwrap().body;
+        assert_eq!(&b.next().await.unwrap().unwrap()[..], b"fresh");
+        assert!(b.next().await.is_none());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(conns.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn bodyless_statuses_and_connection_tokens_frame_as_the_rfc_says() {
+    let (addr, conns) = serve(Arc::new(|i, _| {
+        let r: &[u8] = match i {
+            // A length on a 304 describes the object, not a body.
+            0 => b"HTTP/1.1 304 Not Modified\r\ncontent-length: 1234\r\n\r\n",
+            _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive, close\r\n\r\nok",
+        };
+        (r.to_vec(), false)
+    }))
+    .await;
+    let c = client();
+    let resp = tokio::time::timeout(Duration::from_secs(1), c.get(request(&addr, "http://store", None)))
+        .await
+        .expect("a 304 waits for no body")
+        .unwrap();
+    assert_eq!(resp.status.as_u16(), 304);
+    assert_eq!(c.idle_count(), 1);
+    let mut b = c.get(request(&addr, "http://store", None)).await.unwrap().body;
+    assert_eq!(&b.next().await.unwrap().unwrap()[..], b"ok");
+    assert!(b.next().await.is_none());
+    assert_eq!(c.idle_count(), 0, "\"close\" among the tokens");
+    assert_eq!(conns.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_long_error_reply_is_cut_at_64_kib_and_still_an_answer() {
+    let (addr, _) = serve(Arc::new(|_, _| {
+        let mut r = b"HTTP/1.1 503 Slow Down\r\n\r\n".to_vec();
+        r.extend_from_slice(&[b'x'; 200_000]);
+        (r, true)
+    }))
+    .await;
+    let resp = client().get(request(&addr, "http://store", None)).await.unwrap();
+    assert_eq!(resp.status.as_u16(), 503);
+    let mut b = resp.body;
+    assert_eq!(b.next().await.unwrap().unwrap().len(), MAX_WHOLE);
 }
 
 #[tokio::test]
@@ -313,6 +407,8 @@ fn chunked_bodies_decode_across_reads() {
         assert_eq!(&out[..], b"hello world");
         assert!(raw.is_empty());
     }
+    let mut huge = BytesMut::from(&b"fffffffffffffffe\r\nxx"[..]);
+    assert!(dechunk(&mut huge, &mut BytesMut::new()).is_err());
     let mut bad = BytesMut::from(&b"zz\r\n"[..]);
     assert!(dechunk(&mut bad, &mut BytesMut::new()).is_err());
     let mut no_crlf = BytesMut::from(&b"2\r\nabXY"[..]);

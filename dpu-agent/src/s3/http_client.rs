@@ -351,7 +351,7 @@ impl S3Client for HttpClient {
             }
             let spec = spec.token(&req.rdma);
             if let Some(direct) = self.direct_for(at.endpoint) {
-                return self.send_direct(direct, spec, &at, req.last.saturating_sub(req.first) + 1).await;
+                return self.send_direct(direct, spec, &at, req.last.saturating_sub(req.first).saturating_add(1)).await;
             }
             let resp = self.send(spec, &at).await?;
             let (status, headers) = (resp.status(), resp.headers().clone());
