@@ -5,18 +5,17 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
+use super::body::land;
 use super::call::{enter, Call, ObjectRead, PartGet, RegionSlice};
-use super::client::{Body, RangedGet, Reply};
+use super::client::{RangedGet, Reply};
 use super::error::S3Error;
 use super::integrity::{self, unverified, Expected};
 use super::store::ObjectStore;
 use super::token_path::{Fallback, Via};
 use super::version::{parse_content_range, Version};
-use crate::hostmem::HostRegion;
 use crate::model::DataPathMode;
 
 /// What a GET moved.
@@ -176,12 +175,12 @@ impl ObjectStore {
         };
         let mut futs: Vec<PartFuture<'_>> = Vec::new();
         let mut pos = start;
-        if let Some((FirstPart { resp, body_start, asked_end, .. }, slot)) = first {
+        if let Some((FirstPart { mut resp, body_start, asked_end, .. }, slot)) = first {
             let cover = asked_end.min(end);
             futs.push(Box::pin(async move {
                 let _slot = slot;
                 let len = cover - body_start;
-                let crc = match stream_body(resp.body, region, offset, len).await {
+                let crc = match land(&mut resp.body, region, offset, len).await {
                     Ok(crc) => crc,
                     Err(e) if e.is_retryable() => {
                         tracing::warn!(error = %e, "first part broke; re-fetching it");
@@ -329,12 +328,12 @@ impl ObjectStore {
         let PartGet { full, from, to, version, region, dst, base, request_id } = part;
         self.retrying(|attempt| async move {
             let req = Self::part_get(from, to, version.etag);
-            let resp = self.client.get(self.at(base, attempt, full, request_id), req).await?;
+            let mut resp = self.client.get(self.at(base, attempt, full, request_id), req).await?;
             if resp.status != http::StatusCode::PARTIAL_CONTENT {
                 return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status)));
             }
             version.check(&resp.headers, from, to)?;
-            stream_body(resp.body, region, dst, to - from).await
+            land(&mut resp.body, region, dst, to - from).await
         })
         .await
     }
@@ -350,11 +349,4 @@ pub(super) fn check_if_match(want: Option<&str>, etag: &str) -> Result<(), S3Err
         ))),
         _ => Ok(()),
     }
-}
-
-/// Streams exactly `expected` bytes of `body` into `region` at `dst`;
-/// returns their CRC64NVME. Extra bytes beyond `expected` (a store that
-/// ignored Range) are not read.
-async fn stream_body(mut body: Body, region: &Arc<dyn HostRegion>, dst: u64, expected: u64) -> Result<u64, S3Error> {
-    super::body::land(&mut body, region, dst, expected).await
 }

@@ -132,8 +132,9 @@ pub struct HttpClient {
     signer: std::sync::RwLock<Arc<sigv4::Signer>>,
     /// See `first_byte`; `None`: only the pool's read timeout.
     first_byte: Option<Duration>,
-    /// Data GETs to `http://` endpoints go here, their bodies read straight
-    /// into the region (`[s3] direct_gets`); `None`: all through reqwest.
+    /// GETs and HEADs to `http://` endpoints go here, GET bodies read
+    /// straight into the region (`[s3] direct_gets`); `None`: all through
+    /// reqwest.
     direct: Option<Arc<Http1>>,
 }
 
@@ -143,7 +144,7 @@ impl HttpClient {
         Self { http, bucket, signer: std::sync::RwLock::new(signer), first_byte: None, direct: None }
     }
 
-    /// Sends data GETs to plain-HTTP endpoints on `direct`'s connections.
+    /// Sends GETs and HEADs to plain-HTTP endpoints on `direct`'s connections.
     pub fn with_direct_gets(mut self, direct: Option<Arc<Http1>>) -> Self {
         self.direct = direct;
         self
@@ -269,14 +270,8 @@ impl HttpClient {
         let req = http1::Request { endpoint: at.endpoint, authority, head, asked, first_byte, no_body };
         let resp = direct.get(req).await?;
         if !resp.status.is_success() {
-            if rdma
-                && (resp.status == http::StatusCode::NOT_IMPLEMENTED
-                    || super::client::header(&resp.headers, REPLY_HEADER) == "501")
-            {
-                return Err(S3Error::RdmaDeclined(format!(
-                    "the store declined RDMA (HTTP {}, {REPLY_HEADER}: 501)",
-                    resp.status
-                )));
+            if let Some(e) = declined(rdma, resp.status, &resp.headers) {
+                return Err(e);
             }
             let body = read_capped(resp.body, 64 << 10).await;
             return Err(S3Error::from_response(resp.status.as_u16(), &body, Some(at.key)).naming_bucket(&self.bucket));
@@ -486,16 +481,22 @@ impl S3Client for HttpClient {
 /// Passes a success response through; turns anything else into an
 /// [`S3Error`]. With a data path token, a declined token is
 /// [`S3Error::RdmaDeclined`].
+/// A failed reply to a request carrying a data path token that declines
+/// the token (HTTP 501, or `x-amz-rdma-reply: 501`).
+fn declined(rdma: bool, status: http::StatusCode, headers: &http::HeaderMap) -> Option<S3Error> {
+    let said = status == http::StatusCode::NOT_IMPLEMENTED
+        || headers.get(REPLY_HEADER).is_some_and(|v| v.as_bytes() == b"501");
+    (rdma && said)
+        .then(|| S3Error::RdmaDeclined(format!("the store declined RDMA (HTTP {status}, {REPLY_HEADER}: 501)")))
+}
+
 async fn check(resp: reqwest::Response, key: Option<&str>, rdma: bool) -> Result<reqwest::Response, S3Error> {
     let status = resp.status();
     if status.is_success() {
         return Ok(resp);
     }
-    if rdma
-        && (status == http::StatusCode::NOT_IMPLEMENTED
-            || resp.headers().get(REPLY_HEADER).is_some_and(|v| v.as_bytes() == b"501"))
-    {
-        return Err(S3Error::RdmaDeclined(format!("the store declined RDMA (HTTP {status}, {REPLY_HEADER}: 501)")));
+    if let Some(e) = declined(rdma, status, resp.headers()) {
+        return Err(e);
     }
     // URLs are path-style: the bucket is the path's first segment (named in
     // a NoSuchBucket whose body does not name it).
@@ -627,6 +628,43 @@ mod tests {
     }
 
     /// RGW's NoSuchBucket body may not name the bucket: the request does.
+    fn direct_client() -> HttpClient {
+        let direct = Http1::new(Duration::from_secs(2), Duration::from_secs(2));
+        client().with_direct_gets(Some(direct))
+    }
+
+    #[tokio::test]
+    async fn over_its_own_connections_a_declined_token_and_errors_read_as_through_reqwest() {
+        let token = Some(RdmaToken { token: "t".into(), transport: Some("tcp") });
+        for (reply, want) in [
+            ("HTTP/1.1 501 Not Implemented\r\nContent-Length: 0\r\n\r\n", "declined"),
+            ("HTTP/1.1 400 Bad Request\r\nx-amz-rdma-reply: 501\r\nContent-Length: 0\r\n\r\n", "declined"),
+            (
+                "HTTP/1.1 404 Not Found\r\nContent-Length: 57\r\n\r\n<Error><Code>NoSuchKey</Code><Message>m</Message></Error>",
+                "nosuchkey",
+            ),
+        ] {
+            let (ep, server) = answer_once(reply).await;
+            let at = Target { endpoint: &ep, key: "k", request_id: "r" };
+            let req = RangedGet { first: 0, last: 9, rdma: token.clone(), ..Default::default() };
+            let e = direct_client().get(at, req).await.err().unwrap();
+            let sent = String::from_utf8(server.await.unwrap()).unwrap().to_ascii_lowercase();
+            assert!(sent.starts_with("get /data/k http/1.1\r\n") && sent.contains("x-amz-rdma-token: t"), "{sent}");
+            match want {
+                "declined" => assert!(matches!(e, S3Error::RdmaDeclined(_)), "{reply}: {e}"),
+                _ => assert!(matches!(&e, S3Error::NoSuchKey(k) if k == "k"), "{reply}: {e}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_header_value_with_a_line_break_is_never_sent() {
+        let at = Target { endpoint: "http://127.0.0.1:9", key: "k", request_id: "r" };
+        let req = RangedGet { first: 0, last: 9, if_match: Some("\"e\"\r\nx-evil: 1"), ..Default::default() };
+        let e = direct_client().get(at, req).await.err().unwrap();
+        assert!(matches!(e, S3Error::Protocol(_)) && e.to_string().contains("if-match"), "{e}");
+    }
+
     #[tokio::test]
     async fn a_missing_bucket_is_named_from_the_request() {
         let body = "<Error><Code>NoSuchBucket</Code><RequestId>tx</RequestId></Error>";

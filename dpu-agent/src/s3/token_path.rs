@@ -63,7 +63,7 @@ pub(super) fn moved(headers: &http::HeaderMap) -> Option<u64> {
 /// over up to gigabytes must not hold up other tenants' small requests).
 pub(super) async fn crc64nvme_of(region: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Result<u64, S3Error> {
     let region = region.clone();
-    tokio::task::spawn_blocking(move || crc64nvme_u64(region.as_ref(), offset, len))
+    tokio::task::spawn_blocking(move || region.crc64nvme(offset, len).map_err(|e| S3Error::Destination(e.to_string())))
         .await
         .map_err(|e| S3Error::Destination(format!("checksum task failed: {e}")))?
 }
@@ -72,11 +72,6 @@ pub(super) async fn crc64nvme_of(region: &Arc<dyn HostRegion>, offset: u64, len:
 pub(super) async fn crc64nvme_header(region: &Arc<dyn HostRegion>, offset: u64, len: u64) -> Result<String, S3Error> {
     let sum = crc64nvme_of(region, offset, len).await?;
     Ok(base64::engine::general_purpose::STANDARD.encode(sum.to_be_bytes()))
-}
-
-/// CRC-64/NVME of a memory window (in place where the memory is mapped).
-pub(super) fn crc64nvme_u64(mem: &dyn HostRegion, offset: u64, len: u64) -> Result<u64, S3Error> {
-    mem.crc64nvme(offset, len).map_err(|e| S3Error::Destination(e.to_string()))
 }
 
 impl TokenPath {
