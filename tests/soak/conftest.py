@@ -65,6 +65,7 @@ def soak():
         _SOAK.write_dataset()
         _SUMMARY["setup_s"] = time.monotonic() - t0
         _SUMMARY["ceph_up_s"] = _SOAK.ceph["up_s"]
+        _SUMMARY["osd_block_file"] = _SOAK.ceph["block_file"]
         yield _SOAK
     finally:
         _SOAK.teardown(keep=os.environ.get("SLUICE_SOAK_KEEP") == "1")

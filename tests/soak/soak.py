@@ -52,8 +52,9 @@ AGENT_METRICS, SHIM_METRICS = 9100, 9101
 RGW_OPTS = ["rgw_gc_obj_min_wait=5", "rgw_gc_processor_period=10", "rgw_gc_processor_max_time=10"]
 # The OSD's block file: bluestore never returns freed space to the file
 # system, so the file grows to this size over a long soak (the data the
-# OSD holds stays under ~2.3 GiB with the collector above): the disk /tmp
-# is on needs this much free.
+# OSD holds stays under ~2.3 GiB with the collector above): it lives in
+# /tmp when that disk has this much free, else in /dev/shm (scripts/ceph
+# --block-dir auto).
 OSD_GIB = 5
 
 
@@ -149,7 +150,8 @@ def cleanup_leftovers():
     lab.run("ip", "link", "del", BRIDGE, check=False)
     for d in Path("/tmp").glob("slsoak.*"):
         if (d / "ceph").is_dir():
-            lab.run(str(CEPH), "down", "--dir", str(d / "ceph"), check=False)
+            # --remove: an OSD block file in /dev/shm goes with it.
+            lab.run(str(CEPH), "down", "--dir", str(d / "ceph"), "--remove", check=False)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -215,7 +217,8 @@ class Soak:
         d = self.work / "ceph"
         t0 = time.monotonic()
         out = lab.run(str(CEPH), "up", "--dir", str(d), "--json", "--bind", GW_ADDR, "--owner", str(os.getpid()),
-                      "--osd-gib", str(OSD_GIB), *(a for opt in RGW_OPTS for a in ("--rgw-opt", opt)), check=False)
+                      "--osd-gib", str(OSD_GIB), "--block-dir", "auto",
+                      *(a for opt in RGW_OPTS for a in ("--rgw-opt", opt)), check=False)
         if out.returncode != 0:
             raise RuntimeError(f"scripts/ceph up failed:\n{out.stderr}")
         self.ceph = json.loads(out.stdout)
@@ -473,7 +476,9 @@ credentials = "{t}"
         for d in self.daemons.values():
             d.stop(timeout=5)
         if self.ceph:
-            lab.run(str(CEPH), "down", "--dir", str(self.work / "ceph"), check=False)
+            # --remove takes the OSD's block file too (it may be in /dev/shm).
+            lab.run(str(CEPH), "down", "--dir", str(self.work / "ceph"), *(() if keep else ("--remove",)),
+                    check=False)
         for k in range(1, NODES + 1):
             lab.run("ip", "netns", "del", ns_of(k), check=False)
             lab.run("ip", "link", "del", f"slsoakv{k}", check=False)
@@ -583,7 +588,7 @@ def human(summary):
     load = s.get("load", {})
     lines = [f"soak: {s.get('nodes')} nodes x {s.get('clients_per_node')} clients, 2 tenants, "
              f"{s.get('duration_s')} s ({s['machine']['cpus']} CPUs, {s['machine']['build']} binaries; "
-             f"Ceph up in {s.get('ceph_up_s', 0):.1f} s)"]
+             f"Ceph up in {s.get('ceph_up_s', 0):.1f} s, OSD block file {s.get('osd_block_file', '?')})"]
     if load:
         t = load["throughput"]
         lines.append(f"soak: throughput {t['MiB_s']:.1f} MiB/s, {t['objects_s']:.1f} objects/s "

@@ -127,7 +127,9 @@ impl CephCluster {
         let dir = tempfile::Builder::new().prefix("ceph").tempdir_in(std::env::temp_dir()).expect("tempdir").keep();
         let dir_s = dir.to_str().expect("utf8 temp dir").to_owned();
         let owner = std::process::id().to_string();
-        let v = parse_json(&run(&["up", "--dir", &dir_s, "--json", "--owner", &owner]));
+        // --block-dir auto: the OSD's block file goes to /dev/shm when the
+        // temp dir's disk lacks room for it (a nearly full CI disk).
+        let v = parse_json(&run(&["up", "--dir", &dir_s, "--json", "--owner", &owner, "--block-dir", "auto"]));
         let endpoints = v["endpoints"]
             .as_array()
             .expect("endpoints")
