@@ -80,6 +80,8 @@ def _u64(name: str, v: Any) -> int:
 
 
 def _path(p: Any) -> str:
+    if type(p) is str:  # the usual case, before the (slow) ABC check
+        return p
     if isinstance(p, os.PathLike):
         p = os.fspath(p)
     if not isinstance(p, str):

@@ -394,8 +394,9 @@ class _Compiled:
         spec = SCHEMA[msg]
         self.defaults: Dict[str, Any] = {}
         self.repeated: List[str] = []
-        #: num -> (name, kind, how, repeated, oneof group or "")
-        self.fields: Dict[int, Tuple[str, str, int, bool, str]] = {}
+        #: num -> (name, kind, how, repeated, oneof group or "", scalar
+        #: kind or "" when a u64 needs no conversion)
+        self.fields: Dict[int, Tuple[str, str, int, bool, str, str]] = {}
         self.oneof_members: List[Tuple[str, str]] = []  # (member, group)
         for num, (name, kind, label) in spec.items():
             rep = label == "repeated"
@@ -408,7 +409,8 @@ class _Compiled:
                 self.defaults[group] = None
                 self.oneof_members.append((name, group))
             how = _STRING if kind == "string" else (_NUMBER if kind in _SCALARS else _MESSAGE)
-            self.fields[num] = (name, kind, how, rep, group)
+            convert = "" if kind == "u64" else kind
+            self.fields[num] = (name, kind, how, rep, group, convert)
 
 
 _COMPILED: Dict[str, _Compiled] = {}
@@ -427,18 +429,32 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
     Absent plain fields hold their proto3 default, absent optional/message
     fields ``None``. For a oneof ``<name>`` the dict also holds
     ``"<name>"`` = the member that was set (or ``None``).
+
+    Every reply item goes through here, so the common shapes take the
+    short way: one-byte keys and lengths are read inline, a message field
+    seen once is decoded from its slice (a second occurrence merges, by
+    concatenation, protobuf's rule), and the oneof clean-up runs only when
+    a oneof changed member. ``tests/test_wire.py`` checks it against the
+    plain field-by-field decoder on random and mutated messages.
     """
     c = _compiled(msg)
-    out: Dict[str, Any] = dict(c.defaults)
+    out: Dict[str, Any] = c.defaults.copy()
     for name in c.repeated:
         out[name] = []
-    raw_msgs: Optional[Dict[str, bytearray]] = None  # non-repeated message fields, merged
-    order: List[str] = []
-    data = memoryview(data).tobytes() if not isinstance(data, bytes) else data
+    # Non-repeated message fields: name -> (kind, bytes or a merged bytearray),
+    # in the order first seen.
+    raw_msgs: Optional[Dict[str, Tuple[str, Any]]] = None
+    switched = False  # a oneof changed member: clear the others at the end
+    if not isinstance(data, bytes):
+        data = memoryview(data).tobytes()
     pos, end = 0, len(data)
     fields = c.fields
     while pos < end:
-        key, pos = decode_varint(data, pos)
+        key = data[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = decode_varint(data, pos)
         num, wtype = key >> 3, key & 7
         if num == 0:
             raise WireError("field number 0")
@@ -446,7 +462,7 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
         if field is None:
             pos = _skip(data, pos, wtype, num)
             continue
-        name, kind, how, rep, group = field
+        name, kind, how, rep, group, convert = field
         if how == _NUMBER:
             if wtype == _LEN and rep:
                 # proto3 packs repeated numbers: one length-delimited run.
@@ -462,12 +478,20 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
                 continue
             if wtype != _VARINT:
                 raise WireError(f"{msg}.{name}: wire type {wtype}, expected varint")
-            v, pos = decode_varint(data, pos)
-            value: Any = _scalar(kind, v)
+        elif wtype != _LEN:
+            raise WireError(f"{msg}.{name}: wire type {wtype}, expected length-delimited")
+        # A varint comes next either way: the number, or the length.
+        if pos >= end:
+            raise WireError("truncated varint")
+        v = data[pos]
+        if v < 0x80:
+            pos += 1
         else:
-            if wtype != _LEN:
-                raise WireError(f"{msg}.{name}: wire type {wtype}, expected length-delimited")
-            n, pos = decode_varint(data, pos)
+            v, pos = decode_varint(data, pos)
+        if how == _NUMBER:
+            value: Any = _scalar(convert, v) if convert else v
+        else:
+            n = v
             if pos + n > end:
                 raise WireError(f"{msg}.{name}: truncated")
             chunk = data[pos : pos + n]
@@ -488,29 +512,32 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
                         # Setting another member clears the oneof.
                         raw_msgs.pop(previous, None)
                         raw_msgs.pop(name, None)
+                        switched = True
                     out[group] = name
-                raw = raw_msgs.get(name)
-                if raw is None:
-                    raw_msgs[name] = bytearray(chunk)
+                seen = raw_msgs.get(name)
+                if seen is None:
+                    raw_msgs[name] = (kind, chunk)
                 else:
-                    raw.extend(chunk)
-                if name not in order:
-                    order.append(name)
+                    merged = seen[1] if isinstance(seen[1], bytearray) else bytearray(seen[1])
+                    merged += chunk
+                    raw_msgs[name] = (kind, merged)
                 continue
         if rep:
             out[name].append(value)
         else:
             if group:
+                previous = out[group]
+                if previous is not None and previous != name:
+                    switched = True
                 out[group] = name
             out[name] = value
     if raw_msgs:
-        for name in order:
-            if name in raw_msgs:
-                kind = _BY_NAME[msg][name][1]
-                out[name] = decode_message(kind, bytes(raw_msgs[name]))
-    for name, group in c.oneof_members:
-        if out[group] != name:
-            out[name] = None
+        for name, (kind, raw) in raw_msgs.items():
+            out[name] = decode_message(kind, raw if isinstance(raw, bytes) else bytes(raw))
+    if switched:
+        for name, group in c.oneof_members:
+            if out[group] != name:
+                out[name] = None
     return out
 
 
@@ -525,6 +552,10 @@ class FrameDecoder:
 
     def __init__(self, max_frame: int = MAX_FRAME_LEN) -> None:
         self._buf = bytearray()
+        #: Where the next frame starts in ``_buf``: frames read are dropped
+        #: from the front once per ``frames()`` pass, not once per frame
+        #: (a read brings a batch's items, each a frame of ~100 bytes).
+        self._pos = 0
         self._fds: Deque[int] = deque()
         self._max = max_frame
 
@@ -534,15 +565,24 @@ class FrameDecoder:
 
     def frames(self) -> Iterator[bytes]:
         """Yields every complete frame buffered so far."""
-        while len(self._buf) >= 4:
-            (n,) = struct.unpack_from(">I", self._buf, 0)
-            if n > self._max:
-                raise WireError(f"frame of {n} bytes exceeds {self._max}")
-            if len(self._buf) < 4 + n:
-                return
-            payload = bytes(self._buf[4 : 4 + n])
-            del self._buf[: 4 + n]
-            yield payload
+        buf = self._buf
+        try:
+            while len(buf) - self._pos >= 4:
+                (n,) = struct.unpack_from(">I", buf, self._pos)
+                if n > self._max:
+                    raise WireError(f"frame of {n} bytes exceeds {self._max}")
+                start = self._pos + 4
+                if len(buf) < start + n:
+                    return
+                # One copy, and the view released before the buffer changes.
+                with memoryview(buf) as view:
+                    payload = view[start : start + n].tobytes()
+                self._pos = start + n
+                yield payload
+        finally:
+            if self._pos:
+                del buf[: self._pos]
+                self._pos = 0
 
     def take_fd(self) -> Optional[int]:
         """The oldest unclaimed descriptor, if any (the caller owns it)."""
@@ -551,7 +591,7 @@ class FrameDecoder:
     def stray_fds(self) -> List[int]:
         """Descriptors nobody can claim any more: with no partial frame
         buffered, a queued descriptor cannot belong to a future frame."""
-        if self._buf or not self._fds:
+        if len(self._buf) > self._pos or not self._fds:
             return []
         out = list(self._fds)
         self._fds.clear()
@@ -564,4 +604,4 @@ class FrameDecoder:
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return len(self._buf) - self._pos

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Deque, Iterable, List, Optional, Sequence
 
 from . import _core
 from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
-from .client import ANC_SPACE, RECV_FLAGS, RECV_SIZE, fds_from_ancillary, scm_rights
+from .client import ANC_SPACE, MSG_CTRUNC, RECV_FLAGS, RECV_SIZE, fds_from_ancillary, scm_rights
 from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
 from .region import Region
 from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer
@@ -138,7 +138,7 @@ class AsyncClient(CoreClient):
                 self._lost(str(e))
                 return
             fds = fds_from_ancillary(anc)
-            if not data or flags & getattr(_socket, "MSG_CTRUNC", 0):
+            if not data or flags & MSG_CTRUNC:
                 for fd in fds:
                     close_fd(fd)
                 self._lost("" if not data else "descriptors from the shim were truncated")

@@ -24,7 +24,10 @@ T = TypeVar("T")
 
 _MAX_FDS = 16  # the shim attaches at most 4 per sendmsg; leave room
 ANC_SPACE = _socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
-RECV_FLAGS = getattr(_socket, "MSG_CMSG_CLOEXEC", 0)
+RECV_FLAGS = int(getattr(_socket, "MSG_CMSG_CLOEXEC", 0))
+#: As a plain int: the socket module's flags are an ``enum.IntFlag``, and
+#: ``int & IntFlag`` builds an enum member on every reply read.
+MSG_CTRUNC = int(getattr(_socket, "MSG_CTRUNC", 0))
 RECV_SIZE = 1 << 18
 
 
@@ -226,7 +229,7 @@ class Client(CoreClient):
             while True:
                 data, anc, flags, _ = self._sock.recvmsg(RECV_SIZE, ANC_SPACE, RECV_FLAGS)
                 fds = fds_from_ancillary(anc)
-                if flags & getattr(_socket, "MSG_CTRUNC", 0):
+                if flags & MSG_CTRUNC:
                     for fd in fds:
                         close_fd(fd)
                     err = "descriptors from the shim were truncated"
