@@ -553,36 +553,35 @@ class FrameDecoder:
     def __init__(self, max_frame: int = MAX_FRAME_LEN) -> None:
         self._buf = bytearray()
         #: Where the next frame starts in ``_buf``: frames read are dropped
-        #: from the front once per ``frames()`` pass, not once per frame
-        #: (a read brings a batch's items, each a frame of ~100 bytes).
+        #: from the front once per read (in ``feed``), not once per frame (a
+        #: read brings a batch's items, each a frame of ~100 bytes).
         self._pos = 0
         self._fds: Deque[int] = deque()
         self._max = max_frame
 
     def feed(self, data: bytes, fds: List[int]) -> None:
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
         self._buf += data
         self._fds.extend(fds)
 
     def frames(self) -> Iterator[bytes]:
-        """Yields every complete frame buffered so far."""
+        """Yields every complete frame buffered so far. A pass given up
+        part way (the caller raised) leaves the rest for the next one."""
         buf = self._buf
-        try:
-            while len(buf) - self._pos >= 4:
-                (n,) = struct.unpack_from(">I", buf, self._pos)
-                if n > self._max:
-                    raise WireError(f"frame of {n} bytes exceeds {self._max}")
-                start = self._pos + 4
-                if len(buf) < start + n:
-                    return
-                # One copy, and the view released before the buffer changes.
-                with memoryview(buf) as view:
-                    payload = view[start : start + n].tobytes()
-                self._pos = start + n
-                yield payload
-        finally:
-            if self._pos:
-                del buf[: self._pos]
-                self._pos = 0
+        while len(buf) - self._pos >= 4:
+            (n,) = struct.unpack_from(">I", buf, self._pos)
+            if n > self._max:
+                raise WireError(f"frame of {n} bytes exceeds {self._max}")
+            start = self._pos + 4
+            if len(buf) < start + n:
+                return
+            # One copy, and the view released before the buffer can change.
+            with memoryview(buf) as view:
+                payload = view[start : start + n].tobytes()
+            self._pos = start + n
+            yield payload
 
     def take_fd(self) -> Optional[int]:
         """The oldest unclaimed descriptor, if any (the caller owns it)."""
