@@ -475,7 +475,7 @@ credentials = "{t}"
     def teardown(self, keep=False):
         for d in self.daemons.values():
             d.stop(timeout=5)
-        if self.ceph:
+        if self.ceph or (self.work / "ceph").is_dir():
             # --remove takes the OSD's block file too (it may be in /dev/shm).
             lab.run(str(CEPH), "down", "--dir", str(self.work / "ceph"), *(() if keep else ("--remove",)),
                     check=False)

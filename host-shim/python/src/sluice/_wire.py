@@ -434,7 +434,7 @@ def decode_message(msg: str, data: bytes) -> Dict[str, Any]:
     short way: one-byte keys and lengths are read inline, a message field
     seen once is decoded from its slice (a second occurrence merges, by
     concatenation, protobuf's rule), and the oneof clean-up runs only when
-    a oneof changed member. ``tests/test_wire.py`` checks it against the
+    a oneof changed member. ``tests/test_wire_decoder.py`` checks it against the
     plain field-by-field decoder on random and mutated messages.
     """
     c = _compiled(msg)
