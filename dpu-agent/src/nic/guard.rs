@@ -297,7 +297,18 @@ fn check_and_repair(inner: &mut Inner, metrics: &GuardMetrics) -> Result<Vec<Dri
     error!(bridge = %inner.rules.bridge, drift = %what, "NIC guard: the bridge does not hold the agent's rules; restoring");
     if flows_drifted || found.iter().any(|d| matches!(d, Drift::Meter { .. })) {
         let applied = replace(sw, &inner.rules)?;
-        inner.baseline = read_back(inner)?;
+        // The baseline stays what the last apply read back: the rules have
+        // not changed, so a repair prints the same. Learning it again here
+        // would let another controller's change that lands between the
+        // repair and this read become what later checks compare against
+        // (never repaired); a read that differs is repaired at the next check.
+        let after = read_back(inner)?;
+        if after != inner.baseline {
+            warn!(
+                bridge = %inner.rules.bridge,
+                "NIC guard: the bridge changed again while the rules were restored; repairing at the next check"
+            );
+        }
         info!(
             bridge = %inner.rules.bridge,
             added = applied.flows_added,

@@ -262,6 +262,9 @@ struct FakeState {
     fail_mode: Option<String>,
     frags: String,
     down: bool,
+    /// Another controller racing a repair: once the next bundle is in,
+    /// this flow's text is replaced (before anyone reads the flows back).
+    after_next_bundle: Option<(u64, String)>,
 }
 
 impl Fake {
@@ -327,6 +330,10 @@ impl Switch for Fake {
             } else {
                 panic!("unexpected bundle line {l:?}");
             }
+        }
+        if let Some((cookie, text)) = s.after_next_bundle.take() {
+            let meter = s.flows.get(&cookie).and_then(|f| f.0);
+            s.flows.insert(cookie, (meter, text));
         }
         Ok(())
     }
@@ -445,13 +452,39 @@ fn a_bridge_that_would_forward_without_the_rules_is_refused() {
     }
 }
 
-#[test]
-fn the_guard_restores_what_was_deleted_changed_or_reset_and_says_when_it_cannot() {
+/// Two tenants' rules on a fake switch, and a guard started on it.
+fn guarded() -> (RuleSet, Fake, GuardMetrics, Arc<NicGuard>, Applied) {
     let (a, b) = two();
     let full = set(&a, &b);
     let sw = fake(&full);
     let m = guard_metrics();
     let (guard, applied) = NicGuard::start(Box::new(sw.clone()), full.clone(), m.clone()).unwrap();
+    (full, sw, m, guard, applied)
+}
+
+#[test]
+fn a_flow_changed_while_the_guard_repairs_is_repaired_at_the_next_check() {
+    let (full, sw, m, guard, _) = guarded();
+    let victim = *sw.cookies().iter().find(|c| **c & super::policy::OWNED_MASK == COOKIE_PREFIX).unwrap();
+    let original = sw.state().flows[&victim].clone();
+    let changed = format!("{} actions=NORMAL", original.1.split(" actions=").next().unwrap());
+    // A `del-flows`, and another controller's `mod-flows` landing right
+    // after the guard's repair and before it reads the flows back.
+    sw.state().flows.clear();
+    sw.state().after_next_bundle = Some((victim, changed.clone()));
+    assert_eq!(guard.check().unwrap(), vec![Drift::Flows { missing: full.flows.len(), unexpected: 0 }]);
+    assert_eq!(sw.state().flows[&victim].1, changed, "the race happened");
+    // The next check compares against the rules' own read-back, not the
+    // raced one: the change is seen and undone.
+    assert_eq!(guard.check().unwrap(), vec![Drift::Flows { missing: 1, unexpected: 1 }]);
+    assert_eq!(sw.state().flows[&victim], original);
+    assert_eq!(guard.check().unwrap(), vec![], "nothing left to repair");
+    assert_eq!(drifts(&m, "flows"), 2);
+}
+
+#[test]
+fn the_guard_restores_what_was_deleted_changed_or_reset_and_says_when_it_cannot() {
+    let (full, sw, m, guard, applied) = guarded();
     assert_eq!(applied.flows_added, full.flows.len());
     assert_eq!(sw.state().frags, FRAGMENTS, "fragment handling set explicitly at start");
     let status = guard.status();
@@ -535,6 +568,7 @@ fn the_guard_restores_what_was_deleted_changed_or_reset_and_says_when_it_cannot(
     assert!(sw.state().flows.contains_key(&0x77));
 
     // A reload's rule set becomes the one guarded.
+    let (a, _) = two();
     let only_a = rules(&nic(), AGENT_MAC, &[TenantRules { name: "alpha", nic: &a, bytes_per_sec: None }]).unwrap();
     guard.apply(only_a.clone()).unwrap();
     assert_eq!(guard.check().unwrap(), vec![]);
