@@ -45,13 +45,36 @@ def test_an_object_crosses_several_halves_into_gpu_memory_byte_exact(gclient, mo
     with gclient.register_gpu(ptr, nbytes=len(data) + 100) as g:
         t = gclient.get(f"{prefix}/big", into=g, offset=100)
         assert (t.bytes, t.object_size) == (len(data), len(data))
-        assert t.etag and t.parts >= 6, t
+        # A first read of a whole lane (2 MiB), then 1 MiB halves.
+        assert t.etag and t.parts >= 5, t
+        assert not t.verified and "ranged" in t.unverified_reason, "bigger than a lane: read in ranges, and says so"
         assert model.read(ptr + 100, len(data)) == data
         # A range, at an offset.
         model.write(ptr, b"\0" * 100)
         t = gclient.get(f"{prefix}/big", into=g, offset=7, range=(1_500_000, 2_000_000))
         assert t.bytes == 2_000_000 and model.read(ptr + 7, 2_000_000) == data[1_500_000:3_500_000]
     assert model.unpinned_copies == 0, "every copy came from pinned staging"
+
+
+def test_an_object_no_bigger_than_a_lane_is_one_whole_read_checked_end_to_end(gclient, model, prefix):
+    """Up to a whole lane (both halves) an object is one whole-object GET,
+    which the agent checks against its stored CRC64NVME: a GPU read of it
+    is ``verified``, whether it fills one half or both."""
+    for n in (LANE // 2 - 3, LANE // 2 + 4097, LANE):
+        data = payload(n, f"gpu-lane-{n}")
+        gclient.put(f"{prefix}/lane-{n}", data)
+        ptr = model.alloc(n + 64)
+        with gclient.register_gpu(ptr, nbytes=n + 64) as g:
+            t = gclient.get(f"{prefix}/lane-{n}", into=g, offset=64)
+            assert (t.bytes, t.object_size) == (n, n)
+            assert t.verified, t
+            assert model.read(ptr + 64, n) == data
+            # A range that is the whole object is checked too; a shorter one is not.
+            t = gclient.get(f"{prefix}/lane-{n}", into=g, offset=0, range=(0, n))
+            assert t.verified and model.read(ptr, n) == data
+            t = gclient.get(f"{prefix}/lane-{n}", into=g, offset=0, range=(1, n - 1))
+            assert not t.verified and model.read(ptr, n - 1) == data[1:]
+    assert model.unpinned_copies == 0
 
 
 def test_what_does_not_fit_writes_nothing_to_the_gpu(gclient, model, prefix):
@@ -432,3 +455,56 @@ def test_dcp_saves_gpu_tensors_in_lane_sized_pieces_within_its_budget(gclient, m
     st = gclient._stagings[0]
     assert st.count <= 2, f"{st.count} lanes for a budget of 2"
     assert model.unpinned_copies == 0
+
+
+def test_dcp_loads_gpu_pieces_through_the_lanes_checked_end_to_end(gclient, model, prefix):
+    """The reader puts a GPU tensor's pieces (each no bigger than a lane)
+    straight into the tensor through the lanes: no scratch staging, at most
+    its budget of lanes, every piece read whole so the agent checks it; a
+    replaced piece is refused with nothing written past its span; an
+    object bigger than a lane is left to the staged path."""
+    from sluice import dcp
+    from sluice.checkpoint import IncompleteCheckpoint
+    if not dcp.HAVE_DCP:
+        pytest.fail("torch.distributed.checkpoint is missing from the test venv")
+    import concurrent.futures as cf
+
+    ns, pre = prefix.split("/", 1)
+    n = 3 * LANE + 17
+    data = payload(n, "gpu-dcp-load")
+    pieces = [(off, min(LANE, n - off)) for off in range(0, n, LANE)]
+    etags = [gclient.put(f"{prefix}/load/{i}", data[off : off + k]).etag for i, (off, k) in enumerate(pieces)]
+    reader = dcp.StorageReader(prefix, gclient, threads=8, memory_bytes=2 * LANE)
+    ptr = model.alloc(n)
+    target = ModelTensor(ptr, n)
+    checkouts = []
+    real = gclient._checkout
+
+    def counting(k):
+        checkouts.append(k)
+        return (yield from real(k))
+
+    gclient._checkout = counting
+    budget = dcp._Budget(reader.memory_bytes)
+    with cf.ThreadPoolExecutor(8) as pool:
+        done = list(pool.map(lambda j: reader._read_into_gpu(f"{prefix}/load/{j[0]}", etags[j[0]], target, j[1][0], j[1][1],
+                                                             budget), enumerate(pieces)))
+    assert done == [True] * len(pieces)
+    assert model.read(ptr, n) == data
+    assert checkouts == [], "read through the lanes, with no scratch staging"
+    assert gclient._stagings[0].count <= 2, "at most the reader's budget of lanes"
+    assert model.unpinned_copies == 0
+
+    # A piece replaced since the save: refused, and nothing written.
+    model.write(ptr, b"\0" * n)
+    gclient.put(f"{prefix}/load/1", data[:LANE])
+    with pytest.raises(IncompleteCheckpoint, match="replaced"):
+        reader._read_into_gpu(f"{prefix}/load/1", etags[1], target, LANE, LANE, budget)
+    assert model.read(ptr, n) == b"\0" * n
+    # A stored object bigger than the span asked for: refused, nothing past the span.
+    gclient.put(f"{prefix}/load/long", data[: LANE // 2 + 100])
+    with pytest.raises(IncompleteCheckpoint, match="recorded"):
+        reader._read_into_gpu(f"{prefix}/load/long", "", target, 0, LANE // 2, budget)
+    assert model.read(ptr + LANE // 2, n - LANE // 2) == b"\0" * (n - LANE // 2)
+    # Bigger than a lane: not this path's.
+    assert reader._read_into_gpu(f"{prefix}/load/0", etags[0], target, 0, LANE + 4096, budget) is False

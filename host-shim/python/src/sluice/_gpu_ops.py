@@ -195,16 +195,21 @@ class GpuOps:
         max_bytes: Optional[int],
     ) -> "Op[Transfer]":
         """One object (or range) into ``gr`` through ``lane``, which the
-        caller holds: half by half, each half copied to the GPU while the
-        next is read."""
+        caller holds: the first read fills the whole lane, then half by
+        half, each half copied to the GPU while the next is read.
+
+        The first read asks for a whole lane, not a half, so that an object
+        no bigger than a lane is one whole-object GET, which the agent
+        checks end to end against its stored CRC64NVME (``verified``); a
+        bigger one is read in ranges and says so (``unverified_reason``)."""
         from ._core import Call, _span, one
 
         d = st.driver
         d.use(gr.device)
         start = rng["start"] if rng else 0
         want = rng["length"] if rng else None
-        first_len = lane.half if want is None else min(lane.half, want)
-        # The first half tells the object's size and version; nothing
+        first_len = 2 * lane.half if want is None else min(2 * lane.half, want)
+        # The first read tells the object's size and version; nothing
         # reaches GPU memory until the whole span is known to fit.
         fields = {
             "path": path,
@@ -227,9 +232,15 @@ class GpuOps:
             raise e
         gpu._check_bytes(first.bytes, min(first_len, total), "the first part")
         parts, half = first.parts, 0
-        if first.bytes:
-            d.htod(gr._check(offset, first.bytes), lane.addr, first.bytes, lane.stream)
-            lane.copied(d, 0)
+        # Copied half by half, each with its own event: the next read into
+        # half 0 waits only for half 0's copy.
+        dst = gr._check(offset, first.bytes) if first.bytes else 0
+        for h in (0, 1):
+            n = min(lane.half, first.bytes - h * lane.half)
+            if n > 0:
+                d.htod(dst + h * lane.half, lane.addr + h * lane.half, n, lane.stream)
+                lane.copied(d, h)
+                half = h
         done = first.bytes
         while done < total:
             half ^= 1

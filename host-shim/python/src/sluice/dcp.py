@@ -217,7 +217,13 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
             packed_fut = None
             if packed:
                 key = f"{rank_prefix}{len(own)}.distcp"
-                packed_fut = pool.submit(self._put_packed, ns, prefix, key, packed, budget)
+                # Piece-sized only when pieces are staged too (the pool's
+                # buffers then all fit each other); a GPU state stages
+                # nothing else on the host, so its small items take just
+                # their own size beside the lanes.
+                staged = any(not t.is_cuda and _registered_home(self._client, t, t.numel() * t.element_size()) is None
+                             for _, t in own)
+                packed_fut = pool.submit(self._put_packed, ns, prefix, key, packed, budget, staged)
             etags = [[f.result() for f in row] for row in futs]
             if packed_fut is not None:
                 results.extend(packed_fut.result())
@@ -274,19 +280,22 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         finally:
             budget.give(held)
 
-    def _put_packed(self, ns: str, prefix: str, key: str, packed: List[Any], budget: "_Budget") -> List[Any]:
+    def _put_packed(
+        self, ns: str, prefix: str, key: str, packed: List[Any], budget: "_Budget", piece_sized: bool = True
+    ) -> List[Any]:
         """The small items, packed into one object, staged within the
-        budget like a piece (and in a piece-sized buffer, so it neither
-        takes a buffer a piece is waiting for nor leaves one of another
-        size in the pool)."""
+        budget like a piece (``piece_sized``: in a piece-sized buffer, so it
+        neither takes a buffer a piece is waiting for nor leaves one of
+        another size in the pool; else in one of their own size)."""
         spans = []
         total = 0
         for item, data, dtype, shape in packed:
             spans.append((item, total, len(data), dtype, shape))
             total += len(data)
-        held = budget.take(max(total, self.piece_bytes))
+        buf = max(total, self.piece_bytes) if piece_sized else max(total, 1)
+        held = budget.take(buf)
         try:
-            with self._client.staging(max(total, self.piece_bytes)) as staged:
+            with self._client.staging(buf) as staged:
                 for (_, off, _, _, _), (_, data, _, _) in zip(spans, packed):
                     staged.write(data, off)
                 etag = self._client.put(f"{ns}/{prefix}/{key}", staged, 0, total).etag
@@ -409,15 +418,16 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
 
     def _get_checked(self, path: str, etag: str, size: int, into: Any, offset: int = 0) -> None:
         """Reads object ``path`` whole into ``into`` at ``offset``, pinned to
-        ``etag``; anything but exactly ``size`` verified bytes is refused."""
+        ``etag``; anything but exactly ``size`` verified bytes is refused
+        (and no more than ``size`` bytes are written)."""
         try:
-            t = self._client.get(path, into=into, offset=offset, if_match=etag)
+            t = self._client.get(path, into=into, offset=offset, range=(0, size), if_match=etag)
         except NoSuchKey:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
         except PreconditionFailed:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} was replaced since it was saved") from None
-        if t.bytes != size:
-            raise IncompleteCheckpoint(f"{path}: {t.bytes} bytes where the checkpoint recorded {size}")
+        if t.bytes != size or t.object_size != size:
+            raise IncompleteCheckpoint(f"{path}: {t.object_size} bytes where the checkpoint recorded {size}")
         if self.verify and not t.verified:
             raise IntegrityError(f"{path}: the bytes could not be verified ({t.unverified_reason})")
 
@@ -426,7 +436,7 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
     ) -> None:
         path = f"{ns}/{prefix}/{key}"
         etag = self.storage_data[reqs[0].storage_index].etag
-        if self._read_in_place(path, etag, size, reqs, planner):
+        if self._read_in_place(path, etag, size, reqs, planner, budget):
             return
         with self._staged(path, etag, size, budget) as r:
             for req in reqs:
@@ -437,8 +447,12 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         """Object ``path`` read whole and checked into staging memory from
         the client's pool (registered once, reused by every object and every
         later load), held within the budget for the ``with`` block."""
-        buf = max(size, self._buffer_bytes)
-        held = budget.take(buf)
+        # Staging buffers are piece-sized, so they fit each other in the
+        # pool; an object far smaller (the small items packed together)
+        # takes a buffer of its own size (a GPU state's load stages nothing
+        # else on the host: no piece-sized buffer is made for it).
+        buf = size if size <= self._buffer_bytes // 8 else max(size, self._buffer_bytes)
+        held = budget.take(max(buf, 1))
         try:
             with self._client.staging(buf) as r:
                 self._get_checked(path, etag, size, r)
@@ -462,11 +476,12 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
             return None
         return target
 
-    def _read_in_place(self, path: str, etag: str, size: int, reqs: List[Any], planner: Any) -> bool:
-        """Reads an object straight into its target tensor when that tensor
-        lives in registered memory (register_state_dict) and the object is
-        exactly its bytes: no staging and no copy on this host. False when
-        it does not apply (the staged path then reads it)."""
+    def _read_in_place(self, path: str, etag: str, size: int, reqs: List[Any], planner: Any, budget: "_Budget") -> bool:
+        """Reads an object straight into its target tensor when the object
+        is exactly that tensor's bytes and the tensor lives in registered
+        memory (register_state_dict: no staging, no copy on this host) or
+        in GPU memory (through a staging lane, :meth:`_read_into_gpu`).
+        False when it does not apply (the staged path then reads it)."""
         if len(reqs) != 1:
             return False
         req = reqs[0]
@@ -474,12 +489,16 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         if info.offset != 0 or info.length != size:
             return False
         target = self._whole_target(req, planner)
-        if target is None or target.is_cuda:
+        if target is None:
             return False
-        home = _registered_home(self._client, target, size)
-        if home is None:
-            return False
-        self._get_checked(path, etag, size, home[0], home[1])
+        if target.is_cuda:
+            if not self._read_into_gpu(path, etag, target, 0, size, budget):
+                return False
+        else:
+            home = _registered_home(self._client, target, size)
+            if home is None:
+                return False
+            self._get_checked(path, etag, size, home[0], home[1])
         planner.commit_tensor(req, target)
         return True
 
@@ -516,11 +535,38 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         if home is not None:
             self._get_checked(path, etag, n, home[0], home[1] + off)
             return
+        if self._read_into_gpu(path, etag, target, off, n, budget):
+            return
         with self._staged(path, etag, n, budget) as r:
             dst = target.reshape(-1).view(torch.uint8)[off : off + n]
-            dst.copy_(torch.frombuffer(r.view[:n], dtype=torch.uint8))
+            dst.copy_(torch.frombuffer(r.view[:n], dtype=torch.uint8), non_blocking=target.is_cuda)
             if target.is_cuda:
                 _wait_for_copy(target)
+
+    def _gpu_room(self) -> int:
+        """The largest object read straight into a GPU tensor: one of the
+        client's staging lanes (0: the client has none)."""
+        lane = getattr(self._client, "_lane_bytes", 0)
+        return (max(2 << 20, lane) & ~4095) if lane else 0
+
+    def _read_into_gpu(self, path: str, etag: str, target: Any, off: int, n: int, budget: "_Budget") -> bool:
+        """Reads object ``path`` into bytes ``off..off+n`` of GPU tensor
+        ``target`` through one of the client's pinned staging lanes and the
+        copy engine (:meth:`Client.register_gpu`): no other host memory and
+        no host copy. An object no bigger than a lane is read whole, so the
+        agent checks it end to end. False when this does not apply (not a
+        GPU tensor, or a bigger object, as checkpoints written with bigger
+        pieces have): the staged path reads it then."""
+        room = self._gpu_room()
+        if not getattr(target, "is_cuda", False) or not room or n > room:
+            return False
+        held = budget.take(room)
+        try:
+            with self._client.register_gpu(target) as g:
+                self._get_checked(path, etag, n, g, off)
+        finally:
+            budget.give(held)
+        return True
 
     def _gather_pieces(self, paths: List[Tuple[str, int, str]], req: Any, planner: Any, budget: "_Budget") -> None:
         """A shard of (or a conversion from) a tensor stored in pieces: the
@@ -552,7 +598,9 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
             part = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
             if target.size() != part.size():
                 raise IncompleteCheckpoint(f"{path}: stored shape {tuple(part.size())}, expected {tuple(target.size())}")
-            target.copy_(part)
+            # From staging on the host: on the GPU an asynchronous copy, then
+            # an asleep wait (a synchronous copy_ spins a core until done).
+            target.copy_(part, non_blocking=target.is_cuda)
             if target.is_cuda:
                 _wait_for_copy(target)
             del stored, part
