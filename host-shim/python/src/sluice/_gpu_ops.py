@@ -238,6 +238,7 @@ class GpuOps:
         for h in (0, 1):
             n = min(lane.half, first.bytes - h * lane.half)
             if n > 0:
+                lane.queued()
                 d.htod(dst + h * lane.half, lane.addr + h * lane.half, n, lane.stream)
                 lane.copied(d, h)
                 half = h
@@ -256,6 +257,7 @@ class GpuOps:
             r = yield from one(Call("get", fields, request_id=request_id), "get")
             t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
             gpu._check_bytes(t.bytes, n, f"bytes {start + done}-{start + done + n - 1}")
+            lane.queued()
             d.htod(gr._check(offset + done, n), lane.addr + half * lane.half, n, lane.stream)
             lane.copied(d, half)
             parts += t.parts
@@ -265,8 +267,9 @@ class GpuOps:
 
     def _give_lane(self, st: gpu.Staging, lane: gpu.Lane) -> None:
         try:
-            st.driver.use(st.device)
-            lane.drain(st.driver)
+            if lane.busy:
+                st.driver.use(st.device)
+                lane.drain(st.driver)
         finally:
             st.give(lane)
 
@@ -309,9 +312,10 @@ class GpuOps:
             # Copied in pieces on the lane's stream: the first pieces are in
             # host memory while the last are still on their way.
             step = max(lane.half, 1)
+            lane.queued()
             for pos in range(0, n, step):
                 d.dtoh(base + pos, src + pos, min(step, n - pos), lane.stream)
-            d.synchronize(lane.stream)
+            lane.drain(d)
             fields = {"path": path, "region_id": region.id, "offset": 0, "length": n, "content_type": content_type}
             r = yield from one(Call("put", fields, request_id=request_id), "put")
             clean = True
@@ -425,6 +429,7 @@ class GpuOps:
                         try:
                             if t.bytes:
                                 dst = gr._check(off, t.bytes)
+                                lane.queued()
                                 d.htod(dst, lane.addr + half * lane.half + at, t.bytes, lane.stream)
                         except SluiceError as e:
                             results[i].error = e

@@ -43,6 +43,7 @@ import pickle
 import threading
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from ._dcp_registered import _client_of, _registered_home, register_state_dict, release_registered_state
 from .checkpoint import IncompleteCheckpoint
 from .errors import IntegrityError, NoSuchKey, PreconditionFailed, SluiceError
 
@@ -108,14 +109,6 @@ class SluiceItem:
     #: ``key`` is then their common stem and ``etag`` empty. Checkpoints
     #: written before pieces existed unpickle with none.
     pieces: Tuple[Tuple[str, int, str], ...] = ()
-
-
-def _client_of(client: Any) -> Any:
-    if client is None or isinstance(client, str):
-        from .client import Client
-
-        return Client(client)
-    return client
 
 
 def _split(path: str) -> Tuple[str, str]:
@@ -439,8 +432,21 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         if self._read_in_place(path, etag, size, reqs, planner, budget):
             return
         with self._staged(path, etag, size, budget) as r:
-            for req in reqs:
-                self._deliver(path, r, req, planner)
+            # Copies into GPU tensors are queued item by item, then waited
+            # for once (before the staging region goes back), and only then
+            # are those tensors committed.
+            queued: List[Tuple[Any, Any]] = []
+            try:
+                for req in reqs:
+                    q = self._deliver(path, r, req, planner, wait=False)
+                    if q is not None:
+                        queued.append(q)
+            finally:
+                # Also when an item fails: no copy may still read the region.
+                for t in {t.device: t for _, t in queued}.values():
+                    _wait_for_copy(t)
+            for req, t in queued:
+                planner.commit_tensor(req, t)
 
     @contextlib.contextmanager
     def _staged(self, path: str, etag: str, size: int, budget: "_Budget") -> Iterator[Any]:
@@ -583,16 +589,19 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         finally:
             budget.give(held)
 
-    def _deliver(self, path: str, r: Any, req: Any, planner: Any) -> None:
+    def _deliver(self, path: str, r: Any, req: Any, planner: Any, wait: bool = True) -> Optional[Tuple[Any, Any]]:
         """Hands one item of the object in region ``r`` to the planner: bytes
         as a BytesIO, a tensor copied into its target (on the GPU: from
-        registered memory, pinned when the client pins regions)."""
+        registered memory, pinned when the client pins regions). With
+        ``wait`` False, a copy into a GPU tensor is left queued and
+        ``(req, target)`` returned: the caller waits for it, then commits."""
         info = self.storage_data[req.storage_index]
         window = r.view[info.offset : info.offset + info.length]
         if req.type == _pl.LoadItemType.BYTE_IO:
             planner.load_bytes(req, io.BytesIO(bytes(window)))
-            return
+            return None
         target = planner.resolve_tensor(req).detach()
+        queued = False
         if info.length:
             stored = torch.frombuffer(window, dtype=_dtype(info.dtype)).view(info.shape)
             part = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
@@ -601,10 +610,14 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
             # From staging on the host: on the GPU an asynchronous copy, then
             # an asleep wait (a synchronous copy_ spins a core until done).
             target.copy_(part, non_blocking=target.is_cuda)
-            if target.is_cuda:
-                _wait_for_copy(target)
+            queued = target.is_cuda
             del stored, part
+        if queued and not wait:
+            return req, target
+        if queued:
+            _wait_for_copy(target)
         planner.commit_tensor(req, target)
+        return None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -642,100 +655,6 @@ def _tensor_bytes(t: Any) -> memoryview:
     if flat.numel() == 0:
         return memoryview(b"")
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")
-
-
-def _registered_home(client: Any, t: Any, nbytes: int) -> Optional[Tuple[Any, int]]:
-    """(region, offset) of a contiguous CPU tensor that lives in memory the
-    client registered, else None."""
-    region_at = getattr(client, "region_at", None)
-    if region_at is None or not nbytes or t.is_cuda or not t.is_contiguous():
-        return None
-    return region_at(t.data_ptr(), nbytes)
-
-
-def register_state_dict(state_dict: Any, client: Any = None, *, region_bytes: int = 1 << 30) -> Any:
-    """A copy of ``state_dict`` whose CPU tensors live in memory registered
-    with the shim (regions of up to ``region_bytes``; a bigger tensor gets
-    its own): :func:`save` then stores them, and :func:`load` reads into
-    them, with no copy on this host. Tensors are copied in once, here;
-    everything else is kept as is.
-
-    Keep the model in that memory to checkpoint it again and again without
-    copies, e.g. ``model.load_state_dict(register_state_dict(model.state_dict(),
-    client), assign=True)``. The regions belong to ``client`` and go when it
-    closes, or with :func:`release_registered_state`): register a state
-    once, not per checkpoint."""
-    client = _client_of(client)
-    tensors: List[Any] = []
-    _collect(state_dict, tensors)
-    views: Dict[int, Any] = {}
-    batch: List[Any] = []
-    total = 0
-
-    # The client keeps the regions: tensors hold only the mapping, and a
-    # region nobody holds would be released under them.
-    held: List[Any] = client.__dict__.setdefault("_registered_state", [])
-
-    def place(batch: List[Any], total: int) -> None:
-        region = client.register(max(total, 1))
-        held.append(region)
-        off = 0
-        for t in batch:
-            n = t.numel() * t.element_size()
-            view = region.torch(torch.uint8, n, off).view(t.dtype).view(t.shape)
-            view.copy_(t)
-            views[id(t)] = view
-            off += (n + 63) & ~63
-
-    for t in tensors:
-        n = (t.numel() * t.element_size() + 63) & ~63
-        if batch and total + n > region_bytes:
-            place(batch, total)
-            batch, total = [], 0
-        batch.append(t)
-        total += n
-    if batch:
-        place(batch, total)
-    return _substitute(state_dict, views)
-
-
-def release_registered_state(client: Any = None) -> None:
-    """Releases the regions of every state dict :func:`register_state_dict`
-    made on ``client``; their tensors must no longer be used."""
-    client = _client_of(client)
-    for region in client.__dict__.pop("_registered_state", []):
-        region.release()
-
-
-def _collect(obj: Any, out: List[Any]) -> None:
-    if isinstance(obj, torch.Tensor):
-        if not obj.is_cuda and obj.numel() and obj.layout == torch.strided:
-            out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _collect(v, out)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            _collect(v, out)
-
-
-def _substitute(obj: Any, views: Dict[int, Any]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        v = views.get(id(obj))
-        if v is None:
-            return obj
-        return torch.nn.Parameter(v, requires_grad=obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else v
-    if isinstance(obj, dict):
-        items = [(k, _substitute(v, views)) for k, v in obj.items()]
-        try:
-            return type(obj)(items)  # OrderedDict and friends keep their type
-        except TypeError:
-            return dict(items)
-    if isinstance(obj, list):
-        return [_substitute(v, views) for v in obj]
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_substitute(v, views) for v in obj)
-    return obj
 
 
 def _typed(e: BaseException) -> BaseException:

@@ -223,19 +223,31 @@ class Lane:
         self.stream = stream
         self.events = events
         self.pending = [False, False]
+        #: Copies may be queued on the stream since the last drain.
+        self.busy = False
 
     def wait(self, driver: Driver, half: int) -> None:
         if self.pending[half]:
             driver.wait_event(self.events[half])
             self.pending[half] = False
 
+    def queued(self) -> None:
+        """Copies are about to be queued on the lane's stream."""
+        self.busy = True
+
     def copied(self, driver: Driver, half: int) -> None:
         driver.record(self.events[half], self.stream)
         self.pending[half] = True
+        self.busy = True
 
     def drain(self, driver: Driver) -> None:
-        driver.synchronize(self.stream)
+        """Waits for every copy queued on the lane's stream (nothing to wait
+        for, no CUDA call: a lane is drained by its request, then again as
+        it is given back)."""
+        if self.busy:
+            driver.synchronize(self.stream)
         self.pending = [False, False]
+        self.busy = False
 
 
 class Staging:
