@@ -299,11 +299,21 @@ def main() -> None:
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        stack.down(args.keep_stack)
+        # The report first, the stack's teardown after: stopping a store
+        # that holds several GiB can take long enough for a time limit
+        # (the GPU machine's) to end the run, and what finished must not
+        # be lost with it. An interrupted run reports what it finished.
+        failed = True
+        try:
+            wall = time.perf_counter() - t_start
+            failed = report(args, layouts, writers, results, wall, torch_info, (load_start, os.getloadavg()),
+                            interrupted=interrupted)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            stack.down(args.keep_stack)
     if interrupted:
-        raise SystemExit("interrupted")
-    wall = time.perf_counter() - t_start
-    failed = report(args, layouts, writers, results, wall, torch_info, (load_start, os.getloadavg()))
+        raise SystemExit("interrupted (the report has what finished)")
     if failed:
         sys.exit(1)
 
@@ -361,6 +371,7 @@ def report(
     wall: float,
     torch_info: Dict[str, Any],
     loadavg: Any,
+    interrupted: bool = False,
 ) -> bool:
     chunk = args.chunk_mib * MIB
     sluice = [w for w in writers if w in SLUICE]
@@ -390,6 +401,8 @@ def report(
             if not summ:
                 why = res.get("reason") or res.get("error") or "no result"
                 status = "unavailable" if not res.get("available", True) else "FAILED"
+                if not res and interrupted:
+                    status, why = "NOT RUN", "the run was interrupted first"
                 lines.append(f"{name:<30} {label:>6}       {status}: {why[:110]}")
                 continue
             for op in OPS:
@@ -489,6 +502,8 @@ def report(
     if missing:
         lines.append(f"  (best peer among those that ran; without: {', '.join(missing)})")
     lines.append(f"load average {loadavg[0][0]:.1f} at the start, {loadavg[1][0]:.1f} at the end; wall time {wall:.0f}s")
+    if interrupted:
+        lines.append("INTERRUPTED: stopped by a signal before every writer had run; the rows above are what finished")
     text = "\n".join(lines)
     print(text)
 
@@ -567,6 +582,9 @@ def report(
         "wall_seconds": wall,
         "text_table": text,
     }
+    if interrupted:
+        # Writers or sizes that had not run are "no result" in the table.
+        doc["interrupted"] = "stopped before every writer had run (a signal); the table has what finished"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
