@@ -431,7 +431,7 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         etag = self.storage_data[reqs[0].storage_index].etag
         if self._read_in_place(path, etag, size, reqs, planner, budget):
             return
-        with self._staged(path, etag, size, budget) as r:
+        with self._staged(path, etag, size, budget, packed=len(reqs) > 1) as r:
             # Copies into GPU tensors are queued item by item, then waited
             # for once (before the staging region goes back), and only then
             # are those tensors committed.
@@ -449,15 +449,15 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
                 planner.commit_tensor(req, t)
 
     @contextlib.contextmanager
-    def _staged(self, path: str, etag: str, size: int, budget: "_Budget") -> Iterator[Any]:
+    def _staged(self, path: str, etag: str, size: int, budget: "_Budget", packed: bool = False) -> Iterator[Any]:
         """Object ``path`` read whole and checked into staging memory from
         the client's pool (registered once, reused by every object and every
         later load), held within the budget for the ``with`` block."""
         # Staging buffers are piece-sized, so they fit each other in the
-        # pool; an object far smaller (the small items packed together)
-        # takes a buffer of its own size (a GPU state's load stages nothing
-        # else on the host: no piece-sized buffer is made for it).
-        buf = size if size <= self._buffer_bytes // 8 else max(size, self._buffer_bytes)
+        # pool; the small items packed together take a buffer of their own
+        # size (a GPU state's load stages nothing else on the host: no
+        # piece-sized buffer is made for it).
+        buf = size if packed else max(size, self._buffer_bytes)
         held = budget.take(max(buf, 1))
         try:
             with self._client.staging(buf) as r:
