@@ -244,6 +244,8 @@ def main() -> None:
     signal.signal(signal.SIGTERM, on_signal)
     results: Dict[str, Dict[str, Dict[str, Any]]] = {}
     interrupted = False
+    #: Why the run ended before every writer had run (None: it did not).
+    stopped: Optional[str] = None
     try:
         log(f"stack up in {stack.dir}: gateway {stack.info['gateway']}, shim {stack.info['socket']}")
         env = lr.reader_env(stack)
@@ -298,22 +300,28 @@ def main() -> None:
                     log(f"  cleanup of {prefix} failed: {e}")
     except KeyboardInterrupt:
         interrupted = True
+        stopped = "stopped by a signal"
+    except Exception as e:  # noqa: BLE001 - reported, then raised again below
+        stopped = f"the benchmark itself failed: {type(e).__name__}: {e}"
+        raise
     finally:
         # The report first, the stack's teardown after: stopping a store
         # that holds several GiB can take long enough for a time limit
         # (the GPU machine's) to end the run, and what finished must not
-        # be lost with it. An interrupted run reports what it finished.
+        # be lost with it. A run stopped part way reports what it finished
+        # and says why it stopped.
         failed = True
         try:
             wall = time.perf_counter() - t_start
             failed = report(args, layouts, writers, results, wall, torch_info, (load_start, os.getloadavg()),
-                            interrupted=interrupted)
+                            stopped=stopped)
         except KeyboardInterrupt:
             interrupted = True
+            stopped = "stopped by a signal while reporting (the JSON may be missing)"
         finally:
             stack.down(args.keep_stack)
     if interrupted:
-        raise SystemExit("interrupted (the report has what finished)")
+        raise SystemExit(f"interrupted: {stopped}")
     if failed:
         sys.exit(1)
 
@@ -371,7 +379,7 @@ def report(
     wall: float,
     torch_info: Dict[str, Any],
     loadavg: Any,
-    interrupted: bool = False,
+    stopped: Optional[str] = None,
 ) -> bool:
     chunk = args.chunk_mib * MIB
     sluice = [w for w in writers if w in SLUICE]
@@ -401,8 +409,8 @@ def report(
             if not summ:
                 why = res.get("reason") or res.get("error") or "no result"
                 status = "unavailable" if not res.get("available", True) else "FAILED"
-                if not res and interrupted:
-                    status, why = "NOT RUN", "the run was interrupted first"
+                if not res and stopped:
+                    status, why = "NOT RUN", f"the run ended first ({stopped})"
                 lines.append(f"{name:<30} {label:>6}       {status}: {why[:110]}")
                 continue
             for op in OPS:
@@ -502,8 +510,8 @@ def report(
     if missing:
         lines.append(f"  (best peer among those that ran; without: {', '.join(missing)})")
     lines.append(f"load average {loadavg[0][0]:.1f} at the start, {loadavg[1][0]:.1f} at the end; wall time {wall:.0f}s")
-    if interrupted:
-        lines.append("INTERRUPTED: stopped by a signal before every writer had run; the rows above are what finished")
+    if stopped:
+        lines.append(f"INCOMPLETE: {stopped} before every writer had run; the rows above are what finished")
     text = "\n".join(lines)
     print(text)
 
@@ -582,9 +590,9 @@ def report(
         "wall_seconds": wall,
         "text_table": text,
     }
-    if interrupted:
-        # Writers or sizes that had not run are "no result" in the table.
-        doc["interrupted"] = "stopped before every writer had run (a signal); the table has what finished"
+    if stopped:
+        # Writers or sizes that had not run are "NOT RUN" in the table.
+        doc["interrupted"] = f"{stopped} before every writer had run; the table has what finished"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)

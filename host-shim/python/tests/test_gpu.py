@@ -7,6 +7,7 @@ runs against libcuda on a GPU machine (scripts/gpu-lane)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 
 import numpy as np
 import pytest
@@ -21,9 +22,11 @@ LANE = 2 << 20  # halves of 1 MiB: objects below cross several
 class CudaArray:
     """A minimal ``__cuda_array_interface__`` producer over model memory."""
 
-    def __init__(self, ptr: int, shape, typestr: str = "|u1", strides=None) -> None:
+    def __init__(self, ptr: int, shape, typestr: str = "|u1", strides=None, stream=None) -> None:
         self.__cuda_array_interface__ = {"data": (ptr, False), "shape": shape, "typestr": typestr,
                                          "strides": strides, "version": 3}
+        if stream is not None:
+            self.__cuda_array_interface__["stream"] = stream
 
 
 @pytest.fixture
@@ -75,6 +78,45 @@ def test_an_object_no_bigger_than_a_lane_is_one_whole_read_checked_end_to_end(gc
             t = gclient.get(f"{prefix}/lane-{n}", into=g, offset=0, range=(1, n - 1))
             assert not t.verified and model.read(ptr, n - 1) == data[1:]
     assert model.unpinned_copies == 0
+
+
+def test_copies_come_after_the_work_the_owner_queued_on_the_memory(gclient, model, prefix):
+    """The lanes' streams synchronize with no other, so a transfer first
+    makes its lane wait for the work queued on the memory's producer stream
+    (torch's current stream; here ``__cuda_array_interface__``'s): a copy
+    the owner queued before a GET cannot land after (over) its bytes, and a
+    PUT stores the bytes that copy writes, not what was there before."""
+    n = 3 * LANE // 2 + 5  # a first read of a whole lane, then a half
+    data = payload(n, "gpu-ordered")
+    gclient.put(f"{prefix}/ordered", data)
+    stale = ctypes.create_string_buffer(b"s" * n, n)
+    model.host_register(ctypes.addressof(stale), n)
+    ptr = model.alloc(n)
+    producer = model.stream()
+    model.use(0)
+    # The owner's work still queued on its stream: stale bytes into the tensor.
+    model.htod(ptr, ctypes.addressof(stale), n, producer)
+    with gclient.register_gpu(CudaArray(ptr, (n,), stream=producer)) as g:
+        gclient.get(f"{prefix}/ordered", into=g)
+    model.synchronize(producer)  # the owner's stream, whenever it runs
+    assert model.read(ptr, n) == data, "the GET's bytes landed before the owner's earlier copy"
+    assert model.stream_waits >= 1
+
+    # get_many into it: the same.
+    model.htod(ptr, ctypes.addressof(stale), n, producer)
+    with gclient.register_gpu(CudaArray(ptr, (n,), stream=producer)) as g:
+        res = gclient.get_many([sluice.GetSpec(f"{prefix}/ordered", g, 0, range=(0, 4096))])
+        assert res[0].ok, res[0].error
+    model.synchronize(producer)
+    assert model.read(ptr, 4096) == data[:4096]
+
+    # A PUT stores what the owner's queued copy writes.
+    fresh = ctypes.create_string_buffer(b"f" * n, n)
+    model.host_register(ctypes.addressof(fresh), n)
+    model.htod(ptr, ctypes.addressof(fresh), n, producer)
+    with gclient.register_gpu(CudaArray(ptr, (n,), stream=producer)) as g:
+        gclient.put(f"{prefix}/ordered-put", g)
+    assert gclient.get_bytes(f"{prefix}/ordered-put") == b"f" * n
 
 
 def test_what_does_not_fit_writes_nothing_to_the_gpu(gclient, model, prefix):
@@ -508,3 +550,33 @@ def test_dcp_loads_gpu_pieces_through_the_lanes_checked_end_to_end(gclient, mode
     assert model.read(ptr + LANE // 2, n - LANE // 2) == b"\0" * (n - LANE // 2)
     # Bigger than a lane: not this path's.
     assert reader._read_into_gpu(f"{prefix}/load/0", etags[0], target, 0, LANE + 4096, budget) is False
+
+
+def test_a_lane_whose_drain_failed_is_drained_before_its_next_use(gclient, model, prefix):
+    """A drain that fails leaves a lane with copies possibly queued; it goes
+    back to the pool marked busy, and the next request drains it before
+    reading into it: the failed request's queued copies run from the bytes
+    they were queued for, never from the next object's."""
+    from sluice.cuda import CudaError
+
+    first, second = payload(LANE, "gpu-drain-1"), payload(LANE, "gpu-drain-2")
+    gclient.put(f"{prefix}/drain-1", first)
+    gclient.put(f"{prefix}/drain-2", second)
+    a, b = model.alloc(LANE), model.alloc(LANE)
+    real, fails = model.synchronize, [2]
+
+    def flaky(stream):
+        if fails[0]:
+            fails[0] -= 1
+            raise CudaError("cuEventSynchronize failed: CUDA_ERROR_LAUNCH_FAILED (model)")
+        return real(stream)
+
+    model.synchronize = flaky
+    with gclient.register_gpu(a, nbytes=LANE) as ga:
+        with pytest.raises(CudaError):
+            gclient.get(f"{prefix}/drain-1", into=ga)
+    assert fails == [0] and gclient._stagings[0].lanes[0].busy, "the lane went back with its copies unconfirmed"
+    with gclient.register_gpu(b, nbytes=LANE) as gb:
+        t = gclient.get(f"{prefix}/drain-2", into=gb)
+    assert t.bytes == LANE and model.read(b, LANE) == second
+    assert model.read(a, LANE) == first, "the failed request's copies ran from its own bytes"

@@ -109,6 +109,16 @@ class GpuOps:
             if not ok:
                 return None
         if lane is not None:
+            if lane.busy:
+                # Its last drain failed: copies may still be queued on it.
+                # Drained before any byte lands in it again, or this
+                # request fails with the driver's error.
+                try:
+                    d.use(device)
+                    lane.drain(d)
+                except BaseException:
+                    st.give(lane)
+                    raise
             return st, lane
         try:
             # A lane is a region like any other (the agent writes into it),
@@ -122,7 +132,7 @@ class GpuOps:
             addr = _addr(region)
             d.host_register(addr, region.nbytes)
             self._pinned[region.id] = addr
-            lane = gpu.Lane(region, addr, region.nbytes, d.stream(), [d.event(), d.event()])
+            lane = gpu.Lane(region, addr, region.nbytes, d.stream(), [d.event(), d.event()], d.event())
         except BaseException:
             self._release_later(region)  # type: ignore[attr-defined]
             st.unreserve()
@@ -233,8 +243,10 @@ class GpuOps:
         gpu._check_bytes(first.bytes, min(first_len, total), "the first part")
         parts, half = first.parts, 0
         # Copied half by half, each with its own event: the next read into
-        # half 0 waits only for half 0's copy.
+        # half 0 waits only for half 0's copy. Every copy into the memory
+        # comes after the work its owner had queued on it.
         dst = gr._check(offset, first.bytes) if first.bytes else 0
+        lane.after(d, gr)
         for h in (0, 1):
             n = min(lane.half, first.bytes - h * lane.half)
             if n > 0:
@@ -313,6 +325,7 @@ class GpuOps:
             # host memory while the last are still on their way.
             step = max(lane.half, 1)
             lane.queued()
+            lane.after(d, gr)  # the bytes as the owner's queued work leaves them
             for pos in range(0, n, step):
                 d.dtoh(base + pos, src + pos, min(step, n - pos), lane.stream)
             lane.drain(d)
@@ -321,11 +334,13 @@ class GpuOps:
             clean = True
             return Transfer._from_wire(r.body["report"], r.body["etag"], n)
         finally:
-            self._give_lane(st, lane)
-            if own is not None:
-                # Kept for reuse only after a clean answer: a request cut
-                # short may still have the shim reading it.
-                self._give_back(own, clean)  # type: ignore[attr-defined]
+            try:
+                self._give_lane(st, lane)
+            finally:
+                if own is not None:
+                    # Kept for reuse only after a clean answer: a request cut
+                    # short may still have the shim reading it.
+                    self._give_back(own, clean)  # type: ignore[attr-defined]
 
     def _gpu_items_op(
         self, items: List[Tuple[int, str, gpu.GpuRegion, int, Optional[ByteRange], str]], results: List[ItemResult]
@@ -419,6 +434,8 @@ class GpuOps:
                         for _, path, _, _, rng, if_match, at, room in chunk
                     ]
                     (out,) = yield [Call("get_batch", {"items": fields})]
+                    for gr in {id(c[2]): c[2] for c in chunk}.values():
+                        lane.after(d, gr)
                     for (i, path, gr, off, rng, if_match, at, room), o in zip(chunk, _batch_outcomes(out, len(fields))):
                         try:
                             rep = check(o, "get")

@@ -113,6 +113,11 @@ class Driver:
     def wait_event(self, event: int) -> None:
         raise NotImplementedError
 
+    def stream_wait(self, stream: int, event: int) -> None:
+        """Makes later work on ``stream`` wait, on the GPU (the host does not
+        block), until ``event`` has happened."""
+        raise NotImplementedError
+
     def synchronize(self, stream: int) -> None:
         raise NotImplementedError
 
@@ -244,6 +249,9 @@ class LibCuda(Driver):
     def wait_event(self, event: int) -> None:
         self._call("cuEventSynchronize", ctypes.c_void_p(event))
 
+    def stream_wait(self, stream: int, event: int) -> None:
+        self._call("cuStreamWaitEvent", ctypes.c_void_p(stream), ctypes.c_void_p(event), ctypes.c_uint(0))
+
     def synchronize(self, stream: int) -> None:
         # Through a blocking event, not cuStreamSynchronize: that spins the
         # calling thread for as long as the stream's copies take.
@@ -288,6 +296,8 @@ class HostModel(Driver):
         self.current: Optional[int] = None
         self.copies = 0
         self.unpinned_copies = 0
+        #: cuStreamWaitEvent calls: a lane's copies ordered after other work.
+        self.stream_waits = 0
         self.active: Dict[int, bool] = {d: True for d in range(devices)}
 
     # -- the model's own API --
@@ -394,12 +404,22 @@ class HostModel(Driver):
 
     def record(self, event: int, stream: int) -> None:
         with self._lock:
-            self._events[event] = (stream, len(self._streams[stream]))
+            # A stream the model did not make (a caller's, e.g. torch's
+            # legacy default stream) has nothing queued in it.
+            q = self._streams.get(stream)
+            self._events[event] = (stream if q is not None else 0, len(q) if q is not None else 0)
 
     def wait_event(self, event: int) -> None:
         stream, pos = self._events[event]
         if stream:
             self._run(stream, pos)
+
+    def stream_wait(self, stream: int, event: int) -> None:
+        # Copies run only at a synchronize here, in queue order: the work
+        # before the event is run now, so it lands before anything queued
+        # on ``stream`` from here on.
+        self.stream_waits += 1
+        self.wait_event(event)
 
     def synchronize(self, stream: int) -> None:
         self._run(stream, len(self._streams[stream]))

@@ -414,7 +414,9 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         ``etag``; anything but exactly ``size`` verified bytes is refused
         (and no more than ``size`` bytes are written)."""
         try:
-            t = self._client.get(path, into=into, offset=offset, range=(0, size), if_match=etag)
+            # The range keeps a longer object from writing past ``size``
+            # (an empty object has no range to ask for).
+            t = self._client.get(path, into=into, offset=offset, range=(0, size) if size else None, if_match=etag)
         except NoSuchKey:
             raise IncompleteCheckpoint(f"checkpoint {self.path}: {path} is missing") from None
         except PreconditionFailed:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .cuda import MEMORY_DEVICE, MEMORY_UNIFIED, Driver
 from .errors import BadRequest, RegionReleased, RegionTooSmall, SluiceError, TransferFailed
@@ -44,13 +44,20 @@ class GpuRegion:
     it came from alive. ``release()`` (or leaving a ``with`` block) ends its
     use; nothing is registered with the shim, so there is nothing to leak."""
 
-    __slots__ = ("ptr", "nbytes", "device", "_keep", "_released", "_busy", "_idle", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "_keep", "_producer", "_released", "_busy", "_idle", "__weakref__")
 
-    def __init__(self, ptr: int, nbytes: int, device: int, keep: Any = None) -> None:
+    def __init__(
+        self, ptr: int, nbytes: int, device: int, keep: Any = None, producer: Optional[Callable[[], Optional[int]]] = None
+    ) -> None:
         self.ptr = ptr
         self.nbytes = nbytes
         self.device = device
         self._keep = keep
+        #: The stream (a CUDA handle) whose queued work on this memory must
+        #: come before the client's copies, asked at each transfer: torch's
+        #: current stream for a torch tensor, the ``__cuda_array_interface__``
+        #: ``stream`` for an array that names one; None: nothing to wait for.
+        self._producer = producer
         self._released = False
         self._busy = 0  # transfers using it now
         self._idle = threading.Condition()
@@ -209,19 +216,43 @@ def validate(driver: Driver, obj: Any, nbytes: Optional[int], device: Optional[i
         raise BadRequest(
             f"{n} bytes at {ptr:#x} run past the end of their allocation ({info.size} bytes at {info.base:#x})"
         )
-    return GpuRegion(ptr, n, info.device, keep)
+    return GpuRegion(ptr, n, info.device, keep, _producer_of(obj, info.device))
+
+
+def _producer_of(obj: Any, device: int) -> Optional[Callable[[], Optional[int]]]:
+    """How to find the stream whose work on ``obj`` the client's copies must
+    follow. The lanes' streams do not synchronize with any other (they are
+    non-blocking), so without this a kernel still writing a tensor (or the
+    caching allocator's reuse of a block a kernel still uses) could land
+    after, or under, the bytes a GET put there, and a PUT could store bytes
+    a kernel has not finished writing."""
+    if type(obj).__module__.startswith("torch") and hasattr(obj, "is_cuda"):
+        import torch
+
+        return lambda: torch.cuda.current_stream(device).cuda_stream
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if isinstance(cai, dict):
+        # v3: None = no synchronization needed; 1 = the legacy default
+        # stream and 2 = the per-thread one (CU_STREAM_LEGACY and
+        # CU_STREAM_PER_THREAD in the driver API); otherwise a stream.
+        stream = cai.get("stream")
+        if isinstance(stream, int) and not isinstance(stream, bool) and stream > 0:
+            return lambda: stream
+    return None
 
 
 class Lane:
     """A pinned staging region in two halves, with a stream and an event per
     half (a half is refilled only once its last copy is done)."""
 
-    def __init__(self, region: Any, addr: int, nbytes: int, stream: int, events: List[int]) -> None:
+    def __init__(self, region: Any, addr: int, nbytes: int, stream: int, events: List[int], order: int = 0) -> None:
         self.region = region
         self.addr = addr
         self.half = nbytes // 2
         self.stream = stream
         self.events = events
+        #: Recorded on a producer's stream for this lane's stream to wait on.
+        self.order = order
         self.pending = [False, False]
         #: Copies may be queued on the stream since the last drain.
         self.busy = False
@@ -234,6 +265,15 @@ class Lane:
     def queued(self) -> None:
         """Copies are about to be queued on the lane's stream."""
         self.busy = True
+
+    def after(self, driver: Driver, gr: "GpuRegion") -> None:
+        """Orders the copies queued from here on after the work queued so
+        far on ``gr``'s producer stream (on the GPU: the host does not wait)."""
+        stream = gr._producer() if gr._producer is not None else None
+        if stream is None or not self.order:
+            return
+        driver.record(self.order, stream)
+        driver.stream_wait(self.stream, self.order)
 
     def copied(self, driver: Driver, half: int) -> None:
         driver.record(self.events[half], self.stream)
