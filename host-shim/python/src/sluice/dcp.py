@@ -204,6 +204,8 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
                               for i, off in enumerate(range(0, nbytes, piece))])
         results: List[Any] = []
         budget = _Budget(self.memory_bytes)
+        if any(t.is_cuda for _, t in own):
+            _settle_callers_stream()
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-put") as pool:
             futs = [[pool.submit(self._put_span, ns, prefix, k, t, off, length, budget) for k, off, length in plan]
                     for (_, t), plan in zip(own, plans)]
@@ -396,6 +398,7 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
             else:
                 by_key.setdefault(info.key, []).append(req)
         budget = _Budget(self.memory_bytes)
+        _settle_callers_stream()
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-get") as pool:
             futs = [
                 pool.submit(self._read_object, ns, prefix, k, sizes[k], reqs, planner, budget)
@@ -624,6 +627,20 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return StorageWriter.validate_checkpoint_id(checkpoint_id)
+
+
+def _settle_callers_stream() -> None:
+    """Waits (asleep) for the work the calling thread queued on its current
+    CUDA stream: the tensors a save reads or a load fills are then final
+    before the save's or load's own threads touch them. Those threads'
+    transfers are ordered only after their own current stream (the
+    default one), not the caller's, which may be another. Nothing to do
+    where this process has not used CUDA."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return
+    done = torch.cuda.Event(blocking=True)
+    done.record(torch.cuda.current_stream())
+    done.synchronize()
 
 
 def _wait_for_copy(target: Any) -> None:
