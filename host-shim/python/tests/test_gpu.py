@@ -442,6 +442,20 @@ def test_gpu_paths_say_what_this_node_can_do(stack, model, monkeypatch):
         assert c.gpu_paths() == []
 
 
+def count_checkouts(client):
+    """The sizes of the scratch regions ``client`` checks out from here on
+    (staging memory: GPU transfers through the lanes take none)."""
+    sizes = []
+    real = client._checkout
+
+    def counting(n):
+        sizes.append(n)
+        return (yield from real(n))
+
+    client._checkout = counting
+    return sizes
+
+
 class ModelTensor(CudaArray):
     """Just enough of a CUDA torch tensor, over model memory, for the DCP
     writer's GPU path (torch here has no CUDA)."""
@@ -476,14 +490,7 @@ def test_dcp_saves_gpu_tensors_in_lane_sized_pieces_within_its_budget(gclient, m
         model.write(ptr, data)
         tensors.append((ModelTensor(ptr, n), data))
     assert writer._piece_of(tensors[0][0]) == LANE
-    checkouts = []
-    real = gclient._checkout
-
-    def counting(n):
-        checkouts.append(n)
-        return (yield from real(n))
-
-    gclient._checkout = counting
+    checkouts = count_checkouts(gclient)
     budget = dcp._Budget(writer.memory_bytes)
     jobs = [(k, off, min(LANE, len(d) - off)) for k, (_, d) in enumerate(tensors) for off in range(0, len(d), LANE)]
     with cf.ThreadPoolExecutor(8) as pool:
@@ -519,14 +526,7 @@ def test_dcp_loads_gpu_pieces_through_the_lanes_checked_end_to_end(gclient, mode
     reader = dcp.StorageReader(prefix, gclient, threads=8, memory_bytes=2 * LANE)
     ptr = model.alloc(n)
     target = ModelTensor(ptr, n)
-    checkouts = []
-    real = gclient._checkout
-
-    def counting(k):
-        checkouts.append(k)
-        return (yield from real(k))
-
-    gclient._checkout = counting
+    checkouts = count_checkouts(gclient)
     budget = dcp._Budget(reader.memory_bytes)
     with cf.ThreadPoolExecutor(8) as pool:
         done = list(pool.map(lambda j: reader._read_into_gpu(f"{prefix}/load/{j[0]}", etags[j[0]], target, j[1][0], j[1][1],
