@@ -118,6 +118,13 @@ def parse_args() -> argparse.Namespace:
         "Default: no pinning (small machines)",
     )
     ap.add_argument(
+        "--agent-runtime",
+        choices=["shared", "per-core"],
+        default="shared",
+        help="the agent's [runtime]: one multi-threaded runtime (shared, its default), or a runtime per core, each "
+        "serving whole connections (per-core: for an agent on cores of its own, as with --split)",
+    )
+    ap.add_argument(
         "--dpu-cores",
         default="",
         help="with --split: also run the Sluice readers with the agent on only the first N of the dpu cores, "
@@ -133,13 +140,14 @@ def parse_args() -> argparse.Namespace:
 
 # ----------------------------------------------------------------- stack --
 class Stack:
-    def __init__(self, bin_dir: str, runtime_threads: int = 0) -> None:
+    def __init__(self, bin_dir: str, runtime_threads: int = 0, per_core: bool = False) -> None:
         """``runtime_threads``: the daemons' tokio runtimes get this many
         workers (``TOKIO_WORKER_THREADS``; the shim keeps its configured
         one). With a core split the daemons are pinned after they start, so
         by default each would size its runtime to the whole machine and run
         16 workers on the 6 cores it is given; an agent on a BlueField sees
-        only its own cores."""
+        only its own cores. ``per_core``: the agent serves connections on
+        per-core runtimes (as many as ``runtime_threads``)."""
         self.bin_dir = os.path.abspath(bin_dir)
         self.sluice = os.path.join(self.bin_dir, "sluice")
         # Short path: Unix socket names are limited to 108 bytes.
@@ -148,7 +156,8 @@ class Stack:
         if runtime_threads > 0:
             env["TOKIO_WORKER_THREADS"] = str(runtime_threads)
         out = subprocess.run(
-            [self.sluice, "up", "--dir", self.dir, "--bin-dir", self.bin_dir, "--json", "--rdma"],
+            [self.sluice, "up", "--dir", self.dir, "--bin-dir", self.bin_dir, "--json", "--rdma"]
+            + (["--per-core"] if per_core else []),
             capture_output=True,
             text=True,
             env=env,
@@ -430,7 +439,9 @@ def main() -> None:
         raise SystemExit(f"--dpu-cores {args.dpu_cores}: the split gives the agent only {len(split['dpu'])} cores")
     # The agent's runtime sized to the DPU cores it is pinned to (the
     # gateway's to the same number: 6 and 6 in the default split).
-    stack = Stack(args.bin_dir, runtime_threads=len(split["dpu"]) if split else 0)
+    stack = Stack(
+        args.bin_dir, runtime_threads=len(split["dpu"]) if split else 0, per_core=args.agent_runtime == "per-core"
+    )
     interrupted = False
     prefix_cmd: List[str] = []
     if split:
@@ -776,6 +787,7 @@ def report(
         "split": args.split or None,
         # TOKIO_WORKER_THREADS for the gateway and the agent (0: the machine's cores).
         "runtime_threads": len(benchlib.parse_split(args.split)["dpu"]) if args.split else 0,
+        "agent_runtime": args.agent_runtime,
         "dpu_scaling": dpu_scaling(rows, args),
         "versions": versions,
         "readers": {

@@ -112,6 +112,7 @@ mod caps {
 }
 
 /// The tonic service over the domain agent.
+#[derive(Clone)]
 pub struct GrpcService {
     agent: Arc<Agent>,
     /// The tenant whose own listener this service answers on, if any.

@@ -5,9 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use sluice_proto::agent::agent_server::AgentServer;
 use tokio::net::{TcpListener, UnixListener};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tracing::{info, warn};
 
 use crate::agent::Agent;
@@ -15,6 +13,7 @@ use crate::config::AgentConfig;
 use crate::grpc::GrpcService;
 use crate::hostmem::colocated::ColocatedMemory;
 use crate::hostmem::{BackendKind, HostMemory};
+use crate::listeners::Listeners;
 use crate::metrics::Metrics;
 use crate::nic::guard::NicGuard;
 use crate::nic::ovs::Ofctl;
@@ -43,6 +42,8 @@ pub enum ServeError {
     HostMemory(String),
     #[error(transparent)]
     Nic(#[from] NicError),
+    #[error("[runtime]: {0}")]
+    Cores(#[from] crate::cores::CoresError),
 }
 
 /// Where the agent ended up listening.
@@ -65,16 +66,6 @@ fn bind_unix(what: &'static str, path: &Path, mode: u32) -> Result<UnixListener,
     let l = UnixListener::bind(path).map_err(err)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
     Ok(l)
-}
-
-/// The gRPC server settings shared by the TCP and Unix listeners: HTTP/2
-/// pings find peers that vanished without closing (a partitioned DPU link)
-/// so their connections do not linger; their sessions then expire.
-fn grpc_server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
-        .tcp_keepalive(Some(std::time::Duration::from_secs(30)))
 }
 
 /// The configured host-memory backend, and the co-located one's handle
@@ -162,29 +153,14 @@ pub async fn run(
     }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut servers = tokio::task::JoinSet::new();
     // TCP listeners speak mutual TLS, or plaintext only when the config
     // says `insecure = true`.
     let tls = cfg.tls.acceptor().map_err(StartupError::from)?;
     if cfg.tls.insecure {
         warn!("[tls] insecure = true: the TCP control channel is plaintext; use it only on a trusted link");
     }
-    let serve_tcp = |servers: &mut tokio::task::JoinSet<_>, l: TcpListener, svc: GrpcService, tenant: &str| {
-        let mut rx = stop_rx.clone();
-        let stop = async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        let server = grpc_server().tcp_nodelay(true).add_service(AgentServer::new(svc));
-        match &tls {
-            Some(acceptor) => {
-                let (m, tenant) = (metrics.clone(), tenant.to_owned());
-                let refused = move || m.auth_failures.with_label_values(&[&tenant, "tls"]).inc();
-                let incoming = crate::tls::incoming(l, acceptor.clone(), refused);
-                servers.spawn(server.serve_with_incoming_shutdown(incoming, stop))
-            }
-            None => servers.spawn(server.serve_with_incoming_shutdown(TcpListenerStream::new(l), stop)),
-        };
-    };
+    let cores = crate::cores::Cores::start(&cfg.runtime)?.map(Arc::new);
+    let mut listeners = Listeners::new(stop_rx, cores, tls, metrics.clone());
     if let Some(addr) = cfg.grpc_listen {
         let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
             what: "gRPC",
@@ -192,7 +168,7 @@ pub async fn run(
             source,
         })?;
         bound.grpc = l.local_addr().ok();
-        serve_tcp(&mut servers, l, GrpcService::new(agent.clone()), "");
+        listeners.tcp(l, GrpcService::new(agent.clone()), "");
     }
     // Each tenant's own listener: its sessions are bound to it.
     for (tenant, addr) in tenant_listeners(&cfg)? {
@@ -201,20 +177,14 @@ pub async fn run(
             at: format!("{addr} (tenant {tenant})"),
             source,
         })?;
-        serve_tcp(&mut servers, l, GrpcService::for_listener(agent.clone(), &tenant), &tenant);
+        listeners.tcp(l, GrpcService::for_listener(agent.clone(), &tenant), &tenant);
         info!(tenant, %addr, "tenant listener");
     }
     if let Some(path) = &cfg.grpc_socket {
         let l = bind_unix("gRPC socket", path, cfg.socket_mode)?;
-        let svc = AgentServer::new(GrpcService::new(agent.clone()));
-        let mut rx = stop_rx.clone();
-        servers.spawn(grpc_server().add_service(svc).serve_with_incoming_shutdown(
-            UnixListenerStream::new(l),
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            },
-        ));
+        listeners.unix(l, GrpcService::new(agent.clone()));
     }
+    let mut servers = listeners.servers;
 
     if let Some(path) = &cfg.addr_file {
         let text = format!(

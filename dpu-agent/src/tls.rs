@@ -145,24 +145,40 @@ pub fn incoming(
     acceptor: tokio_rustls::TlsAcceptor,
     refused: impl Fn() + Send + Sync + 'static,
 ) -> impl futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
+    handshakes(tokio_stream::wrappers::TcpListenerStream::new(listener), acceptor, refused)
+}
+
+/// Like [`incoming`], for connections accepted elsewhere (a per-core
+/// runtime gets its share of a listener's connections this way, and runs
+/// their handshakes itself). An `Err` item (a failed accept) pauses the
+/// stream briefly instead of spinning.
+pub fn handshakes(
+    conns: impl futures::Stream<Item = std::io::Result<TcpStream>> + Send + 'static,
+    acceptor: tokio_rustls::TlsAcceptor,
+    refused: impl Fn() + Send + Sync + 'static,
+) -> impl futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
+    use futures::StreamExt;
     let (tx, rx) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let refused = Arc::new(refused);
     tokio::spawn(async move {
+        let mut conns = std::pin::pin!(conns);
         loop {
             let accepted = tokio::select! {
-                a = listener.accept() => a,
+                a = conns.next() => a,
                 () = tx.closed() => return,
             };
-            let (tcp, peer) = match accepted {
-                Ok(c) => c,
-                Err(e) => {
+            let tcp = match accepted {
+                Some(Ok(c)) => c,
+                Some(Err(e)) => {
                     // Out of descriptors and the like: pause, do not spin.
                     tracing::warn!(error = %e, "accepting a control connection failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
+                None => return,
             };
+            let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "a closed peer".into());
             let Ok(slot) = slots.clone().acquire_owned().await else { return };
             let _ = tcp.set_nodelay(true);
             let (acceptor, tx, refused) = (acceptor.clone(), tx.clone(), refused.clone());

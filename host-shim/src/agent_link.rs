@@ -44,7 +44,11 @@ fn client_tls(tls: &AgentTls) -> Result<ClientTlsConfig, StartupError> {
 
 /// Shared by all client connections of one shim.
 pub struct AgentLink {
-    pub grpc: AgentClient<Channel>,
+    /// `[agent] connections` channels, each its own HTTP/2 connection:
+    /// the agent serves each connection on one core, so calls are dealt
+    /// round robin over them to reach all its cores.
+    channels: Vec<AgentClient<Channel>>,
+    next: std::sync::atomic::AtomicUsize,
     memory_socket: PathBuf,
     /// One memory-socket connection, reused; exchanges are serialised.
     memory: Mutex<Option<BufReader<UnixStream>>>,
@@ -57,15 +61,22 @@ impl AgentLink {
         // Two TLS crypto providers are linked in; rustls will not guess.
         // (Err: one is installed already.)
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let channel = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
+        let connections = cfg.connections.max(1);
+        let channels = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
-            // The URI is ignored by the connector; tonic needs a valid one.
-            endpoint(Endpoint::from_static("http://agent.local")).connect_with_connector_lazy(tower::service_fn(
-                move |_| {
+            (0..connections)
+                .map(|_| {
                     let path = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-                },
-            ))
+                    // The URI is ignored by the connector; tonic needs a valid one.
+                    endpoint(Endpoint::from_static("http://agent.local")).connect_with_connector_lazy(
+                        tower::service_fn(move |_| {
+                            let path = path.clone();
+                            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+                        }),
+                    )
+                })
+                .map(AgentClient::new)
+                .collect()
         } else {
             let address_err = |source| StartupError::AgentAddress { address: cfg.grpc.clone(), source };
             let mut e = endpoint(Endpoint::from_shared(cfg.grpc.clone()).map_err(address_err)?).tcp_nodelay(true);
@@ -75,9 +86,35 @@ impl AgentLink {
             } else {
                 LinkKind::Plaintext.remember();
             }
-            e.connect_lazy()
+            (0..connections).map(|_| AgentClient::new(e.connect_lazy())).collect()
         };
-        Ok(Self { grpc: AgentClient::new(channel), memory_socket: cfg.memory_socket.clone(), memory: Mutex::new(None) })
+        Ok(Self {
+            channels,
+            next: std::sync::atomic::AtomicUsize::new(0),
+            memory_socket: cfg.memory_socket.clone(),
+            memory: Mutex::new(None),
+        })
+    }
+
+    /// Opens every connection now (a cheap call on each), so the shim's
+    /// descriptors and the agent's are settled before clients come instead
+    /// of growing with their first calls. Gives up after `within`, or at
+    /// once for an agent that is not up: those connect on first use.
+    pub async fn warm(&self, within: std::time::Duration) {
+        let calls = self.channels.iter().map(|c| {
+            let mut c = c.clone();
+            async move { c.get_epoch(sluice_proto::agent::GetEpochRequest {}).await.is_ok() }
+        });
+        match tokio::time::timeout(within, futures::future::join_all(calls)).await {
+            Ok(up) => tracing::debug!(connected = up.iter().filter(|ok| **ok).count(), of = up.len(), "agent link"),
+            Err(_) => tracing::debug!("agent link: connections not all open; they open on first use"),
+        }
+    }
+
+    /// A client for the next call: the channels in turn.
+    pub fn grpc(&self) -> AgentClient<Channel> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.channels.len();
+        self.channels[i].clone()
     }
 
     /// Hands `fd` to the agent and returns the ticket that redeems it.

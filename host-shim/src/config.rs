@@ -103,7 +103,20 @@ pub struct AgentLink {
     /// Allows a plaintext `http://` agent address: only on a trusted link.
     #[serde(default)]
     pub insecure: bool,
+    /// Connections to the agent, calls dealt round robin over them. The
+    /// agent serves each connection on one of its cores (its `[runtime]`),
+    /// so this bounds how many of its cores one shim keeps busy: at least
+    /// the agent's core count.
+    #[serde(default = "default_agent_connections")]
+    pub connections: usize,
 }
+
+fn default_agent_connections() -> usize {
+    8
+}
+
+/// Most connections one shim opens to the agent.
+const MAX_AGENT_CONNECTIONS: usize = 64;
 
 /// `[agent.tls]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -200,6 +213,12 @@ impl ShimConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let a = &self.agent;
         let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if !(1..=MAX_AGENT_CONNECTIONS).contains(&a.connections) {
+            return invalid(format!(
+                "[agent] connections = {}: use 1 to {MAX_AGENT_CONNECTIONS} (about the agent's core count)",
+                a.connections
+            ));
+        }
         if a.grpc.starts_with("https://") {
             if a.tls.is_none() {
                 return invalid(format!(
@@ -306,6 +325,20 @@ mod tests {
         let zero = ShimConfig { worker_threads: 0, ..cfg.clone() };
         assert!(zero.validate().unwrap_err().to_string().contains("worker_threads"));
         ShimConfig { worker_threads: 8, ..cfg }.validate().unwrap();
+    }
+
+    #[test]
+    fn agent_connections_default_to_eight_and_are_bounded() {
+        let cfg: ShimConfig = toml::from_str(include_str!("../../deploy/shim.example.toml")).unwrap();
+        assert_eq!(cfg.agent.connections, 8);
+        for bad in [0, MAX_AGENT_CONNECTIONS + 1] {
+            let mut c = cfg.clone();
+            c.agent.connections = bad;
+            assert!(c.validate().unwrap_err().to_string().contains("[agent] connections"), "{bad}");
+        }
+        let mut one = cfg;
+        one.agent.connections = 1;
+        one.validate().unwrap();
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl ShimMetrics {
     /// shim runs.
     pub async fn check_agent_forever(self: Arc<Self>, link: Arc<AgentLink>) {
         loop {
-            let mut agent = link.grpc.clone();
+            let mut agent = link.grpc();
             let ping = agent.renew(sluice_proto::agent::RenewRequest { session_ids: Vec::new() });
             let r = match tokio::time::timeout(CHECK_EVERY, ping).await {
                 Ok(Ok(_)) => Ok(()),

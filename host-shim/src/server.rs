@@ -37,6 +37,8 @@ pub fn bind(cfg: &ShimConfig) -> Result<UnixListener, StartupError> {
 pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartupError> {
     let listener = bind(&cfg)?;
     let agent = Arc::new(AgentLink::new(&cfg.agent)?);
+    // Before serving: clients wait in the listen backlog meanwhile.
+    agent.warm(std::time::Duration::from_secs(1)).await;
     let shim_id = cfg.shim_id.clone().unwrap_or_else(host_name);
     let mut secrets = HashMap::new();
     for (tenant, path) in &cfg.tenant_secrets {

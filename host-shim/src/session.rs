@@ -72,7 +72,7 @@ impl SessionContext {
     }
 
     fn grpc(&self) -> AgentClient<Channel> {
-        self.agent.grpc.clone()
+        self.agent.grpc()
     }
 }
 

@@ -141,3 +141,35 @@ async fn tcp_without_tls_or_insecure_does_not_start() {
     let log = stack.start_extra_shim("shim-no-certs", &no_certs).unwrap_err();
     assert!(log.contains("[agent.tls] is not set"), "{log}");
 }
+
+#[tokio::test]
+async fn per_core_runtimes_serve_mutual_tls_and_refuse_a_foreign_ca() {
+    // Handshakes run on the core a connection was dealt to.
+    let mut stack = Stack::with(Options {
+        tls: true,
+        grpc_over_tcp: true,
+        agent_failover: "[runtime]\nper_core = true\nthreads = 2\n".into(),
+        ..Default::default()
+    });
+    assert!(stack.log("sluice-agent").contains("per-core runtimes"));
+    let c = stack.client().await;
+    let data = pattern((1 << 20) + 7, 9);
+    let r = c.register(data.len() as u64).await.unwrap();
+    r.write_at(0, &data).unwrap();
+    c.put("data/tls-cores.bin", &r, 0, data.len() as u64).await.unwrap();
+    for _ in 0..4 {
+        r.write_at(0, &vec![0; data.len()]).unwrap();
+        c.get("data/tls-cores.bin", &r, 0, None).await.unwrap();
+        assert_eq!(sha256(r.as_slice()), sha256(&data));
+    }
+    other_ca(&stack);
+    let agent = https(&stack, "tls/ca.crt", "other/shim-alpha.crt", "other/shim-alpha.key");
+    let socket = stack.start_extra_shim("shim-foreign-cert", &agent).unwrap();
+    let e = first_request(&socket).await;
+    assert_eq!(e.code(), Some(Code::AgentUnavailable), "{e}");
+    assert!(stack.log("sluice-agent").contains("TLS handshake refused"), "the agent logs the refused handshake");
+    assert!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"tls\""]) >= 1.0);
+    // The good shim still works.
+    c.get("data/tls-cores.bin", &r, 0, None).await.unwrap();
+    assert_eq!(sha256(r.as_slice()), sha256(&data));
+}

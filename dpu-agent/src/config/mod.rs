@@ -97,6 +97,9 @@ pub struct AgentConfig {
     pub limits: Limits,
     #[serde(default)]
     pub dataplane: DataplaneConfig,
+    /// `[runtime]`: per-core runtimes for the control connections.
+    #[serde(default)]
+    pub runtime: crate::cores::RuntimeConfig,
     /// How host regions are reached (`[host_memory]`): co-located memfds
     /// (default) or DOCA exports on a BlueField.
     #[serde(default)]

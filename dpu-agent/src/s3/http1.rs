@@ -49,13 +49,19 @@ const MAX_WHOLE: usize = 64 << 10;
 /// Largest single `read(2)` into a region.
 const MAX_READ: u64 = 4 << 20;
 
-/// Keep-alive connections to plain-HTTP stores, for GETs.
+/// Keep-alive connections to plain-HTTP stores, for GETs. Pooled per
+/// `host:port` and per runtime (`crate::cores::current`): a socket is
+/// registered with the runtime that opened it, and reused from another it
+/// would wake that runtime's thread for every read.
 #[derive(Debug)]
 pub struct Http1 {
-    idle: Mutex<HashMap<String, Vec<(TcpStream, Instant)>>>,
+    idle: Mutex<HashMap<usize, IdleByAuthority>>,
     connect_timeout: Duration,
     read_timeout: Duration,
 }
+
+/// One runtime's idle connections, by `host:port`, with when each went idle.
+type IdleByAuthority = HashMap<String, Vec<(TcpStream, Instant)>>;
 
 /// A GET to send: where, the request head, what it may take.
 pub struct Request<'a> {
@@ -119,6 +125,7 @@ impl Http1 {
             if req.no_body { Framing::Length(0) } else { head.framing().map_err(|m| connection(req.endpoint, &m))? };
         let mut body = Socket {
             pool: self.clone(),
+            core: crate::cores::current(),
             authority: req.authority.to_owned(),
             endpoint: req.endpoint.to_owned(),
             conn: Some(conn),
@@ -159,7 +166,7 @@ impl Http1 {
     /// sent bytes no request asked for, makes it unusable).
     fn take(&self, authority: &str) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let conns = idle.get_mut(authority)?;
+        let conns = idle.get_mut(&crate::cores::current())?.get_mut(authority)?;
         while let Some((conn, since)) = conns.pop() {
             if since.elapsed() >= IDLE_FOR {
                 continue;
@@ -173,23 +180,27 @@ impl Http1 {
         None
     }
 
-    fn put(&self, authority: &str, conn: TcpStream) {
+    /// Keeps `conn`, opened or taken on runtime `core`, for that runtime.
+    fn put(&self, core: usize, authority: &str, conn: TcpStream) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let conns = idle.entry(authority.to_owned()).or_default();
+        let conns = idle.entry(core).or_default().entry(authority.to_owned()).or_default();
         conns.retain(|(_, since)| since.elapsed() < IDLE_FOR);
         if conns.len() < MAX_IDLE {
             conns.push((conn, Instant::now()));
         }
     }
 
+    /// Drops every runtime's idle connections to `authority`.
     fn forget(&self, authority: &str) {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).remove(authority);
+        for per_core in self.idle.lock().unwrap_or_else(|p| p.into_inner()).values_mut() {
+            per_core.remove(authority);
+        }
     }
 
     /// Idle connections held (tests).
     #[cfg(test)]
     fn idle_count(&self) -> usize {
-        self.idle.lock().unwrap().values().map(Vec::len).sum()
+        self.idle.lock().unwrap().values().flat_map(HashMap::values).map(Vec::len).sum()
     }
 }
 
@@ -361,6 +372,8 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, String> {
 /// A body read from the connection, `Content-Length` framed.
 struct Socket {
     pool: Arc<Http1>,
+    /// The runtime whose pool the connection goes back to.
+    core: usize,
     authority: String,
     endpoint: String,
     /// `None` once the body is read (the connection went back to the pool).
@@ -377,7 +390,7 @@ impl Socket {
     fn release(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.keep_alive && self.buffered.is_empty() {
-                self.pool.put(&self.authority, conn);
+                self.pool.put(self.core, &self.authority, conn);
             }
         }
     }
