@@ -32,10 +32,14 @@ impl Agent {
     /// namespace's default per item) counts from the batch's arrival, so a
     /// batch never outlives it. Dropping the stream cancels the items still
     /// running.
+    ///
+    /// An item with a context of its own (a caller's single GET the shim
+    /// coalesced into the batch) runs under that: its request id, and its
+    /// timeout counted from the batch's arrival.
     pub fn get_many(
         self: &Arc<Self>,
         scoped: Scoped,
-        items: Vec<GetObject>,
+        items: Vec<(GetObject, Option<RequestCtx>)>,
         ctx: RequestCtx,
     ) -> Result<impl Stream<Item = (u32, Result<TransferSummary, AgentError>)> + Send + 'static, AgentError> {
         if items.len() > MAX_BATCH_ITEMS {
@@ -44,15 +48,19 @@ impl Agent {
         let arrived = Instant::now();
         let (agent, scoped, ctx) = (self.clone(), Arc::new(scoped), Arc::new(ctx));
         let stream = futures::stream::iter(items.into_iter().enumerate())
-            .map(move |(i, item)| {
+            .map(move |(i, (item, own))| {
                 let (agent, scoped, ctx) = (agent.clone(), scoped.clone(), ctx.clone());
                 async move {
                     let index = u32::try_from(i).unwrap_or(u32::MAX);
-                    let timeout = match remaining(ctx.timeout, arrived) {
+                    let (request_id, limit) = match own {
+                        Some(own) => (own.request_id, own.timeout),
+                        None => (format!("{}.{i}", ctx.request_id), ctx.timeout),
+                    };
+                    let timeout = match remaining(limit, arrived) {
                         Ok(t) => t,
                         Err(limit) => return (index, Err(AgentError::DeadlineExceeded(limit))),
                     };
-                    let item_ctx = RequestCtx { request_id: format!("{}.{i}", ctx.request_id), timeout };
+                    let item_ctx = RequestCtx { request_id, timeout };
                     // Each item names the session again, as a call of its own
                     // would: it renews it, and fails once it is closed.
                     let res = match agent.rescoped(&scoped) {

@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde::Deserialize;
 use tokio::sync::{mpsc, oneshot};
 
+/// Most per-core threads `[runtime] threads` may ask for.
+pub const MAX_THREADS: usize = 1024;
+
 /// `[runtime]`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -94,7 +97,7 @@ impl Cores {
         let cpus = allowed_cpus();
         let from_env = std::env::var("TOKIO_WORKER_THREADS").ok().and_then(|v| v.trim().parse::<usize>().ok());
         let n = match (cfg.threads, from_env) {
-            (0, Some(n)) if n > 0 => n,
+            (0, Some(n)) if n > 0 => n.min(MAX_THREADS),
             (0, _) => cpus.len().max(1),
             (n, _) => n,
         };

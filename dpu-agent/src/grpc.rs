@@ -195,12 +195,27 @@ impl AgentRpc for GrpcService {
         use futures::StreamExt;
         let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
-        let items = r.items.into_iter().map(GetObject::from).collect();
         let request_id = r.request_id;
-        let results = self.agent.get_many(scoped, items, RequestCtx::new(request_id.clone(), r.timeout_ms))?;
+        // Each item's request id, for its reply.
+        let mut ids = Vec::with_capacity(r.items.len());
+        let items: Vec<_> = r
+            .items
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut item)| {
+                let own = (!item.request_id.is_empty())
+                    .then(|| RequestCtx::new(std::mem::take(&mut item.request_id), item.timeout_ms));
+                ids.push(own.as_ref().map_or_else(|| format!("{request_id}.{i}"), |c| c.request_id.clone()));
+                (GetObject::from(item), own)
+            })
+            .collect();
+        let results = self.agent.get_many(scoped, items, RequestCtx::new(request_id, r.timeout_ms))?;
         let stream = results.map(move |(index, res)| {
             let result = match res {
-                Ok(out) => pb::get_many_item::Result::Ok(get_reply(&format!("{request_id}.{index}"), out)),
+                Ok(out) => {
+                    let id = ids.get(index as usize).map_or("", String::as_str);
+                    pb::get_many_item::Result::Ok(get_reply(id, out))
+                }
                 Err(e) => pb::get_many_item::Result::Error(e.detail()),
             };
             Ok(pb::GetManyItem { index, result: Some(result) })

@@ -175,6 +175,7 @@ mod tests {
             offset: 3,
             max_bytes: 9,
             if_match: "\"e\"".into(),
+            ..Default::default()
         });
         assert_eq!(one, item);
         assert_eq!(one.range, Some((5, Some(7))));

@@ -109,6 +109,15 @@ pub struct AgentLink {
     /// the agent's core count.
     #[serde(default = "default_agent_connections")]
     pub connections: usize,
+    /// Concurrent single GETs of one agent session that arrive together
+    /// go to the agent as one batch call, each with its own request id,
+    /// deadline and answer (`coalesce.rs`); a GET alone goes as before.
+    #[serde(default = "default_true")]
+    pub coalesce_gets: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_agent_connections() -> usize {

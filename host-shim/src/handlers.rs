@@ -35,10 +35,17 @@ pub async fn handle(
         }
         Op::Get(g) => {
             let get = GetObject::try_from(g)?;
+            let coalescer = s.coalescer();
             let reply = s
                 .call(Some(&get.region), |snap, mut agent| {
                     let req = get.request(ctx, snap.session_id, snap.region_id);
-                    async move { agent.get(req).await }
+                    let coalescer = coalescer.clone();
+                    async move {
+                        match coalescer {
+                            Some(c) => c.get(agent, req).await,
+                            None => agent.get(req).await,
+                        }
+                    }
                 })
                 .await?;
             Res::Get(pb::GetResult { report: reply.report, object_size: reply.object_size, etag: reply.etag })

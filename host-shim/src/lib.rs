@@ -8,6 +8,7 @@
 pub mod agent_link;
 pub mod batch;
 pub mod capabilities;
+pub mod coalesce;
 pub mod config;
 pub mod connection;
 pub mod error;

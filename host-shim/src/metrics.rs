@@ -22,6 +22,8 @@ pub struct ShimMetrics {
     latency: HistogramVec,
     /// Open client connections.
     pub connections: IntGauge,
+    /// Single GETs sent to the agent inside a shared call (`coalesce`).
+    pub coalesced_gets: prometheus::IntCounter,
     process: sluice_telemetry::ProcessGauges,
     /// The last check of the agent: `None` before the first.
     agent: Mutex<Option<Result<(), String>>>,
@@ -61,7 +63,12 @@ impl ShimMetrics {
         let process = sluice_telemetry::ProcessGauges::register(&registry, "shim")?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(latency.clone()))?;
-        Ok(Self { registry, requests, latency, connections, process, agent: Mutex::new(None) })
+        let coalesced_gets = prometheus::IntCounter::new(
+            "agent_gets_coalesced_total",
+            "Single GETs sent to the agent together with others of their session in one call",
+        )?;
+        registry.register(Box::new(coalesced_gets.clone()))?;
+        Ok(Self { registry, requests, latency, connections, coalesced_gets, process, agent: Mutex::new(None) })
     }
 
     /// Counts a finished request; `error` is its error code name, if any.

@@ -107,6 +107,9 @@ impl GetObject {
             offset: self.offset,
             max_bytes: self.max_bytes,
             if_match: self.if_match.clone(),
+            // A batch item: `<batch request id>.<index>` under the batch's deadline.
+            request_id: String::new(),
+            timeout_ms: 0,
         }
     }
 
@@ -114,7 +117,17 @@ impl GetObject {
     /// (taken apart without `..`, so a field the item gains must be placed
     /// here too) with the session and the request's id and deadline.
     pub fn request(&self, ctx: &RequestCtx, session_id: String, region_id: String) -> apb::GetRequest {
-        let apb::GetItem { namespace, key, range, region_id, offset, max_bytes, if_match } = self.item(region_id);
+        let apb::GetItem {
+            namespace,
+            key,
+            range,
+            region_id,
+            offset,
+            max_bytes,
+            if_match,
+            request_id: _,
+            timeout_ms: _,
+        } = self.item(region_id);
         apb::GetRequest {
             session_id,
             request_id: ctx.request_id.clone(),
@@ -249,6 +262,8 @@ mod tests {
             offset: one.offset,
             max_bytes: one.max_bytes,
             if_match: one.if_match.clone(),
+            request_id: String::new(),
+            timeout_ms: 0,
         };
         assert_eq!(as_item, item);
         assert_eq!((one.session_id.as_str(), one.request_id.as_str(), one.timeout_ms), ("sess", "rid", 250));

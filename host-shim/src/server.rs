@@ -58,7 +58,14 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
     };
     let socket = cfg.socket.clone();
     let config = Arc::new(cfg);
-    let sessions = Arc::new(SessionContext::new(agent.clone(), shim_id, secrets, memory, config.clone()));
+    let sessions = Arc::new(SessionContext::new(
+        agent.clone(),
+        shim_id,
+        secrets,
+        memory,
+        config.clone(),
+        metrics.coalesced_gets.clone(),
+    ));
     let connections = Arc::new(ConnectionContext::new(config.clone(), sessions.clone(), metrics.clone()));
     let renew = tokio::spawn(sessions.clone().renew_loop());
     // The agent check feeds /ready and `systemctl status`.

@@ -44,6 +44,8 @@ pub struct SessionContext {
     memory: MemoryBackend,
     config: Arc<ShimConfig>,
     registry: Registry,
+    /// Single GETs sent together (`[agent] coalesce_gets`).
+    coalescer: Option<Arc<crate::coalesce::Coalescer>>,
 }
 
 impl SessionContext {
@@ -53,8 +55,15 @@ impl SessionContext {
         secrets: HashMap<String, Vec<u8>>,
         memory: MemoryBackend,
         config: Arc<ShimConfig>,
+        coalesced_gets: prometheus::IntCounter,
     ) -> Self {
-        Self { agent, shim_id, secrets, memory, config, registry: Registry::default() }
+        let coalescer = config.agent.coalesce_gets.then(|| crate::coalesce::Coalescer::new(coalesced_gets));
+        Self { agent, shim_id, secrets, memory, config, registry: Registry::default(), coalescer }
+    }
+
+    /// Where single GETs go to be sent together, if they are.
+    pub fn coalescer(&self) -> Option<Arc<crate::coalesce::Coalescer>> {
+        self.coalescer.clone()
     }
 
     /// Whether this shim can open sessions for `tenant` (it has its secret).
@@ -261,6 +270,11 @@ impl Session {
 
     /// The agent's gRPC client, for a call that handles a lost session
     /// itself (a streaming batch); others go through [`Self::call`].
+    /// Where single GETs go to be sent together, if they are.
+    pub fn coalescer(&self) -> Option<Arc<crate::coalesce::Coalescer>> {
+        self.ctx.coalescer()
+    }
+
     pub fn agent(&self) -> AgentClient<Channel> {
         self.ctx.grpc()
     }

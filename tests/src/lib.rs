@@ -110,6 +110,9 @@ pub struct Options {
     pub shim_extra: String,
     /// Extra lines of the (alpha) shim's `[limits]` table.
     pub shim_limits: String,
+    /// Extra lines of the (alpha) shim's `[agent]` table (e.g.
+    /// `coalesce_gets = false`).
+    pub shim_agent_extra: String,
     /// Lines of the agent's `[limits]` table (e.g. `session_lease_ms = 1000`).
     pub agent_limits: String,
     /// Top-level settings and tables of the gateway config, placed before
@@ -152,6 +155,7 @@ impl Default for Options {
             beta_shim: false,
             shim_extra: String::new(),
             shim_limits: String::new(),
+            shim_agent_extra: String::new(),
             agent_limits: String::new(),
             gateway_extra: String::new(),
             scoped_prefix: "tenants/alpha/".into(),
@@ -414,8 +418,8 @@ impl Stack {
             (None, false) => format!("unix:{}/agent.sock", d.display()),
         };
         std::fs::write(&cfg, format!(
-            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\n{}\nmemory_socket = \"{d}/mem.sock\"\n[limits]\n{region_limit}{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
-            socket.display(), opts.shim_extra, agent_link(&grpc, "alpha"), opts.shim_limits, d = d.display())).expect("write config");
+            "socket = \"{}\"\nsocket_mode = 0o600\n{}\n[agent]\n{}\n{}memory_socket = \"{d}/mem.sock\"\n[limits]\n{region_limit}{}\n{callers}\n[tenant_secrets]\nalpha = \"alpha.shim-secret\"\nbeta = \"beta.shim-secret\"\n",
+            socket.display(), opts.shim_extra, agent_link(&grpc, "alpha"), opts.shim_agent_extra, opts.shim_limits, d = d.display())).expect("write config");
         children.push(start_shim(&d, "sluice-shim", &cfg, &socket));
         let beta_socket = d.join("shim-beta.sock");
         if opts.beta_shim {

@@ -52,6 +52,8 @@ pub enum ConfigError {
     SessionLease,
     #[error("invalid config: qos: global_slots >= 1 and queue_timeout_ms >= 1")]
     Qos,
+    #[error("invalid config: [runtime] {0}")]
+    Runtime(String),
     #[error("invalid config: {0}")]
     Tls(#[from] crate::tls::TlsConfigError),
     #[error("invalid config: {0}")]
@@ -216,6 +218,24 @@ impl AgentConfig {
         if self.socket_mode > 0o777 {
             return Err(ConfigError::SocketMode(self.socket_mode));
         }
+        if self.runtime.per_core && self.host_memory.backend == crate::hostmem::BackendKind::Doca {
+            // A DOCA copy blocks its thread until the DMA is done; a shared
+            // runtime's worker hands its other tasks away meanwhile, a
+            // per-core runtime could not, and every connection on that
+            // core would wait behind the copy.
+            return Err(ConfigError::Runtime(
+                "per_core = true does not work with [host_memory] backend = \"doca\" yet (its copies block \
+                 their thread): leave per_core off"
+                    .into(),
+            ));
+        }
+        if self.runtime.threads > crate::cores::MAX_THREADS {
+            return Err(ConfigError::Runtime(format!(
+                "threads = {}: at most {} (0: one per CPU the agent may run on)",
+                self.runtime.threads,
+                crate::cores::MAX_THREADS
+            )));
+        }
         self.host_memory.validate()?;
         self.failover.validate()?;
         self.uploads.validate()?;
@@ -269,6 +289,20 @@ mod tests {
         let cfg: AgentConfig = toml::from_str(EXAMPLE).unwrap();
         cfg.validate().unwrap();
         assert!(!cfg.tenants.is_empty());
+    }
+
+    #[test]
+    fn runtime_section_is_checked() {
+        let mut cfg: AgentConfig = toml::from_str(EXAMPLE).unwrap();
+        assert_eq!(cfg.runtime, crate::cores::RuntimeConfig::default(), "the example shows the defaults");
+        cfg.runtime.per_core = true;
+        cfg.validate().unwrap();
+        cfg.runtime.threads = crate::cores::MAX_THREADS + 1;
+        assert!(cfg.validate().unwrap_err().to_string().contains("[runtime] threads"));
+        cfg.runtime.threads = 4;
+        cfg.host_memory.backend = crate::hostmem::BackendKind::Doca;
+        let e = cfg.validate().unwrap_err().to_string();
+        assert!(e.contains("per_core = true") && e.contains("doca"), "{e}");
     }
 
     #[test]

@@ -1,0 +1,140 @@
+//! Single GETs that arrive together go to the agent in one call
+//! (`[agent] coalesce_gets`, on by default), and each still gets exactly
+//! its own answer: its bytes, its own error, its own request id — from
+//! several clients of one tenant at once, and across an agent restart.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use sluice_client::{Client, Code};
+use sluice_tests::{pattern, sha256, Options, Stack};
+
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// The shim's counter of GETs sent in shared calls.
+fn coalesced(shim_ops: SocketAddr) -> f64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(shim_ops).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.lines()
+        .find_map(|l| l.strip_prefix("sluice_shim_agent_gets_coalesced_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no coalesced counter in {out}"))
+}
+
+fn stack(coalesce: bool) -> (Stack, SocketAddr) {
+    let ops = free_port();
+    let stack = Stack::with(Options {
+        shim_extra: format!("metrics_listen = \"{ops}\"\n"),
+        shim_agent_extra: if coalesce { String::new() } else { "coalesce_gets = false\n".into() },
+        ..Default::default()
+    });
+    (stack, ops)
+}
+
+/// What one GET of the storm is meant to get.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Want {
+    Bytes(usize, u64),
+    Missing,
+    TooSmall,
+}
+
+/// 96 GETs at once from two clients: most read objects of mixed sizes,
+/// some name missing keys, some give regions too small. Each is checked
+/// against what it alone should get.
+async fn storm(stack: &Stack) {
+    let clients = [Arc::new(stack.client().await), Arc::new(stack.client().await)];
+    let sizes = [1usize, 4096, 70_000, (1 << 20) + 5];
+    for (i, &n) in sizes.iter().enumerate() {
+        let r = clients[0].register(n as u64).await.unwrap();
+        r.write_at(0, &pattern(n, i as u64)).unwrap();
+        clients[0].put(&format!("data/co/o{i}"), &r, 0, n as u64).await.unwrap();
+        clients[0].release(r).await.unwrap();
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for g in 0..96usize {
+        let c = clients[g % 2].clone();
+        let want = match g % 12 {
+            5 => Want::Missing,
+            11 => Want::TooSmall,
+            k => Want::Bytes(sizes[k % 4], (k % 4) as u64),
+        };
+        tasks.spawn(async move {
+            let (path, room) = match want {
+                Want::Bytes(n, seed) => (format!("data/co/o{seed}"), n as u64),
+                Want::Missing => ("data/co/none".to_owned(), 64),
+                Want::TooSmall => ("data/co/o3".to_owned(), 100),
+            };
+            let r = c.register(room).await.unwrap();
+            let got = c.get(&path, &r, 0, None).await;
+            match (want, got) {
+                (Want::Bytes(n, seed), Ok(t)) => {
+                    assert_eq!(t.bytes, n as u64, "GET {g}");
+                    assert_eq!(sha256(&r.as_slice()[..n]), sha256(&pattern(n, seed)), "GET {g}: its own bytes");
+                    // Its own request id (the shim's, 16 hex digits), not a
+                    // batch's `<id>.<index>`.
+                    assert!(
+                        t.request_id.len() == 16 && t.request_id.bytes().all(|b| b.is_ascii_hexdigit()),
+                        "GET {g}: request id {:?}",
+                        t.request_id
+                    );
+                    (g, t.request_id)
+                }
+                (Want::Missing, Err(e)) => {
+                    assert_eq!(e.code(), Some(Code::NoSuchKey), "GET {g}: {e}");
+                    (g, String::new())
+                }
+                (Want::TooSmall, Err(e)) => {
+                    assert_eq!(e.code(), Some(Code::RegionTooSmall), "GET {g}: {e}");
+                    assert!(r.as_slice().iter().all(|&b| b == 0), "GET {g}: nothing written");
+                    (g, String::new())
+                }
+                (want, got) => panic!("GET {g}: wanted {want:?}, got {got:?}"),
+            }
+        });
+    }
+    let mut ids = std::collections::HashSet::new();
+    while let Some(t) = tasks.join_next().await {
+        let (g, id) = t.unwrap();
+        assert!(id.is_empty() || ids.insert(id.clone()), "GET {g}: request id {id} answered twice");
+    }
+}
+
+#[tokio::test]
+async fn single_gets_that_arrive_together_share_a_call_and_keep_their_own_answers() {
+    let (mut stack, ops) = stack(true);
+    storm(&stack).await;
+    let first = coalesced(ops);
+    assert!(first > 0.0, "96 GETs at once: some went to the agent together");
+    // An agent restart: the shared calls find the session gone, every GET
+    // in them is retried in a new session, as alone.
+    stack.restart("sluice-agent");
+    storm(&stack).await;
+    assert!(coalesced(ops) > first);
+}
+
+#[tokio::test]
+async fn with_coalescing_off_every_get_is_a_call_of_its_own() {
+    let (stack, ops) = stack(false);
+    storm(&stack).await;
+    assert_eq!(coalesced(ops), 0.0);
+}
+
+#[tokio::test]
+async fn one_get_at_a_time_goes_alone() {
+    let (stack, ops) = stack(true);
+    let c: Client = stack.client().await;
+    let r = c.register(4096).await.unwrap();
+    r.write_at(0, &pattern(4096, 1)).unwrap();
+    c.put("data/alone", &r, 0, 4096).await.unwrap();
+    for _ in 0..20 {
+        c.get("data/alone", &r, 0, None).await.unwrap();
+    }
+    assert_eq!(coalesced(ops), 0.0, "nothing to share a call with");
+}
