@@ -6,9 +6,11 @@
 //! other. Measured on the agent (docs/performance.md), its CPU per GET grew
 //! with the runtime's workers: 38–43 µs with 1, 53–63 µs with 6. Here each
 //! accepted control connection is served start to finish by one thread with
-//! a current-thread runtime of its own: its requests, their store
-//! connections (pooled per thread, `s3::http1`) and their replies never
-//! leave that thread. Connections are dealt round robin, and the shim opens
+//! a current-thread runtime of its own: its requests, their GETs' plain-HTTP
+//! store connections (pooled per thread, `s3::http1`) and their replies
+//! stay on that thread. HTTPS stores, PUTs and listings go through the
+//! agent's shared reqwest pool, whose connections may have been opened on
+//! another core. Connections are dealt round robin, and the shim opens
 //! several (`[agent] connections`), so the work still spreads over the
 //! cores.
 //!
@@ -101,6 +103,14 @@ impl Cores {
             (0, _) => cpus.len().max(1),
             (n, _) => n,
         };
+        if cfg.pin && cpus.is_empty() {
+            return Err(CoresError::Start {
+                index: 0,
+                source: std::io::Error::other("[runtime] pin = true, but the agent's CPU affinity could not be read"),
+            });
+        }
+        // Tokio's default for one runtime's blocking pool, shared out.
+        let blocking_per_core = (512 / n).max(4);
         let mut jobs = Vec::with_capacity(n);
         for index in 0..n {
             let cpu = if cfg.pin { cpus.get(index % cpus.len().max(1)).copied() } else { None };
@@ -108,7 +118,7 @@ impl Cores {
             let (started_tx, started_rx) = std::sync::mpsc::channel();
             std::thread::Builder::new()
                 .name(format!("sluice-core-{index}"))
-                .spawn(move || core_thread(index, cpu, rx, started_tx))
+                .spawn(move || core_thread(index, cpu, blocking_per_core, rx, started_tx))
                 .map_err(|source| CoresError::Start { index, source })?;
             // The thread reports whether its runtime (and pinning) worked.
             match started_rx.recv() {
@@ -162,6 +172,7 @@ impl Cores {
 fn core_thread(
     index: usize,
     cpu: Option<usize>,
+    blocking_per_core: usize,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     started: std::sync::mpsc::Sender<Result<(), CoresError>>,
 ) {
@@ -176,7 +187,13 @@ fn core_thread(
             return;
         }
     }
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    // Each runtime has a blocking pool of its own (decryption, checksums,
+    // the journal): together they get what one runtime would.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(blocking_per_core)
+        .build()
+    {
         Ok(rt) => rt,
         Err(source) => {
             let _ = started.send(Err(CoresError::Start { index, source }));

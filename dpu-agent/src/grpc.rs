@@ -261,6 +261,7 @@ impl AgentRpc for GrpcService {
             namespaces: opened.namespaces,
             lease_ms,
             capabilities: Some(caps::to_pb(&opened.capabilities)),
+            item_contexts: true,
         }))
     }
 

@@ -185,8 +185,24 @@ impl Listeners {
                 };
                 match next {
                     Some(Ok(conn)) => {
-                        if queues[cores.pick() % queues.len()].send(conn).await.is_err() {
-                            return;
+                        // The core in turn, or the next with room: one
+                        // stalled or full core must not stop accepting for
+                        // the others. Only when all are full, wait.
+                        let first = cores.pick() % queues.len();
+                        let mut conn = Some(conn);
+                        for i in 0..queues.len() {
+                            let Some(c) = conn.take() else { break };
+                            match queues[(first + i) % queues.len()].try_send(c) {
+                                Ok(()) => {}
+                                Err(mpsc::error::TrySendError::Full(c)) => conn = Some(c),
+                                Err(mpsc::error::TrySendError::Closed(_)) => return,
+                            }
+                        }
+                        if let Some(c) = conn {
+                            tokio::select! {
+                                sent = queues[first].send(c) => if sent.is_err() { return },
+                                () = &mut stop => return,
+                            }
                         }
                     }
                     Some(Err(e)) => {

@@ -44,9 +44,10 @@ fn client_tls(tls: &AgentTls) -> Result<ClientTlsConfig, StartupError> {
 
 /// Shared by all client connections of one shim.
 pub struct AgentLink {
-    /// `[agent] connections` channels, each its own HTTP/2 connection:
-    /// the agent serves each connection on one core, so calls are dealt
-    /// round robin over them to reach all its cores.
+    /// `[agent] connections` channels, each its own HTTP/2 connection,
+    /// calls dealt round robin over them: an agent with per-core runtimes
+    /// serves each connection on one core, and on its shared runtime
+    /// several connections still spread the replies over more tasks.
     channels: Vec<AgentClient<Channel>>,
     next: std::sync::atomic::AtomicUsize,
     memory_socket: PathBuf,
@@ -109,6 +110,11 @@ impl AgentLink {
             Ok(up) => tracing::debug!(connected = up.iter().filter(|ok| **ok).count(), of = up.len(), "agent link"),
             Err(_) => tracing::debug!("agent link: connections not all open; they open on first use"),
         }
+    }
+
+    /// A client for each connection (the readiness check).
+    pub fn every_channel(&self) -> Vec<AgentClient<Channel>> {
+        self.channels.clone()
     }
 
     /// A client for the next call: the channels in turn.

@@ -8,14 +8,19 @@
 //!
 //! A GET of a session with no other GET in flight goes straight out as a
 //! `Get` of its own, as before (one at a time pays nothing). One that finds
-//! others in flight is queued; the first to queue starts a task that waits
-//! one turn of the runtime (every frame the shim has already read is
-//! handled meanwhile) and then sends whatever queued in one call — or, if
-//! it is still alone, as a `Get` of its own. Items keep their own request id and deadline
-//! (`GetItem.request_id`, `timeout_ms`), their own answer and their own
-//! error; a failure of the call as a whole (the agent no longer knows the
-//! session, the agent went away) is every item's, as it would have been
-//! for each call alone, and `Session::call` retries each the same way.
+//! others in flight is queued; the first to queue starts a task that yields
+//! once to the runtime (on the shim's single worker, the frames it has
+//! already read are handled meanwhile) and then sends whatever queued, in
+//! calls of at most [`MAX_COALESCED`] sent at once — or, if it is still
+//! alone, as a `Get` of its own. Items keep their own request id and
+//! deadline (`GetItem.request_id`, `timeout_ms`: only an agent that says it
+//! honours them, `OpenSessionReply.item_contexts`, gets GETs together),
+//! their own answer and their own error; a failure of the call as a whole
+//! (the agent no longer knows the session, the agent went away) is every
+//! item's, as it would have been for each call alone, and `Session::call`
+//! retries each the same way. GETs whose callers have gone are not sent,
+//! and a call whose callers have all gone is dropped (the agent cancels
+//! it), as a unary call would be.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -132,36 +137,64 @@ impl Coalescer {
         }
     }
 
+    /// Sends `batch` in calls of at most [`MAX_COALESCED`], all at once
+    /// (one waiting for another would hold a small GET behind a large
+    /// one). GETs whose callers have gone are not sent.
     async fn send(&self, agent: AgentClient<Channel>, session: String, mut batch: Vec<Queued>) {
-        let mut rest = Vec::new();
+        batch.retain(|q| !q.tx.is_closed());
+        let mut calls = Vec::new();
         while !batch.is_empty() {
-            if batch.len() > MAX_COALESCED {
-                rest = batch.split_off(MAX_COALESCED);
+            let rest = batch.split_off(batch.len().min(MAX_COALESCED));
+            let chunk = std::mem::replace(&mut batch, rest);
+            if chunk.len() > 1 {
+                self.coalesced.inc_by(chunk.len() as u64);
             }
-            match batch.len() {
-                1 => {
-                    let Some(one) = batch.pop() else { break };
-                    let answer = agent.clone().get(one.req).await.map(tonic::Response::into_inner);
-                    let _ = one.tx.send(answer);
-                }
-                n => {
-                    self.coalesced.inc_by(n as u64);
-                    one_call(agent.clone(), &session, std::mem::take(&mut batch)).await;
-                }
-            }
-            batch = std::mem::take(&mut rest);
+            calls.push(one_call(agent.clone(), &session, chunk));
         }
+        futures::future::join_all(calls).await;
     }
 }
 
-/// One `GetMany` for `batch`; every item answered exactly once.
+/// Resolves once every caller still waiting in `waiting` has gone.
+async fn all_gone(waiting: &mut [Option<oneshot::Sender<Answer>>]) {
+    std::future::poll_fn(|cx| {
+        for tx in waiting.iter_mut().flatten() {
+            if tx.poll_closed(cx).is_pending() {
+                return std::task::Poll::Pending;
+            }
+        }
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// One call for `batch` (a `Get` if it is one GET, else a `GetMany`);
+/// every item answered exactly once. When every caller has gone, the call
+/// is dropped, which cancels what the agent still runs for it (as a unary
+/// call's caller going away does).
 async fn one_call(mut agent: AgentClient<Channel>, session: &str, batch: Vec<Queued>) {
+    if batch.len() == 1 {
+        let Some(Queued { req, mut tx }) = batch.into_iter().next() else { return };
+        let answer = tokio::select! {
+            r = agent.get(req) => Some(r.map(tonic::Response::into_inner)),
+            () = tx.closed() => None,
+        };
+        if let Some(answer) = answer {
+            let _ = tx.send(answer);
+        }
+        return;
+    }
     let (items, mut waiting): (Vec<apb::GetItem>, Vec<Option<oneshot::Sender<Answer>>>) =
         batch.into_iter().map(|q| (item_of(q.req), Some(q.tx))).unzip();
     let req = apb::GetManyRequest { session_id: session.to_owned(), request_id: String::new(), timeout_ms: 0, items };
-    let mut stream = match agent.get_many(req).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => {
+    let opened = tokio::select! {
+        r = agent.get_many(req) => Some(r),
+        () = all_gone(&mut waiting) => None,
+    };
+    let mut stream = match opened {
+        None => return,
+        Some(Ok(r)) => r.into_inner(),
+        Some(Err(status)) => {
             for tx in waiting.into_iter().flatten() {
                 let _ = tx.send(Err(status.clone()));
             }
@@ -170,7 +203,12 @@ async fn one_call(mut agent: AgentClient<Channel>, session: &str, batch: Vec<Que
     };
     let mut failed = None;
     loop {
-        match stream.message().await {
+        let next = tokio::select! {
+            m = stream.message() => m,
+            // Nobody left to answer: dropping the stream cancels the rest.
+            () = all_gone(&mut waiting) => return,
+        };
+        match next {
             Ok(Some(item)) => {
                 let Some(tx) = waiting.get_mut(item.index as usize).and_then(Option::take) else {
                     tracing::warn!(index = item.index, "the agent answered an item it was not sent, or twice; ignored");
@@ -230,6 +268,185 @@ mod tests {
 
     fn get(session: &str, n: usize) -> apb::GetRequest {
         apb::GetRequest { session_id: session.into(), request_id: format!("r{n}"), ..Default::default() }
+    }
+
+    /// An agent whose `Get` answers at once and whose `GetMany` answers
+    /// as `script` says, after an optional pause; it counts the calls and
+    /// notes when a `GetMany` stream was dropped by the shim.
+    #[derive(Clone, Default)]
+    struct Fake {
+        script: Arc<Mutex<Vec<Result<apb::GetManyItem, tonic::Status>>>>,
+        pause: Option<std::time::Duration>,
+        unary: Arc<std::sync::atomic::AtomicUsize>,
+        batches: Arc<Mutex<Vec<Vec<String>>>>,
+        dropped: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    struct NoteDrop(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for NoteDrop {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    fn ok_item(index: u32, request_id: &str) -> Result<apb::GetManyItem, tonic::Status> {
+        let report = sluice_proto::common::TransferReport { request_id: request_id.into(), ..Default::default() };
+        let reply = apb::GetReply { report: Some(report), object_size: u64::from(index), etag: String::new() };
+        Ok(apb::GetManyItem { index, result: Some(apb::get_many_item::Result::Ok(reply)) })
+    }
+
+    type Items = std::pin::Pin<Box<dyn futures::Stream<Item = Result<apb::GetManyItem, tonic::Status>> + Send>>;
+    type Res<T> = Result<tonic::Response<T>, tonic::Status>;
+
+    #[tonic::async_trait]
+    impl sluice_proto::agent::agent_server::Agent for Fake {
+        type GetManyStream = Items;
+        async fn get_many(&self, req: tonic::Request<apb::GetManyRequest>) -> Res<Items> {
+            self.batches.lock().unwrap().push(req.into_inner().items.into_iter().map(|i| i.request_id).collect());
+            let (script, pause, note) =
+                (self.script.lock().unwrap().clone(), self.pause, NoteDrop(self.dropped.clone()));
+            let s = futures::StreamExt::then(futures::stream::iter(script), move |m| async move {
+                if let Some(p) = pause {
+                    tokio::time::sleep(p).await;
+                }
+                m
+            });
+            let s = futures::StreamExt::map(s, move |m| {
+                let _keep = &note;
+                m
+            });
+            Ok(tonic::Response::new(Box::pin(s)))
+        }
+        async fn get(&self, req: tonic::Request<apb::GetRequest>) -> Res<apb::GetReply> {
+            self.unary.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let id = req.into_inner().request_id;
+            let report = sluice_proto::common::TransferReport { request_id: id, ..Default::default() };
+            Ok(tonic::Response::new(apb::GetReply { report: Some(report), ..Default::default() }))
+        }
+        async fn get_epoch(&self, _: tonic::Request<apb::GetEpochRequest>) -> Res<apb::GetEpochReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn open_session(&self, _: tonic::Request<apb::OpenSessionRequest>) -> Res<apb::OpenSessionReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn close_session(&self, _: tonic::Request<apb::CloseSessionRequest>) -> Res<apb::CloseSessionReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn register_region(
+            &self,
+            _: tonic::Request<apb::RegisterRegionRequest>,
+        ) -> Res<apb::RegisterRegionReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn release_region(&self, _: tonic::Request<apb::ReleaseRegionRequest>) -> Res<apb::ReleaseRegionReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn put(&self, _: tonic::Request<apb::PutRequest>) -> Res<apb::PutReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn head(&self, _: tonic::Request<apb::HeadRequest>) -> Res<apb::HeadReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn list(&self, _: tonic::Request<apb::ListRequest>) -> Res<apb::ListReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn delete(&self, _: tonic::Request<apb::DeleteRequest>) -> Res<apb::DeleteReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn stats(&self, _: tonic::Request<apb::StatsRequest>) -> Res<apb::StatsReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+        async fn renew(&self, _: tonic::Request<apb::RenewRequest>) -> Res<apb::RenewReply> {
+            Err(tonic::Status::unimplemented(""))
+        }
+    }
+
+    /// Serves `fake` on a loopback port; a client for it.
+    async fn serve(fake: Fake) -> AgentClient<Channel> {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let incoming = futures::stream::unfold(l, |l| async move {
+            let c = l.accept().await.map(|(s, _)| s);
+            Some((c, l))
+        });
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(sluice_proto::agent::agent_server::AgentServer::new(fake))
+                .serve_with_incoming(incoming),
+        );
+        AgentClient::connect(format!("http://{addr}")).await.unwrap()
+    }
+
+    /// Starts `n` GETs of session "s" at once (the first goes alone, the
+    /// rest queue behind it); their answers in order.
+    async fn burst(c: &Arc<Coalescer>, agent: &AgentClient<Channel>, n: usize) -> Vec<Answer> {
+        let calls = (0..n).map(|i| {
+            let (c, agent) = (c.clone(), agent.clone());
+            async move { c.get(agent, get("s", i)).await.map(tonic::Response::into_inner) }
+        });
+        futures::future::join_all(calls).await
+    }
+
+    #[tokio::test]
+    async fn each_caller_gets_its_own_item_and_no_other() {
+        // The agent answers item 1 twice, an index it was never sent, item
+        // 0, then fails the stream: items 0 and 1 get their own answers,
+        // every other caller the stream's error, nobody a stranger's.
+        let fake = Fake::default();
+        *fake.script.lock().unwrap() =
+            vec![ok_item(1, "r2"), ok_item(1, "again"), ok_item(99, "stranger"), ok_item(0, "r1")];
+        fake.script.lock().unwrap().push(Err(tonic::Status::data_loss("the agent broke off")));
+        let agent = serve(fake.clone()).await;
+        let c = Coalescer::new(IntCounter::new("t", "t").unwrap());
+        let answers = burst(&c, &agent, 5).await;
+        assert_eq!(fake.unary.load(std::sync::atomic::Ordering::SeqCst), 1, "the first went alone");
+        assert_eq!(*fake.batches.lock().unwrap(), vec![vec!["r1".to_owned(), "r2".into(), "r3".into(), "r4".into()]]);
+        let id = |a: &Answer| a.as_ref().ok().and_then(|r| r.report.as_ref()).map(|r| r.request_id.clone());
+        assert_eq!(id(&answers[0]).as_deref(), Some("r0"));
+        assert_eq!(id(&answers[1]).as_deref(), Some("r1"));
+        assert_eq!(id(&answers[2]).as_deref(), Some("r2"));
+        for a in &answers[3..] {
+            assert_eq!(a.as_ref().unwrap_err().code(), tonic::Code::DataLoss, "{a:?}");
+        }
+        assert_eq!(c.sessions_held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_early_fails_the_rest_and_big_bursts_go_in_parallel_calls() {
+        let fake = Fake::default();
+        *fake.script.lock().unwrap() = vec![ok_item(0, "first")];
+        let agent = serve(fake.clone()).await;
+        let c = Coalescer::new(IntCounter::new("t", "t").unwrap());
+        let answers = burst(&c, &agent, 1 + MAX_COALESCED + 2).await;
+        // 1 alone, then 66 queued: one call of 64 and one of 2, both sent.
+        let sizes: Vec<usize> = fake.batches.lock().unwrap().iter().map(Vec::len).collect();
+        assert_eq!(sizes.iter().sum::<usize>(), MAX_COALESCED + 2, "{sizes:?}");
+        assert!(sizes.iter().all(|&n| n <= MAX_COALESCED), "{sizes:?}");
+        let ended =
+            answers.iter().filter(|a| a.as_ref().is_err_and(|s| s.message().contains("ended the call"))).count();
+        assert_eq!(ended, MAX_COALESCED + 2 - sizes.len(), "all but each call's item 0");
+    }
+
+    #[tokio::test]
+    async fn callers_that_all_give_up_cancel_their_call() {
+        let fake = Fake { pause: Some(std::time::Duration::from_secs(30)), ..Default::default() };
+        *fake.script.lock().unwrap() = vec![ok_item(0, "late")];
+        let agent = serve(fake.clone()).await;
+        let c = Coalescer::new(IntCounter::new("t", "t").unwrap());
+        // The first goes alone (answered at once), the other three share a
+        // call the agent sits on; their callers give up.
+        let _ = tokio::time::timeout(std::time::Duration::from_millis(300), burst(&c, &agent, 4)).await;
+        let t0 = std::time::Instant::now();
+        while !fake.dropped.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the abandoned call went on");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        let t0 = std::time::Instant::now();
+        while c.sessions_held() > 0 {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "session entries leaked");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]

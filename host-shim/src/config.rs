@@ -103,10 +103,10 @@ pub struct AgentLink {
     /// Allows a plaintext `http://` agent address: only on a trusted link.
     #[serde(default)]
     pub insecure: bool,
-    /// Connections to the agent, calls dealt round robin over them. The
-    /// agent serves each connection on one of its cores (its `[runtime]`),
-    /// so this bounds how many of its cores one shim keeps busy: at least
-    /// the agent's core count.
+    /// Connections to the agent, calls dealt round robin over them. An
+    /// agent with `[runtime] per_core = true` serves each connection on one
+    /// of its cores, so there this bounds how many of its cores one shim
+    /// keeps busy: at least the agent's core count.
     #[serde(default = "default_agent_connections")]
     pub connections: usize,
     /// Concurrent single GETs of one agent session that arrive together

@@ -38,8 +38,10 @@ pub async fn handle(
             let coalescer = s.coalescer();
             let reply = s
                 .call(Some(&get.region), |snap, mut agent| {
+                    // Only an agent that keeps each item's own request id
+                    // and deadline gets GETs together.
+                    let coalescer = coalescer.clone().filter(|_| snap.item_contexts);
                     let req = get.request(ctx, snap.session_id, snap.region_id);
-                    let coalescer = coalescer.clone();
                     async move {
                         match coalescer {
                             Some(c) => c.get(agent, req).await,

@@ -77,17 +77,20 @@ impl ShimMetrics {
         self.latency.with_label_values(&[op]).observe(elapsed.as_secs_f64());
     }
 
-    /// Checks the agent over `link` every few seconds, for as long as the
-    /// shim runs.
+    /// Checks the agent over every connection of `link` every few
+    /// seconds, for as long as the shim runs: calls go over all of them,
+    /// so one that fails makes the shim not ready.
     pub async fn check_agent_forever(self: Arc<Self>, link: Arc<AgentLink>) {
         loop {
-            let mut agent = link.grpc();
-            let ping = agent.renew(sluice_proto::agent::RenewRequest { session_ids: Vec::new() });
-            let r = match tokio::time::timeout(CHECK_EVERY, ping).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(crate::error::ShimError::from(e).to_string()),
-                Err(_) => Err(format!("the agent did not answer within {CHECK_EVERY:?}")),
-            };
+            let pings = link.every_channel().into_iter().map(|mut agent| async move {
+                let ping = agent.renew(sluice_proto::agent::RenewRequest { session_ids: Vec::new() });
+                match tokio::time::timeout(CHECK_EVERY, ping).await {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(crate::error::ShimError::from(e).to_string()),
+                    Err(_) => Err(format!("the agent did not answer within {CHECK_EVERY:?}")),
+                }
+            });
+            let r = futures::future::join_all(pings).await.into_iter().collect::<Result<(), String>>();
             *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             sluice_telemetry::notify_status(&sluice_telemetry::Endpoints::readiness(&*self));
             tokio::time::sleep(CHECK_EVERY).await;

@@ -108,6 +108,9 @@ struct Inner {
     /// shim's part filled in (the agent's config may change across its
     /// restarts).
     capabilities: Arc<Capabilities>,
+    /// The agent takes GetMany items with contexts of their own (so single
+    /// GETs may be sent together).
+    item_contexts: bool,
     /// Bumped each time the agent session is replaced.
     generation: u64,
     regions: HashMap<String, Region>,
@@ -129,6 +132,8 @@ pub struct Snapshot {
     pub session_id: String,
     /// The agent's id of the region the call names ("" for none).
     pub region_id: String,
+    /// The agent session takes GetMany items with contexts of their own.
+    pub item_contexts: bool,
     generation: u64,
 }
 
@@ -155,6 +160,7 @@ struct AgentSession {
     id: String,
     namespaces: Vec<String>,
     capabilities: Arc<Capabilities>,
+    item_contexts: bool,
 }
 
 /// The agent's current epoch, which the session proof must name. Asked
@@ -231,7 +237,12 @@ async fn try_open_agent_session(ctx: &SessionContext, tenant: &str) -> Result<Ag
     }
     let agent = crate::capabilities::from_agent(reply.capabilities, &ctx.memory, tenant);
     let capabilities = Arc::new(crate::capabilities::for_clients(agent, &ctx.memory, &ctx.config));
-    Ok(AgentSession { id: reply.session_id, namespaces: reply.namespaces, capabilities })
+    Ok(AgentSession {
+        id: reply.session_id,
+        namespaces: reply.namespaces,
+        capabilities,
+        item_contexts: reply.item_contexts,
+    })
 }
 
 impl Session {
@@ -248,6 +259,7 @@ impl Session {
             inner: Mutex::new(Inner {
                 agent_session: opened.id,
                 capabilities: opened.capabilities.clone(),
+                item_contexts: opened.item_contexts,
                 generation: 0,
                 regions: HashMap::new(),
                 closed: false,
@@ -268,13 +280,13 @@ impl Session {
         self.ctx.limits()
     }
 
-    /// The agent's gRPC client, for a call that handles a lost session
-    /// itself (a streaming batch); others go through [`Self::call`].
     /// Where single GETs go to be sent together, if they are.
     pub fn coalescer(&self) -> Option<Arc<crate::coalesce::Coalescer>> {
         self.ctx.coalescer()
     }
 
+    /// The agent's gRPC client, for a call that handles a lost session
+    /// itself (a streaming batch); others go through [`Self::call`].
     pub fn agent(&self) -> AgentClient<Channel> {
         self.ctx.grpc()
     }
@@ -304,7 +316,12 @@ impl Session {
                 Some(AgentRegion::Lost(why)) => return Err(ShimError::RegionLost(id.to_owned(), why.clone())),
             },
         };
-        Ok(Snapshot { session_id: inner.agent_session.clone(), region_id, generation: inner.generation })
+        Ok(Snapshot {
+            session_id: inner.agent_session.clone(),
+            region_id,
+            item_contexts: inner.item_contexts,
+            generation: inner.generation,
+        })
     }
 
     /// The current agent session and the agent's ids of `regions` (each
@@ -325,6 +342,7 @@ impl Session {
         let snap = Snapshot {
             session_id: inner.agent_session.clone(),
             region_id: String::new(),
+            item_contexts: inner.item_contexts,
             generation: inner.generation,
         };
         (snap, ids)
@@ -435,6 +453,7 @@ impl Session {
         let mut inner = self.inner();
         inner.agent_session = session_id;
         inner.capabilities = opened.capabilities;
+        inner.item_contexts = opened.item_contexts;
         inner.generation += 1;
         let n = again.len();
         for (id, agent_id) in again {

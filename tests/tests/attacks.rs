@@ -535,3 +535,60 @@ async fn a_tenants_own_listener_names_the_tenant() {
     open_session(&mut b_listener, &stack, "beta", "beta-shim").await.expect("B on its own listener");
     a_listener.stats(apb::StatsRequest { session_id: session }).await.expect("A's session where it was opened");
 }
+
+#[tokio::test]
+async fn batch_items_with_their_own_context_are_still_the_sessions() {
+    // What the shim's coalesced GETs rely on: the agent says it honours an
+    // item's own request id and deadline, does so, and still checks every
+    // item against the session (another tenant's region stays refused).
+    let stack = Stack::with(two_tenants());
+    let a = stack.client().await;
+    upload(&a, "data/ctx", &pattern(5000, 3)).await;
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let secret = auth::read_secret_file(&stack.dir.path().join("alpha.shim-secret")).unwrap();
+    let epoch = agent_epoch(&mut grpc).await;
+    let opened = grpc
+        .open_session(session_request(&secret, "alpha", "alpha-shim", &epoch, auth::now_ms()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(opened.item_contexts, "the agent says items may carry their own context");
+    let session = opened.session_id;
+    let (mine, memory) = agent_region(&stack, &mut grpc, &session, &[0u8; 16384]).await;
+    let b_session = open_session(&mut grpc, &stack, "beta", "beta-shim").await.unwrap();
+    let (theirs, their_memory) = agent_region(&stack, &mut grpc, &b_session, &pattern(4096, 5)).await;
+    let item = |offset: u64, region: &str, request_id: &str, timeout_ms: u32| apb::GetItem {
+        namespace: "data".into(),
+        key: "ctx".into(),
+        region_id: region.into(),
+        offset,
+        request_id: request_id.into(),
+        timeout_ms,
+        ..Default::default()
+    };
+    let batch = apb::GetManyRequest {
+        session_id: session.clone(),
+        request_id: "batch".into(),
+        timeout_ms: 0,
+        items: vec![item(0, &mine, "own-0", 5000), item(8192, &mine, "", 0), item(0, &theirs, "own-2", 5000)],
+    };
+    let mut stream = grpc.get_many(batch).await.unwrap().into_inner();
+    let mut ids = std::collections::BTreeMap::new();
+    while let Some(m) = stream.message().await.unwrap() {
+        let id = match m.result {
+            Some(apb::get_many_item::Result::Ok(r)) => r.report.unwrap().request_id,
+            Some(apb::get_many_item::Result::Error(d)) => {
+                assert_eq!(d.code, Code::UnknownRegion as i32, "{d:?}");
+                "refused".to_owned()
+            }
+            None => panic!("an item without a result"),
+        };
+        ids.insert(m.index, id);
+    }
+    assert_eq!(ids.get(&0).map(String::as_str), Some("own-0"), "{ids:?}");
+    assert_eq!(ids.get(&1).map(String::as_str), Some("batch.1"), "{ids:?}");
+    assert_eq!(ids.get(&2).map(String::as_str), Some("refused"), "{ids:?}");
+    assert_eq!(&memory.as_slice()[..5000], &pattern(5000, 3)[..]);
+    assert_eq!(&memory.as_slice()[8192..13192], &pattern(5000, 3)[..]);
+    assert_eq!(their_memory.as_slice(), &pattern(4096, 5)[..], "the other tenant's region is untouched");
+}
