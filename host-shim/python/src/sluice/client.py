@@ -509,13 +509,15 @@ class Client(CoreClient):
         drop it (or ``release()`` it) when done. ``numpy.frombuffer`` and
         ``torch.frombuffer`` take it as is.
 
-        With ``copy=True``, a ``bytes`` of a MiB or more can cost more in
-        page faults than in copying: glibc's ``malloc`` gives freed memory
-        back to the kernel, and the next result faults it in again
-        (docs/performance.md: ~220 faults per MiB in batches of 8). Setting
-        ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=67108864``
-        for the process keeps that memory; the client does not change the
-        process's allocator itself."""
+        With ``copy=True``, a ``bytes`` of a MiB or more would cost more in
+        page faults than in copying (glibc's ``malloc`` gives freed memory
+        back to the kernel, and the next result faults it in again:
+        docs/performance.md, ~220 faults per MiB in batches of 8), so the
+        first such copy sets ``malloc``'s thresholds to the values glibc
+        itself adapts to at most (blocks up to 32 MiB from the heap, up to
+        64 MiB of free memory kept per arena; :mod:`sluice._malloc`). It
+        leaves them alone if ``GLIBC_TUNABLES`` sets a ``glibc.malloc``
+        tunable or ``SLUICE_MALLOC_TUNING=0``."""
         with call_timeout(timeout):
             return self._run(self._get_bytes_op(path, range, size_hint, copy=copy))[0]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 from typing import TYPE_CHECKING, Any, Optional
 
+from . import _malloc
 from .errors import BadRequest, RegionReleased
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -104,8 +105,14 @@ class Region:
         return offset, length
 
     def read(self, offset: int = 0, length: Optional[int] = None) -> bytes:
-        """Copies ``length`` bytes (default: to the end) from ``offset``."""
+        """Copies ``length`` bytes (default: to the end) from ``offset``.
+
+        The first copy of 128 KiB or more keeps glibc's ``malloc`` from
+        giving freed result buffers back to the kernel (see
+        :mod:`sluice._malloc`; ``SLUICE_MALLOC_TUNING=0`` turns it off)."""
         offset, length = self._window(offset, length)
+        if length >= _malloc.WORTH_IT and _malloc._state is None:
+            _malloc.keep_freed_memory()
         return bytes(self._map()[offset : offset + length])
 
     def write(self, data: Any, offset: int = 0) -> int:

@@ -1,0 +1,106 @@
+"""Results copied out of scratch memory as ``bytes``: the client keeps
+glibc's malloc from giving result buffers back to the kernel
+(sluice._malloc; counted as page faults, in fresh interpreters so the
+process-wide setting of one case cannot leak into another)."""
+
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import sluice
+from _helpers import payload
+from sluice import _malloc
+
+glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+
+# Eight 1 MiB results alive at once, then freed, 40 times over, as a loader
+# thread consumes a batch: without the setting every batch faults its 8 MiB
+# in again (~2,048 faults a batch).
+SCRIPT = textwrap.dedent(
+    """
+    import mmap, os, resource, threading
+    from sluice import _malloc
+    from sluice.region import Region
+
+    fd = os.memfd_create("t")
+    os.ftruncate(fd, 8 << 20)
+    mm = mmap.mmap(fd, 8 << 20, flags=mmap.MAP_SHARED)
+    pattern = bytes(range(256)) * 256
+    for off in range(0, 8 << 20, len(pattern)):  # no big temporary: freeing one would raise malloc's thresholds
+        mm[off : off + len(pattern)] = pattern
+    region = Region(None, "r1", 8 << 20, mm)
+    assert region.read(3, 5) == bytes([3, 4, 5, 6, 7])
+    assert _malloc.tuned() is None, "a small copy must not tune malloc"
+    faults = []
+
+    def consume():
+        data = None
+        for n in range(41):
+            if n == 1:  # the first batch grows the heap; count the rest
+                before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            batch = []
+            for i in range(8):
+                data = region.read(i << 20, 1 << 20)
+                batch.append(data)
+            assert batch[7] == mm[7 << 20 : 8 << 20]
+            del batch  # `data`, the newest, lives on until the next batch's first
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    t.join()
+    print(_malloc.tuned(), faults[0])
+    """
+)
+
+
+def _run(**env: str) -> "tuple[str, int]":
+    full = {k: v for k, v in os.environ.items() if k not in ("SLUICE_MALLOC_TUNING", "GLIBC_TUNABLES")}
+    full.update(env)
+    src = os.path.join(os.path.dirname(__file__), "..", "src")
+    full["PYTHONPATH"] = os.pathsep.join([src, full.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=full, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    state, faults = out.stdout.split()
+    return state, int(faults)
+
+
+@glibc_only
+def test_large_copies_stop_faulting_once_malloc_keeps_its_memory() -> None:
+    state, faults = _run()
+    assert state == "True"
+    # 40 batches of 8 MiB: ~80,000 faults without the setting; a few with it.
+    assert faults < 2_000, faults
+
+
+@glibc_only
+def test_the_setting_can_be_turned_off_and_then_the_faults_come_back() -> None:
+    state, faults = _run(SLUICE_MALLOC_TUNING="0")
+    assert state == "False"
+    assert faults > 20_000, faults
+
+
+@glibc_only
+def test_a_process_that_chose_its_own_malloc_tunables_is_left_alone() -> None:
+    state, _ = _run(GLIBC_TUNABLES="glibc.malloc.arena_max=2")
+    assert state == "False"
+
+
+def test_large_objects_as_bytes_through_a_live_stack(stack, prefix) -> None:
+    big = payload((33 << 20) + 5, "big-bytes")  # above malloc's mmap threshold, even tuned
+    mid = payload((1 << 20) + 3, "mid-bytes")
+    with sluice.Client(stack.socket) as c:
+        c.put(f"{prefix}/big", big)
+        c.put(f"{prefix}/mid", mid)
+        for _ in range(3):
+            assert c.get_bytes(f"{prefix}/big") == big
+            assert c.get_bytes(f"{prefix}/big", range=(3, len(big) - 6)) == big[3:-3]
+            res = c.get_many([f"{prefix}/mid", f"{prefix}/missing", f"{prefix}/big"] + [f"{prefix}/mid"] * 8)
+            assert res[0].data == mid and res[2].data == big and all(r.data == mid for r in res[3:])
+            assert isinstance(res[1].error, sluice.NoSuchKey)
+    if platform.libc_ver()[0] == "glibc" and "glibc.malloc." not in os.environ.get("GLIBC_TUNABLES", ""):
+        assert _malloc.tuned() is (os.environ.get("SLUICE_MALLOC_TUNING", "") != "0")
