@@ -78,7 +78,9 @@ def keep_freed_memory() -> bool:
             ok = mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
         except (OSError, AttributeError):
             ok = False
-        log.debug("sluice set malloc's mmap threshold to %d and trim threshold to %d: %s", MMAP_THRESHOLD, TRIM_THRESHOLD, ok)
+        log.debug(
+            "sluice set malloc's mmap threshold to %d and trim threshold to %d: %s", MMAP_THRESHOLD, TRIM_THRESHOLD, ok
+        )
         _state = ok
         return ok
 
