@@ -1,10 +1,14 @@
 """Results copied out of scratch memory as ``bytes``: the client keeps
 glibc's malloc from giving result buffers back to the kernel
 (sluice._malloc; counted as page faults, in fresh interpreters so the
-process-wide setting of one case cannot leak into another)."""
+process-wide setting of one case cannot leak into another), and copies
+results of 32 MiB or more into huge pages without the interpreter lock
+(sluice._bigcopy)."""
 
+import mmap
 import os
 import platform
+import resource
 import subprocess
 import sys
 import textwrap
@@ -13,7 +17,8 @@ import pytest
 
 import sluice
 from _helpers import payload
-from sluice import _malloc
+from sluice import _bigcopy, _malloc
+from sluice.region import Region
 
 glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 
@@ -104,3 +109,62 @@ def test_large_objects_as_bytes_through_a_live_stack(stack, prefix) -> None:
             assert isinstance(res[1].error, sluice.NoSuchKey)
     if platform.libc_ver()[0] == "glibc" and "glibc.malloc." not in os.environ.get("GLIBC_TUNABLES", ""):
         assert _malloc.tuned() is (os.environ.get("SLUICE_MALLOC_TUNING", "") != "0")
+
+
+def _memfd(n: int, prot: int = mmap.PROT_READ | mmap.PROT_WRITE) -> mmap.mmap:
+    fd = os.memfd_create("sluice-test")
+    try:
+        os.ftruncate(fd, n)
+        chunk = payload(1 << 20, "big-copy")
+        with mmap.mmap(fd, n, flags=mmap.MAP_SHARED) as w:
+            for off in range(0, n, len(chunk)):
+                w[off : off + len(chunk)] = chunk[: n - off]
+        return mmap.mmap(fd, n, flags=mmap.MAP_SHARED, prot=prot)
+    finally:
+        os.close(fd)
+
+
+def _thp_off() -> bool:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" in f.read()
+    except OSError:
+        return True
+
+
+@pytest.mark.skipif(not _bigcopy.available(), reason="CPython on Linux only")
+def test_copies_of_32_mib_and_more_are_the_memory_at_any_offset() -> None:
+    n = _bigcopy.MIN_BYTES + (5 << 20) + 3
+    mm = _memfd(n)
+    region = Region(None, "r1", n, mm)
+    for off, length in ((0, _bigcopy.MIN_BYTES), (1, _bigcopy.MIN_BYTES + 4097), (4095, n - 4095), (3, n - 3)):
+        got = region.read(off, length)
+        assert type(got) is bytes and len(got) == length
+        assert got == mm[off : off + length], (off, length)
+    # Just below the threshold: the plain copy, same bytes.
+    assert region.read(7, _bigcopy.MIN_BYTES - 1) == mm[7 : 7 + _bigcopy.MIN_BYTES - 1]
+    region._invalidate()
+    with pytest.raises(sluice.RegionReleased):
+        region.read(0, _bigcopy.MIN_BYTES)
+
+
+def test_a_read_only_mapping_falls_back_to_the_plain_copy() -> None:
+    n = _bigcopy.MIN_BYTES + 4096
+    mm = _memfd(n, prot=mmap.PROT_READ)
+    region = Region(None, "r2", n, mm)
+    assert region.read(9, n - 9) == mm[9:]
+
+
+@pytest.mark.skipif(not _bigcopy.available() or _thp_off(), reason="needs CPython and transparent huge pages")
+def test_a_64_mib_copy_faults_in_huge_pages() -> None:
+    n = 64 << 20
+    region = Region(None, "r3", n, _memfd(n))
+    region.read(0, n)  # the source's own pages are mapped here once
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(4):
+        got = region.read(0, n)
+        del got
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 4
+    # 16,384 faults of 4 KiB pages each time without huge pages; 32 of 2 MiB
+    # with them (some fall back when the kernel has none free at once).
+    assert faults < 4096, faults

@@ -503,8 +503,7 @@ class Client(CoreClient):
         larger than the scratch region.
 
         ``copy=False`` returns a read-only :class:`memoryview` of the scratch
-        memory itself instead of a ``bytes`` copy (no copy: for large objects
-        the copy costs as much as the read). The memory is lent to the view:
+        memory itself instead of a ``bytes`` copy. The memory is lent to the view:
         it is reused only once the view and every slice of it are gone, so
         drop it (or ``release()`` it) when done. ``numpy.frombuffer`` and
         ``torch.frombuffer`` take it as is.
@@ -517,7 +516,9 @@ class Client(CoreClient):
         itself adapts to at most (blocks up to 32 MiB from the heap, up to
         64 MiB of free memory kept per arena; :mod:`sluice._malloc`). It
         leaves them alone if ``GLIBC_TUNABLES`` sets a ``glibc.malloc``
-        tunable or ``SLUICE_MALLOC_TUNING=0``."""
+        tunable or ``SLUICE_MALLOC_TUNING=0``. Results of 32 MiB or more,
+        always fresh mappings, are copied into huge pages where the kernel
+        has them, with the interpreter lock released (:mod:`sluice._bigcopy`)."""
         with call_timeout(timeout):
             return self._run(self._get_bytes_op(path, range, size_hint, copy=copy))[0]
 

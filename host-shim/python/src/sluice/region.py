@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 from typing import TYPE_CHECKING, Any, Optional
 
-from . import _malloc
+from . import _bigcopy, _malloc
 from .errors import BadRequest, RegionReleased
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -109,11 +109,19 @@ class Region:
 
         The first copy of 128 KiB or more keeps glibc's ``malloc`` from
         giving freed result buffers back to the kernel (see
-        :mod:`sluice._malloc`; ``SLUICE_MALLOC_TUNING=0`` turns it off)."""
+        :mod:`sluice._malloc`; ``SLUICE_MALLOC_TUNING=0`` turns it off).
+        Copies of 32 MiB or more go into huge pages where the kernel has
+        them, without the interpreter lock (:mod:`sluice._bigcopy`)."""
         offset, length = self._window(offset, length)
         if length >= _malloc.WORTH_IT and _malloc._state is None:
             _malloc.keep_freed_memory()
-        return bytes(self._map()[offset : offset + length])
+        mm = self._map()
+        if length >= _bigcopy.MIN_BYTES and _bigcopy.available():
+            try:
+                return _bigcopy.copy_out(mm, offset, length)
+            except TypeError:
+                pass  # a read-only mapping: no ctypes view of it
+        return bytes(mm[offset : offset + length])
 
     def write(self, data: Any, offset: int = 0) -> int:
         """Copies a bytes-like object into the region at ``offset``; returns its length."""
