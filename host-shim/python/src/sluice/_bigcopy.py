@@ -62,15 +62,20 @@ def available() -> bool:
     return _AVAILABLE
 
 
-def copy_out(mm: mmap.mmap, offset: int, length: int) -> bytes:
-    """``bytes(mm[offset:offset + length])``, made as described above.
+def copy_out(mm: mmap.mmap, offset: int, length: int) -> Optional[bytes]:
+    """``bytes(mm[offset:offset + length])``, made as described above;
+    None for a mapping ctypes cannot view (read-only): copy it plainly.
 
-    The caller checks the window. While the copy runs, ``src`` holds an
-    export of the mapping, so a concurrent ``mmap.close()`` (a region
-    released meanwhile) fails with ``BufferError`` instead of unmapping
-    the pages under the copy."""
+    While the copy runs, ``src`` holds an export of the mapping, so a
+    concurrent ``mmap.close()`` (a region released meanwhile) fails with
+    ``BufferError`` instead of unmapping the pages under the copy."""
     assert _new_bytes is not None and _address_of is not None and _madvise is not None
-    src = (ctypes.c_char * length).from_buffer(mm, offset)
+    if offset < 0 or length <= 0 or offset + length > len(mm):
+        raise ValueError(f"window {offset}+{length} outside a mapping of {len(mm)} bytes")
+    try:
+        src = ctypes.c_char.from_buffer(mm, offset)  # the export covers the whole mapping
+    except TypeError:
+        return None
     try:
         out = _new_bytes(None, length)
         dst = _address_of(out)

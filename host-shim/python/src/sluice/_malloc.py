@@ -13,11 +13,13 @@ freed: blocks up to 32 MiB from the heap (its own ceiling for the adaptive
 threshold on 64-bit) and up to 64 MiB of free memory kept per arena. The
 client sets them once per process, the first time it copies a result of
 :data:`WORTH_IT` bytes or more, so a process that never reads large
-objects as ``bytes`` is left as it was. It does nothing
+objects as ``bytes`` is left as it was. The setting is the process's:
+it stays for its life and is inherited by processes it forks (DataLoader
+workers), and "per arena" can mean up to 8 arenas per core. It does nothing
 
 * when ``SLUICE_MALLOC_TUNING`` is ``0`` (or ``false``, ``no``, ``off``);
-* when ``GLIBC_TUNABLES`` already sets a ``glibc.malloc`` tunable (the
-  process's owner has chosen);
+* when ``GLIBC_TUNABLES`` already sets a ``glibc.malloc`` tunable, or a
+  ``MALLOC_*`` variable is set (the process's owner has chosen);
 * when the C library is not glibc (no ``mallopt``).
 """
 
@@ -53,6 +55,9 @@ def _wanted() -> Optional[str]:
         return "SLUICE_MALLOC_TUNING is off"
     if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return "GLIBC_TUNABLES sets malloc tunables"
+    chosen = sorted(k for k in os.environ if k.startswith("MALLOC_"))
+    if chosen:  # glibc's older variables (e.g. MALLOC_TRIM_THRESHOLD_=0, as Dask advises)
+        return f"{', '.join(chosen)} set"
     if platform.libc_ver()[0] != "glibc":
         return "the C library is not glibc"
     return None

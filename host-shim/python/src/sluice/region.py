@@ -117,10 +117,9 @@ class Region:
             _malloc.keep_freed_memory()
         mm = self._map()
         if length >= _bigcopy.MIN_BYTES and _bigcopy.available():
-            try:
-                return _bigcopy.copy_out(mm, offset, length)
-            except TypeError:
-                pass  # a read-only mapping: no ctypes view of it
+            data = _bigcopy.copy_out(mm, offset, length)
+            if data is not None:
+                return data
         return bytes(mm[offset : offset + length])
 
     def write(self, data: Any, offset: int = 0) -> int:
