@@ -161,7 +161,7 @@ impl Agent {
             tenants.insert(t.name.clone(), Tenant { namespaces });
         }
         let auth = ShimAuth::from_config(cfg)?;
-        let quotas = Quotas::new(cfg, metrics.quota_refusals.clone())?;
+        let quotas = Quotas::new(cfg, metrics.quota_refusals.clone(), metrics.slot_wait.clone())?;
         let limits = cfg.limits.clone();
         let sessions = Sessions::new(Duration::from_millis(cfg.limits.session_lease_ms));
         Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas, signers, failover })

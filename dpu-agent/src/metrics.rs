@@ -27,6 +27,10 @@ pub struct Metrics {
     /// limit (`kind`: requests_per_sec, max_inflight_bytes, busy_slots, ...).
     /// Tenants that are not configured count as `<unknown>`.
     pub quota_refusals: IntCounterVec,
+    /// How long each transfer chunk waited for a slot of the fair (DRR)
+    /// scheduler, by tenant (`<unknown>` for names not configured). A small
+    /// request should wait at most one chunk per global slot.
+    pub slot_wait: HistogramVec,
     /// Sessions closed by the agent because their shim stopped renewing them.
     pub sessions_expired: IntCounterVec,
     /// Multipart uploads the agent aborted, by why (`failed`: a part or the
@@ -86,6 +90,14 @@ impl Metrics {
             Opts::new("quota_refusals_total", "Requests and registrations refused by a tenant quota"),
             &["tenant", "kind"],
         )?;
+        let slot_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "slot_wait_seconds",
+                "Time each transfer chunk waited for a fair-scheduler slot (0 when one was free)",
+            )
+            .buckets(vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0]),
+            &["tenant"],
+        )?;
         let sessions_expired = IntCounterVec::new(
             Opts::new("sessions_expired_total", "Sessions closed because their shim stopped renewing them"),
             &["tenant"],
@@ -138,6 +150,7 @@ impl Metrics {
         registry.register(Box::new(sessions_expired.clone()))?;
         registry.register(Box::new(multipart_aborts.clone()))?;
         registry.register(Box::new(quota_refusals.clone()))?;
+        registry.register(Box::new(slot_wait.clone()))?;
         registry.register(Box::new(auth_failures.clone()))?;
         registry.register(Box::new(access_denied.clone()))?;
         registry.register(Box::new(requests.clone()))?;
@@ -163,6 +176,7 @@ impl Metrics {
             auth_failures,
             access_denied,
             quota_refusals,
+            slot_wait,
             sessions_expired,
             multipart_aborts,
             endpoints,

@@ -1,6 +1,8 @@
 //! Glue between the agent's configuration and `sluice_qos`: builds the one
 //! [`Qos`] the agent shares across tenants (with refusals counted in
-//! `sluice_agent_quota_refusals_total{tenant,kind}`), and re-applies per-tenant
+//! `sluice_agent_quota_refusals_total{tenant,kind}` and every transfer slot's
+//! wait for the fair scheduler in `sluice_agent_slot_wait_seconds{tenant}`),
+//! and re-applies per-tenant
 //! limits from the config file on reload (SIGHUP).
 //!
 //! What is reloadable: every tenant's `[tenants.limits]`. What is not (logged
@@ -13,8 +15,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::IntCounterVec;
-use sluice_qos::{Limits, Qos, QosConfig, QosError, UNKNOWN_TENANT_LABEL};
+use prometheus::{Histogram, HistogramVec, IntCounterVec};
+use sluice_qos::{Limits, Observers, Qos, QosConfig, QosError, UNKNOWN_TENANT_LABEL};
 
 use crate::config::{AgentConfig, QosSettings, TenantLimits};
 
@@ -53,10 +55,11 @@ pub struct Quotas {
 }
 
 impl Quotas {
-    /// Builds the QoS layer; every refusal increments `refusals{tenant,kind}`,
-    /// with tenants not in the config labelled `<unknown>` so that made-up
-    /// names cannot grow the metric without bound.
-    pub fn new(cfg: &AgentConfig, refusals: IntCounterVec) -> Result<Self, QosError> {
+    /// Builds the QoS layer; every refusal increments `refusals{tenant,kind}`
+    /// and every granted transfer slot observes its wait in
+    /// `slot_waits{tenant}`, with tenants not in the config labelled
+    /// `<unknown>` so that made-up names cannot grow the metrics without bound.
+    pub fn new(cfg: &AgentConfig, refusals: IntCounterVec, slot_waits: HistogramVec) -> Result<Self, QosError> {
         let tenants: Arc<BTreeSet<String>> = Arc::new(cfg.tenants.iter().map(|t| t.name.clone()).collect());
         let known = Arc::clone(&tenants);
         let observer = Arc::new(move |err: &QosError| {
@@ -68,7 +71,15 @@ impl Quotas {
             };
             refusals.with_label_values(&[label, err.kind()]).inc();
         });
-        let qos = Qos::with_observer(qos_config(&cfg.qos), tenant_limits(cfg), observer)?;
+        // Resolved once: a slot is granted per chunk, on the data path.
+        let waits: HashMap<String, Histogram> =
+            tenants.iter().map(|t| (t.clone(), slot_waits.with_label_values(&[t.as_str()]))).collect();
+        let unknown_waits = slot_waits.with_label_values(&[UNKNOWN_TENANT_LABEL]);
+        let slot_wait = Arc::new(move |tenant: &str, waited: Duration| {
+            waits.get(tenant).unwrap_or(&unknown_waits).observe(waited.as_secs_f64());
+        });
+        let observers = Observers { refusals: Some(observer), slot_waits: Some(slot_wait) };
+        let qos = Qos::with_observers(qos_config(&cfg.qos), tenant_limits(cfg), observers)?;
         Ok(Self { qos, tenants, settings: cfg.qos.clone() })
     }
 
@@ -169,6 +180,10 @@ mod tests {
         IntCounterVec::new(Opts::new("quota_refusals_total", "test"), &["tenant", "kind"]).unwrap()
     }
 
+    fn waits() -> HistogramVec {
+        HistogramVec::new(prometheus::HistogramOpts::new("slot_wait_seconds", "test"), &["tenant"]).unwrap()
+    }
+
     #[test]
     fn config_limits_convert_and_default_to_unlimited() {
         let cfg = parse(&config(
@@ -226,7 +241,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.toml");
         let cfg = parse(&config("[tenants.limits]\nbytes_per_sec = 1000\n", false));
-        let quotas = Quotas::new(&cfg, counter()).unwrap();
+        let quotas = Quotas::new(&cfg, counter(), waits()).unwrap();
         let qos = quotas.qos();
         assert_eq!(qos.limits("alpha").unwrap().bytes_per_sec, Some(1000));
 
@@ -259,7 +274,7 @@ mod tests {
     #[tokio::test]
     async fn a_tenant_missing_from_the_new_file_keeps_its_limits() {
         let cfg = parse(&config("[tenants.limits]\nmax_registered_bytes = 4096\n", false));
-        let quotas = Quotas::new(&cfg, counter()).unwrap();
+        let quotas = Quotas::new(&cfg, counter(), waits()).unwrap();
         let mut without_alpha = cfg.clone();
         without_alpha.tenants.retain(|t| t.name != "alpha");
         assert!(quotas.apply(&without_alpha).unwrap().is_empty());
@@ -271,7 +286,7 @@ mod tests {
     async fn refusals_are_counted_with_bounded_tenant_labels() {
         let cfg = parse(&config("[tenants.limits]\nmax_registered_bytes = 4096\nrequests_per_sec = 1\n", false));
         let refusals = counter();
-        let quotas = Quotas::new(&cfg, refusals.clone()).unwrap();
+        let quotas = Quotas::new(&cfg, refusals.clone(), waits()).unwrap();
         let qos = quotas.qos();
         let held = qos.reserve_memory("alpha", 4 * 1024).unwrap();
         assert!(matches!(qos.reserve_memory("alpha", 1), Err(QosError::MemoryQuota { .. })));
@@ -287,5 +302,22 @@ mod tests {
         assert_eq!(get("alpha", "requests_per_sec"), 1);
         assert_eq!(get(UNKNOWN_TENANT_LABEL, "unknown_tenant"), 2);
         assert_eq!(get("mallory", "unknown_tenant"), 0);
+    }
+
+    #[tokio::test]
+    async fn slot_waits_are_observed_with_bounded_tenant_labels() {
+        let cfg = parse(&config("", false));
+        let waits = waits();
+        let quotas = Quotas::new(&cfg, counter(), waits.clone()).unwrap();
+        let qos = quotas.qos();
+        drop(qos.slot("alpha", MIB).await.unwrap());
+        drop(qos.slot("beta", MIB).await.unwrap());
+        drop(qos.slot("mallory", MIB).await.unwrap());
+        drop(qos.slot("eve", MIB).await.unwrap());
+        let count = |t: &str| waits.with_label_values(&[t]).get_sample_count();
+        assert_eq!((count("alpha"), count("beta"), count(UNKNOWN_TENANT_LABEL)), (1, 1, 2));
+        // Only configured names and the shared label exist as series.
+        let series: usize = prometheus::core::Collector::collect(&waits).iter().map(|f| f.get_metric().len()).sum();
+        assert_eq!(series, 3);
     }
 }

@@ -131,6 +131,20 @@ pub struct Usage {
 /// counter labelled with `err.tenant()` and `err.kind()`.
 pub type RefusalObserver = Arc<dyn Fn(&QosError) + Send + Sync>;
 
+/// Called for every transfer slot granted, with the tenant that asked and how
+/// long it waited for the fair scheduler (zero when a slot was free), e.g. to
+/// feed a per-tenant histogram: the scheduler's promise (a small request waits
+/// behind at most one chunk per slot, never behind a whole transfer) is then
+/// visible in production, not only in tests. Called outside QoS locks.
+pub type SlotWaitObserver = Arc<dyn Fn(&str, Duration) + Send + Sync>;
+
+/// Optional callbacks for metrics.
+#[derive(Clone, Default)]
+pub struct Observers {
+    pub refusals: Option<RefusalObserver>,
+    pub slot_waits: Option<SlotWaitObserver>,
+}
+
 /// Per-tenant quotas and the fair transfer scheduler. Cheap to clone.
 #[derive(Clone)]
 pub struct Qos {
@@ -142,7 +156,7 @@ struct Inner {
     tenants: RwLock<HashMap<String, Arc<Tenant>>>,
     sched: drr::Shared,
     refusals: Mutex<HashMap<(String, &'static str), u64>>,
-    observer: Option<RefusalObserver>,
+    observers: Observers,
 }
 
 impl fmt::Debug for Qos {
@@ -168,7 +182,7 @@ fn validate_all(tenants: &HashMap<String, Limits>) -> Result<(), QosError> {
 
 impl Qos {
     pub fn new(config: QosConfig, tenants: HashMap<String, Limits>) -> Result<Qos, QosError> {
-        Self::build(config, tenants, None)
+        Self::with_observers(config, tenants, Observers::default())
     }
 
     pub fn with_observer(
@@ -176,13 +190,13 @@ impl Qos {
         tenants: HashMap<String, Limits>,
         observer: RefusalObserver,
     ) -> Result<Qos, QosError> {
-        Self::build(config, tenants, Some(observer))
+        Self::with_observers(config, tenants, Observers { refusals: Some(observer), slot_waits: None })
     }
 
-    fn build(
+    pub fn with_observers(
         config: QosConfig,
         tenants: HashMap<String, Limits>,
-        observer: Option<RefusalObserver>,
+        observers: Observers,
     ) -> Result<Qos, QosError> {
         validate_all(&tenants)?;
         let sched = Scheduler::new(config.global_slots, config.quantum_bytes, weights(&tenants));
@@ -193,7 +207,7 @@ impl Qos {
                 tenants: RwLock::new(tenants),
                 sched: Arc::new(Mutex::new(sched)),
                 refusals: Mutex::new(HashMap::new()),
-                observer,
+                observers,
             }),
         })
     }
@@ -248,7 +262,7 @@ impl Qos {
         let label = if configured { err.tenant() } else { UNKNOWN_TENANT_LABEL };
         let label = label.to_owned();
         *lock(&self.inner.refusals).entry((label, err.kind())).or_insert(0) += 1;
-        if let Some(observer) = &self.inner.observer {
+        if let Some(observer) = &self.inner.observers.refusals {
             observer(&err);
         }
         err
@@ -288,16 +302,29 @@ impl Qos {
     /// after the queue timeout. Cancellation-safe.
     pub async fn slot(&self, tenant: &str, cost_bytes: u64) -> Result<Slot, QosError> {
         let guard = match Scheduler::acquire(&self.inner.sched, tenant, cost_bytes) {
-            Acquire::Now => return Ok(Slot { sched: Arc::clone(&self.inner.sched) }),
+            Acquire::Now => {
+                self.slot_granted(tenant, Duration::ZERO);
+                return Ok(Slot { sched: Arc::clone(&self.inner.sched) });
+            }
             Acquire::Queued(guard) => guard,
         };
+        let queued_at = tokio::time::Instant::now();
         let timeout = self.inner.config.queue_timeout;
         let waited = match tokio::time::timeout(timeout, guard.wait()).await {
-            Ok(Some(slot)) => return Ok(slot),
+            Ok(Some(slot)) => {
+                self.slot_granted(tenant, queued_at.elapsed());
+                return Ok(slot);
+            }
             Ok(None) => Duration::ZERO,
             Err(_) => timeout,
         };
         Err(self.refuse(QosError::Busy { tenant: tenant.to_owned(), resource: RESOURCE_SLOTS, waited }))
+    }
+
+    fn slot_granted(&self, tenant: &str, waited: Duration) {
+        if let Some(observer) = &self.inner.observers.slot_waits {
+            observer(tenant, waited);
+        }
     }
 
     /// Current usage of a configured tenant.

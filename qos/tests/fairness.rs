@@ -222,3 +222,34 @@ async fn permit_chunk_paces_then_takes_a_slot() {
     let elapsed = start.elapsed().as_secs_f64();
     assert!((1.9..=2.0).contains(&elapsed), "took {elapsed}s");
 }
+
+#[tokio::test(start_paused = true)]
+async fn every_granted_slot_is_reported_with_its_wait() {
+    let seen: Arc<std::sync::Mutex<Vec<(String, Duration)>>> = Arc::default();
+    let record = Arc::clone(&seen);
+    let observers = sluice_qos::Observers {
+        refusals: None,
+        slot_waits: Some(Arc::new(move |tenant: &str, waited| {
+            record.lock().unwrap().push((tenant.to_owned(), waited))
+        })),
+    };
+    let config = QosConfig { global_slots: 1, queue_timeout: Duration::from_secs(2), ..QosConfig::default() };
+    let tenants = [("a".to_string(), Limits::default()), ("b".to_string(), Limits::default())].into();
+    let qos = Qos::with_observers(config, tenants, observers).unwrap();
+    let held = qos.slot("a", MIB).await.unwrap();
+    let waiter = tokio::spawn({
+        let qos = qos.clone();
+        async move { qos.slot("b", KIB).await.map(drop) }
+    });
+    sleep(Duration::from_millis(30)).await;
+    drop(held);
+    waiter.await.unwrap().unwrap();
+    // A refused wait is a refusal, not a grant: not reported as a wait.
+    let _held = qos.slot("a", MIB).await.unwrap();
+    assert!(qos.slot("b", KIB).await.is_err());
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![("a".into(), Duration::ZERO), ("b".into(), Duration::from_millis(30)), ("a".into(), Duration::ZERO)]
+    );
+}
