@@ -29,7 +29,8 @@ pub struct Metrics {
     pub quota_refusals: IntCounterVec,
     /// How long each transfer chunk waited for a slot of the fair (DRR)
     /// scheduler, by tenant (`<unknown>` for names not configured). A small
-    /// request should wait at most one chunk per global slot.
+    /// request should wait behind a chunk or two per global slot, never
+    /// behind a whole large transfer.
     pub slot_wait: HistogramVec,
     /// Sessions closed by the agent because their shim stopped renewing them.
     pub sessions_expired: IntCounterVec,
@@ -95,7 +96,10 @@ impl Metrics {
                 "slot_wait_seconds",
                 "Time each transfer chunk waited for a fair-scheduler slot (0 when one was free)",
             )
-            .buckets(vec![0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 30.0]),
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.05, 0.1, 0.25, 1.0,
+                5.0, 30.0,
+            ]),
             &["tenant"],
         )?;
         let sessions_expired = IntCounterVec::new(

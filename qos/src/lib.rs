@@ -134,8 +134,10 @@ pub type RefusalObserver = Arc<dyn Fn(&QosError) + Send + Sync>;
 /// Called for every transfer slot granted, with the tenant that asked and how
 /// long it waited for the fair scheduler (zero when a slot was free), e.g. to
 /// feed a per-tenant histogram: the scheduler's promise (a small request waits
-/// behind at most one chunk per slot, never behind a whole transfer) is then
-/// visible in production, not only in tests. Called outside QoS locks.
+/// behind a chunk or two per slot, never behind a whole transfer) is then
+/// visible in production, not only in tests. The wait ends when the waiting
+/// task runs again, so it includes that task's wake-up. Called outside QoS
+/// locks.
 pub type SlotWaitObserver = Arc<dyn Fn(&str, Duration) + Send + Sync>;
 
 /// Optional callbacks for metrics.

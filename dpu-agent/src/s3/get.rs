@@ -84,6 +84,16 @@ enum First {
     Empty { etag: String },
 }
 
+/// The fair-scheduler cost of a GET's first part, before the object's size
+/// is known: what it can move, i.e. at most a part, the range asked for and
+/// the room in the destination. A whole-object GET into a 4 KiB slot costs
+/// 4 KiB, not a part (a bigger object would not fit and fails before its
+/// body is read); charging a part would give a tenant of small objects a
+/// part-size share of the scheduler per object.
+pub(super) fn first_part_cost(length: Option<u64>, part: u64, fits: u64) -> u64 {
+    length.unwrap_or(part).min(part).min(fits).max(1)
+}
+
 impl ObjectStore {
     /// Reads `key` (or `length` bytes from `start`; `None` = to the end) into
     /// `region` at `offset`. Nothing is written unless the whole requested
@@ -129,7 +139,8 @@ impl ObjectStore {
             (meta.size, meta.etag, None, expected)
         } else {
             // The first part's slot is held until its body has streamed.
-            let slot = enter(gate, length.unwrap_or(part).min(part)).await?;
+            let cost = first_part_cost(length, part, room.min(region.len().saturating_sub(offset)));
+            let slot = enter(gate, cost).await?;
             match self.first_part(key, &full, start, length, base, request_id).await? {
                 First::Part { object_size, etag, part } => {
                     let expected = part.expected;

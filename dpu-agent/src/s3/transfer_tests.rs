@@ -534,3 +534,17 @@ async fn a_read_pinned_to_an_etag_refuses_another_version_writing_nothing(b: Bac
         .is_ok());
 }
 on_every_store!(a_read_pinned_to_an_etag_refuses_another_version_writing_nothing);
+
+#[test]
+fn a_first_part_costs_what_it_can_move() {
+    use super::get::first_part_cost;
+    // Whole object of unknown size: a part, unless the destination holds less.
+    assert_eq!(first_part_cost(None, PART, 10 * PART), PART);
+    assert_eq!(first_part_cost(None, PART, 4096), 4096);
+    // A range: the range, capped by the part and the room.
+    assert_eq!(first_part_cost(Some(100), PART, 10 * PART), 100);
+    assert_eq!(first_part_cost(Some(3 * PART), PART, 10 * PART), PART);
+    assert_eq!(first_part_cost(Some(3 * PART), PART, 512), 512);
+    // No room at all still costs something (the request is refused later).
+    assert_eq!(first_part_cost(None, PART, 0), 1);
+}

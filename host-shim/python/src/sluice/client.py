@@ -68,8 +68,10 @@ class _Answer:
         return self._done
 
     def set_result(self, value: Outcome) -> None:
-        """Only the first call counts (callers check ``done()`` first; this
-        keeps a second one from releasing the lock twice)."""
+        """Sets the answer. One setter per answer: whoever took it out of the
+        client's pending table under ``_pending_lock`` (the reader thread),
+        or the submitter of a request that was never sent. A second call is
+        ignored rather than releasing the lock twice."""
         if self._done:
             return
         self._value = value
@@ -78,8 +80,12 @@ class _Answer:
 
     def result(self, timeout: Optional[float] = None) -> Outcome:
         """The answer, waiting up to ``timeout`` seconds (None: no limit);
-        :class:`_NoAnswerYet` if it did not come. Goes through the lock even
-        when set, so the value is read after the setter's write."""
+        :class:`_NoAnswerYet` if it did not come. An answer already set is
+        returned without the lock (the value is written before ``_done``), so
+        a caller interrupted between taking and giving back the lock (Ctrl-C)
+        cannot make a later call wait."""
+        if self._done:
+            return self._value
         if not self._unset.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             raise _NoAnswerYet
         self._unset.release()
@@ -298,10 +304,13 @@ class Client(CoreClient):
             return
         with self._pending_lock:
             fut = self._pending.pop(id_, None)
-        if fut is None or fut.done():
-            self._orphan(outcome)
-        else:
-            fut.set_result(outcome)
+            if fut is not None and not fut.done():
+                # Set under the lock: a caller that gave up waiting takes its
+                # answer out of the table under the same lock, so either it
+                # finds the answer set or the answer finds it gone.
+                fut.set_result(outcome)
+                return
+        self._orphan(outcome)
 
     def _lost(self, err: str) -> None:
         with self._pending_lock:
