@@ -17,6 +17,10 @@ time and CPU per hop:
   request and the body, checksums, the agent's own work);
 * gateway: until the response head.
 
+Each process's context switches per GET (``/proc/<pid>/task/*/status``,
+voluntary and not) count its sleeps: on a machine where a wake-up is
+expensive, they are most of the CPU per GET.
+
     bench/run hops [--count 2000] [--sizes 4096,65536] [--bin-dir DIR]
 
 Numbers from a shared machine are only as good as its quiet: the JSON
@@ -77,6 +81,21 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def switches(pid: int) -> int:
+    """Times the process's threads were switched out (voluntarily: each sleep
+    that a wake-up ends; or preempted), summed over its threads."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                        total += int(line.split()[1])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="bench/run hops")
     ap.add_argument("--count", type=int, default=2000, help="GETs per size and reader (default 2000)")
@@ -109,6 +128,8 @@ def main() -> None:
                 s3.get_object(Bucket="data", Key=key)["Body"].read()
             before = {p: scrape(u) for p, u in ops.items()}
             cpu0 = {p: cpu_s(stack.pids[p]) for p in ("shim", "agent", "gateway")}
+            sw0 = {p: switches(stack.pids[p]) for p in ("shim", "agent", "gateway")}
+            sw0["client"] = switches(os.getpid())
             self0 = time.process_time()
             lat = []
             for _ in range(args.count):
@@ -117,6 +138,8 @@ def main() -> None:
                 lat.append(time.perf_counter() - t0)
             self_cpu = time.process_time() - self0
             cpu1 = {p: cpu_s(stack.pids[p]) for p in ("shim", "agent", "gateway")}
+            sw1 = {p: switches(stack.pids[p]) for p in ("shim", "agent", "gateway")}
+            sw1["client"] = switches(os.getpid())
             after = {p: scrape(u) for p, u in ops.items()}
             means = {p: mean_of(before[p], after[p], GET_OPS[p]) for p in ops}
             direct = []
@@ -144,6 +167,7 @@ def main() -> None:
                 },
                 "cpu_us_per_get": {"client": self_cpu / args.count * us,
                                    **{p: (cpu1[p] - cpu0[p]) / args.count * us for p in cpu0}},
+                "switches_per_get": {p: (sw1[p] - sw0[p]) / args.count for p in ("client", "shim", "agent", "gateway")},
             }  # fmt: skip
             results.append(row)
             hops = row["hops_us"] or {}
@@ -153,6 +177,8 @@ def main() -> None:
             for h, v in hops.items():
                 print(f"    {h:<32} {v:7.0f} us")
             print("    CPU per GET: " + ", ".join(f"{p} {v:.0f} us" for p, v in row["cpu_us_per_get"].items()))
+            print("    threads switched out per GET (sleeps and preemptions): "
+                  + ", ".join(f"{p} {v:.1f}" for p, v in row["switches_per_get"].items()))  # fmt: skip
             region.release()
         client.close()
     finally:
