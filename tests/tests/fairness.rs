@@ -187,8 +187,8 @@ fn beta_slot_waits(stack: &Stack) -> Vec<(f64, f64)> {
         })
         .filter(|&(_, tenant, _)| tenant == "beta")
         .map(|(le, _, count)| {
-            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
-            (le, count.trim().parse().unwrap())
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().expect("a bucket's le is a number") };
+            (le, count.trim().parse().expect("a bucket's count is a number"))
         })
         .collect()
 }
