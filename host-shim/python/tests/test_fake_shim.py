@@ -190,20 +190,3 @@ def test_abandoned_scratch_region_is_not_reused(fake):
         released = [r["release"]["region_id"] for r in shim.requests if r["op"] == "release"]
         assert len(registered) == 1 and released == [f"region-{registered[0]}"]
         assert _open_memfds("fake") == 0
-
-
-def test_an_answer_is_set_once_and_waited_for_with_a_timeout():
-    from sluice.client import _Answer, _NoAnswerYet
-
-    a = _Answer(7, 0.5)
-    assert (a.sluice_id, a.sluice_timeout, a.done()) == (7, 0.5, False)
-    with pytest.raises(_NoAnswerYet):
-        a.result(timeout=0.01)
-    with pytest.raises(_NoAnswerYet):
-        a.result(timeout=-1.0)  # a deadline already passed: no wait, no error from the lock
-    setter = threading.Timer(0.05, a.set_result, args=("first",))
-    setter.start()
-    assert a.result(timeout=5) == "first"  # woken by the other thread
-    a.set_result("second")  # ignored: the lock is not released twice
-    assert a.done() and a.result() == "first" and a.result(timeout=0) == "first"
-    setter.join()

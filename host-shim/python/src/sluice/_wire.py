@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple, Union
 
 #: Largest frame either side may send (``sluice_proto::MAX_FRAME_LEN``).
 MAX_FRAME_LEN = 1 << 20
@@ -559,7 +559,7 @@ class FrameDecoder:
         self._fds: Deque[int] = deque()
         self._max = max_frame
 
-    def feed(self, data: bytes, fds: List[int]) -> None:
+    def feed(self, data: "Union[bytes, memoryview]", fds: List[int]) -> None:
         if self._pos:
             del self._buf[: self._pos]
             self._pos = 0

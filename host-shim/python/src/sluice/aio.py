@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Deque, Iterable, List, Optional, Sequence
 
 from . import _core
 from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
-from .client import ANC_SPACE, MSG_CTRUNC, RECV_FLAGS, RECV_SIZE, fds_from_ancillary, scm_rights
+from .client import ANC_SPACE, MSG_CTRUNC, RECV_FLAGS, RECV_SIZE, fds_from_ancillary, recv_buffer, scm_rights
 from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
 from .region import Region
 from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer
@@ -60,6 +60,7 @@ class AsyncClient(CoreClient):
         self._connect_timeout = connect_timeout
         self._version = _protocol_version
         self._sock: Optional[_socket.socket] = None
+        self._rbuf = recv_buffer()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._wlock: Optional[asyncio.Lock] = None
         self._dead = False
@@ -131,19 +132,19 @@ class AsyncClient(CoreClient):
         assert sock is not None
         while True:
             try:
-                data, anc, flags, _ = sock.recvmsg(RECV_SIZE, ANC_SPACE, RECV_FLAGS)
+                n, anc, flags, _ = sock.recvmsg_into([self._rbuf], ANC_SPACE, RECV_FLAGS)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 self._lost(str(e))
                 return
             fds = fds_from_ancillary(anc)
-            if not data or flags & MSG_CTRUNC:
+            if not n or flags & MSG_CTRUNC:
                 for fd in fds:
                     close_fd(fd)
-                self._lost("" if not data else "descriptors from the shim were truncated")
+                self._lost("" if not n else "descriptors from the shim were truncated")
                 return
-            self._decoder.feed(data, fds)
+            self._decoder.feed(self._rbuf[:n], fds)
             try:
                 for payload in self._decoder.frames():
                     parsed = self._parse(payload)

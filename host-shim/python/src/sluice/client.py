@@ -6,12 +6,15 @@ import array
 import contextlib
 import os
 import socket as _socket
+import select
 import threading
+import time
 from collections import deque
 from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _core, _gpu_ops
 from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
+from ._turns import Answer, ReadTurn
 from .errors import Disconnected, RegionReleased, ShimConnectionError, SluiceError, Timeout
 from .gpu import GpuRegion
 from .gpu import validate as validate_gpu
@@ -23,10 +26,21 @@ T = TypeVar("T")
 _MAX_FDS = 16  # the shim attaches at most 4 per sendmsg; leave room
 ANC_SPACE = _socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
 RECV_FLAGS = int(getattr(_socket, "MSG_CMSG_CLOEXEC", 0))
+#: Reads never block: the reading caller waits in poll() first, with its
+#: deadline (a blocking recvmsg on a socket with a timeout polls first too).
+RECV_FLAGS_NOWAIT = RECV_FLAGS | int(_socket.MSG_DONTWAIT)
 #: As a plain int: the socket module's flags are an ``enum.IntFlag``, and
 #: ``int & IntFlag`` builds an enum member on every reply read.
 MSG_CTRUNC = int(getattr(_socket, "MSG_CTRUNC", 0))
 RECV_SIZE = 1 << 18
+
+
+def recv_buffer() -> memoryview:
+    """A connection's buffer for ``recvmsg_into``, made once: ``recvmsg``
+    allocates a fresh ``RECV_SIZE`` bytes object per read, which glibc maps
+    and unmaps (above its mmap threshold): 14 µs of system time per read on
+    the 2-CPU VM, against 2 µs into a buffer kept (docs/performance.md)."""
+    return memoryview(bytearray(RECV_SIZE))
 
 
 def fds_from_ancillary(ancdata: List[Tuple[int, int, bytes]]) -> List[int]:
@@ -44,65 +58,13 @@ def scm_rights(fd: int) -> List[Tuple[int, int, bytes]]:
     return [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [fd]).tobytes())]
 
 
-class _Answer:
-    """The answer to one request: set once (by the reader thread, or at once
-    for a request that could not be sent), waited for by the caller.
-
-    A lock held until the answer is set, instead of a
-    ``concurrent.futures.Future``: its condition variable, state machine and
-    callback list cost ~8 µs of CPU per request on the 2-CPU VM
-    (docs/performance.md), paid once per ``get_bytes``.
-    """
-
-    __slots__ = ("_unset", "_value", "_done", "sluice_id", "sluice_timeout")
-
-    def __init__(self, id_: int = -1, timeout: Optional[float] = None) -> None:
-        self._unset = threading.Lock()
-        self._unset.acquire()
-        self._value: Any = None
-        self._done = False
-        self.sluice_id = id_
-        self.sluice_timeout = timeout
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, value: Outcome) -> None:
-        """Sets the answer. One setter per answer: whoever took it out of the
-        client's pending table under ``_pending_lock`` (the reader thread),
-        or the submitter of a request that was never sent. A second call is
-        ignored rather than releasing the lock twice."""
-        if self._done:
-            return
-        self._value = value
-        self._done = True
-        self._unset.release()
-
-    def result(self, timeout: Optional[float] = None) -> Outcome:
-        """The answer, waiting up to ``timeout`` seconds (None: no limit);
-        :class:`_NoAnswerYet` if it did not come. An answer already set is
-        returned without the lock (the value is written before ``_done``), so
-        a caller interrupted between taking and giving back the lock (Ctrl-C)
-        cannot make a later call wait."""
-        if self._done:
-            return self._value
-        if not self._unset.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            raise _NoAnswerYet
-        self._unset.release()
-        return self._value
-
-
-class _NoAnswerYet(Exception):
-    """An :class:`_Answer` waited for in vain."""
-
-
 class _Handle:
     """One operation in progress on a blocking client (see ``_core``)."""
 
     def __init__(self, client: "Client", gen: "Op[Any]") -> None:
         self._c = client
         self._gen = gen
-        self._futs: List[_Answer] = []
+        self._futs: List[Answer] = []
         self.done = False
         self._value: Any = None
         self._exc: Optional[BaseException] = None
@@ -123,6 +85,7 @@ class _Handle:
 
     def poll(self) -> None:
         """Advances without blocking as far as the answers so far allow."""
+        self._c._pump()
         while not self.done and all(f.done() for f in self._futs):
             self._step([f.result() for f in self._futs])
 
@@ -189,8 +152,10 @@ class Client(CoreClient):
             default: ``libcuda.so.1``, loaded on first GPU use.
 
     Thread safety: a ``Client`` may be shared by threads; requests from
-    different threads are pipelined on the one connection (a background
-    thread routes answers by request id). A client must not be used in a
+    different threads are pipelined on the one connection. There is no
+    background thread: a caller waiting for an answer reads the connection
+    itself, one at a time, and hands the others' answers to them
+    (``sluice._turns``). A client must not be used in a
     process forked after it was created; make one per process (e.g. per
     DataLoader worker), as :mod:`sluice.torch` does.
     """
@@ -235,8 +200,10 @@ class Client(CoreClient):
             self.closed = True
             raise ShimConnectionError(f"connecting to the shim at {self.socket_path}: {e}") from e
         self._sock = sock
-        self._reader = threading.Thread(target=self._read_loop, name="sluice-client-reader", daemon=True)
-        self._reader.start()
+        self._turn = ReadTurn(self._pending_lock)
+        self._rbuf = recv_buffer()
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN)
         saved, self.timeout = self.timeout, connect_timeout
         try:
             self._run(self._hello_op(_protocol_version))
@@ -263,9 +230,11 @@ class Client(CoreClient):
             self._sock.shutdown(_socket.SHUT_RDWR)
         except OSError:
             pass
-        if threading.current_thread() is not self._reader:
-            self._reader.join(timeout=10)
-        self._sock.close()
+        # A caller inside a read sees the end of the stream and leaves; the
+        # descriptor is closed only then, so no read can reach a reused one.
+        with self._turn.hold(timeout=10):
+            self._lost("")
+            self._sock.close()
         self._invalidate_all()
 
     def __repr__(self) -> str:
@@ -273,30 +242,77 @@ class Client(CoreClient):
         return f"<sluice.Client {self.socket_path} {state}>"
 
     # --------------------------------------------------------------- I/O --
-    def _read_loop(self) -> None:
-        err = ""
+    def _lead(self, ans: Optional[Answer], deadline: Optional[float]) -> None:
+        """Reads, as the caller whose turn it is, until ``ans`` is answered
+        (None: until the connection ends), ``deadline`` passes or the
+        connection is gone; every answer read goes to its waiter."""
+        poll = self._poller.poll
+        while not self._dead and (ans is None or not ans._done):
+            if deadline is None:
+                ready = poll()
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                ready = poll(int(left * 1000) + 1)
+            if ready:
+                self._take_in()
+
+    def _take_in(self) -> bool:
+        """Reads what the shim has sent, without blocking, and hands each
+        answer to its waiter; False if nothing was there.
+
+        Once bytes may have left the socket, an exception from this thread
+        (Ctrl-C lands in the caller who is reading) could lose part of the
+        stream; the connection is then ended with that reason rather than
+        trusted to stay in step.
+        """
+        consuming = True
         try:
-            while True:
-                data, anc, flags, _ = self._sock.recvmsg(RECV_SIZE, ANC_SPACE, RECV_FLAGS)
-                fds = fds_from_ancillary(anc)
-                if flags & MSG_CTRUNC:
-                    for fd in fds:
-                        close_fd(fd)
-                    err = "descriptors from the shim were truncated"
-                    break
-                if not data:
-                    for fd in fds:
-                        close_fd(fd)
-                    break
-                self._decoder.feed(data, fds)
-                for payload in self._decoder.frames():
-                    parsed = self._parse(payload)
-                    if parsed is not None:
-                        self._dispatch(*parsed)
+            try:
+                n, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], ANC_SPACE, RECV_FLAGS_NOWAIT)
+            except BlockingIOError:
+                consuming = False
+                return False
+            fds = fds_from_ancillary(anc)
+            if flags & MSG_CTRUNC or not n:
+                for fd in fds:
+                    close_fd(fd)
+                consuming = False
+                self._end("descriptors from the shim were truncated" if n else "")
+                return True
+            self._decoder.feed(self._rbuf[:n], fds)
+            for payload in self._decoder.frames():
+                parsed = self._parse(payload)
+                if parsed is not None:
+                    self._dispatch(*parsed)
+            consuming = False
+            return True
         except (OSError, ValueError, SluiceError) as e:
-            err = "" if self.closed else str(e)
+            consuming = False
+            self._end("" if self.closed else str(e))
+            return True
         finally:
-            self._lost(err)
+            if consuming:
+                self._end("interrupted while taking in the shim's answers, some of which may be lost")
+
+    def _end(self, err: str) -> None:
+        """The stream is over or can no longer be trusted: nothing more is
+        read or sent on it (the shim then releases this connection's
+        regions), and every waiter gets :class:`~sluice.Disconnected`."""
+        try:
+            self._sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._lost(err)
+
+    def _pump(self) -> None:
+        """Takes in whatever answers have arrived, without waiting, if no
+        other caller is reading (for :meth:`_Handle.poll`)."""
+        with self._turn.hold(timeout=0) as reading:
+            if reading:
+                while not self._dead and self._take_in():
+                    pass
 
     def _dispatch(self, id_: int, outcome: Outcome) -> None:
         if id_ == 0:
@@ -314,14 +330,16 @@ class Client(CoreClient):
 
     def _lost(self, err: str) -> None:
         with self._pending_lock:
+            if self._dead:
+                return
             self._dead = True
             if err:
                 self._note_end(err)
             pending, self._pending = self._pending, {}
-        gone = Disconnected(f"the shim connection closed{self._why()}")
-        for fut in pending.values():
-            if fut is not None and not fut.done():
-                fut.set_result(gone)
+            gone = Disconnected(f"the shim connection closed{self._why()}")
+            for fut in pending.values():
+                if fut is not None and not fut.done():
+                    fut.set_result(gone)
         for fd in self._decoder.drain_fds():
             close_fd(fd)
 
@@ -334,11 +352,11 @@ class Client(CoreClient):
             if view:
                 self._sock.sendall(view)
 
-    def _submit(self, call: Call, wait: bool = True) -> Optional[_Answer]:
+    def _submit(self, call: Call, wait: bool = True) -> Optional[Answer]:
         self._check_usable()
         id_ = self._new_id()
         frame = self._encode(id_, call)
-        fut = _Answer(id_, self._timeout_now()) if wait else None
+        fut = Answer(id_, self._timeout_now()) if wait else None
         with self._pending_lock:
             if self._dead:
                 raise Disconnected(f"the shim connection closed{self._why()}")
@@ -348,23 +366,24 @@ class Client(CoreClient):
         except OSError as e:
             with self._pending_lock:
                 self._pending.pop(id_, None)
-            if threading.current_thread() is not self._reader:
-                # The shim may have said why before closing: let the reader
-                # take that in so the error can tell.
-                self._reader.join(timeout=2)
+            # The shim may have said why before closing: take that in so
+            # the error can tell.
+            with self._turn.hold(timeout=2) as reading:
+                if reading:
+                    self._lead(None, time.monotonic() + 2)
             raise Disconnected(f"sending to the shim failed: {e}{self._why()}") from e
         return fut
 
-    def _submit_batch(self, calls: Sequence[Call]) -> List[_Answer]:
+    def _submit_batch(self, calls: Sequence[Call]) -> List[Answer]:
         """Sends every call (pipelined) before anyone waits for an answer."""
         self._flush_orphans()
-        futs: List[_Answer] = []
+        futs: List[Answer] = []
         for c in calls:
             try:
                 f = self._submit(c)
                 assert f is not None
             except SluiceError as e:
-                f = _Answer()
+                f = Answer()
                 f.set_result(e)
             futs.append(f)
         return futs
@@ -376,18 +395,18 @@ class Client(CoreClient):
             except SluiceError:
                 return
 
-    def _wait(self, fut: _Answer) -> Outcome:
+    def _wait(self, fut: Answer) -> Outcome:
         timeout = fut.sluice_timeout
-        try:
-            return fut.result(timeout=timeout)
-        except _NoAnswerYet:
-            with self._pending_lock:
-                self._pending.pop(fut.sluice_id, None)
-            if fut.done():
-                return fut.result()
-            raise Timeout(f"no answer from the shim within {timeout}s") from None
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        if self._turn.wait(fut, deadline, self._lead):
+            return fut.result()
+        with self._pending_lock:
+            self._pending.pop(fut.sluice_id, None)
+        if fut.done():
+            return fut.result()
+        raise Timeout(f"no answer from the shim within {timeout}s") from None
 
-    def _forget(self, futs: Sequence[_Answer]) -> None:
+    def _forget(self, futs: Sequence[Answer]) -> None:
         for f in futs:
             with self._pending_lock:
                 self._pending.pop(f.sluice_id, None)

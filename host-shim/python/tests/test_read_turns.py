@@ -1,0 +1,202 @@
+"""The blocking client's callers read their own answers, one at a time
+(``sluice._turns``): the turn-taking alone, then against the scripted fake
+shim (several threads on one client, an interrupted read)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import List, Optional
+
+import pytest
+
+import sluice
+from sluice._turns import Answer, ReadTurn
+
+from test_fake_shim import FakeShim
+
+
+def _turn() -> ReadTurn:
+    return ReadTurn(threading.Lock())
+
+
+def test_an_answer_is_set_once():
+    a = Answer(7, 0.5)
+    assert (a.sluice_id, a.sluice_timeout, a.done()) == (7, 0.5, False)
+    with pytest.raises(RuntimeError):
+        a.result()
+    a.set_result("first")
+    a.set_result("second")  # ignored: its lock is not released twice
+    assert a.done() and a.result() == "first"
+
+
+def test_a_caller_alone_reads_its_own_answer():
+    turn, a = _turn(), Answer(1)
+    readers: List[int] = []
+
+    def lead(ans: Answer, deadline: Optional[float]) -> None:
+        readers.append(threading.get_ident())
+        with turn._lock:
+            ans.set_result("mine")
+
+    assert turn.wait(a, None, lead) and a.result() == "mine"
+    assert readers == [threading.get_ident()]
+    assert not turn._waiting and turn._token.acquire(blocking=False)
+
+
+def test_a_deadline_ends_the_wait_and_the_registration():
+    turn, a = _turn(), Answer(1)
+
+    def lead(ans: Answer, deadline: Optional[float]) -> None:
+        assert deadline is not None
+        time.sleep(max(0.0, deadline - time.monotonic()))  # nothing arrives
+
+    t0 = time.monotonic()
+    assert turn.wait(a, t0 + 0.05, lead) is False
+    assert 0.04 <= time.monotonic() - t0 < 2
+    assert not a.done() and not turn._waiting
+    assert turn.wait(a, time.monotonic() - 1, lead) is False  # already passed: no wait
+
+
+def _two_waiters(answer_both: bool):
+    """A reads first and blocks until B waits; A's read then answers A (and
+    B too if ``answer_both``). Returns who read, in order, and B's result."""
+    turn, a, b = _turn(), Answer(1), Answer(2)
+    b_waiting = threading.Event()
+    readers: List[str] = []
+
+    def lead(ans: Answer, deadline: Optional[float]) -> None:
+        me = "A" if ans is a else "B"
+        readers.append(me)
+        if me == "A":
+            assert b_waiting.wait(5)
+            time.sleep(0.05)  # B has tried the token and sleeps on its answer
+            with turn._lock:
+                a.set_result("a")
+                if answer_both:
+                    b.set_result("b")
+        else:
+            with turn._lock:
+                b.set_result("b, read by B")
+
+    got = {}
+    leader = threading.Thread(target=lambda: got.update(a=turn.wait(a, time.monotonic() + 5, lead)))
+    leader.start()
+    while not turn._leader:
+        time.sleep(0.001)
+
+    def follower() -> None:
+        with turn._lock:
+            pass
+        b_waiting.set()
+        got["b"] = turn.wait(b, time.monotonic() + 5, lead)
+
+    f = threading.Thread(target=follower)
+    f.start()
+    leader.join(10)
+    f.join(10)
+    assert got == {"a": True, "b": True}
+    assert not turn._waiting
+    return readers, b.result()
+
+
+def test_a_leaving_reader_hands_the_turn_to_a_waiter_still_unanswered():
+    readers, b = _two_waiters(answer_both=False)
+    assert readers == ["A", "B"] and b == "b, read by B"
+
+
+def test_a_waiter_answered_by_the_reader_does_not_read():
+    readers, b = _two_waiters(answer_both=True)
+    assert readers == ["A"] and b == "b"
+
+
+def test_hold_keeps_others_from_reading_and_is_not_taken_twice():
+    turn = _turn()
+    with turn.hold(timeout=0) as outer:
+        assert outer and turn.is_reading()
+        with turn.hold(timeout=0) as inner:  # the same thread: keeps it
+            assert inner is False and turn.is_reading()
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(turn._token.acquire(timeout=0.01)))
+        t.start()
+        t.join()
+        assert seen == [False]
+    assert not turn.is_reading() and turn._token.acquire(blocking=False)
+
+
+# ------------------------------------------------------ against the fake --
+@pytest.fixture
+def fake(tmp_path):
+    path = str(tmp_path / "fake.sock")
+    return path, FakeShim(path)
+
+
+def test_the_client_starts_no_thread(fake):
+    path, _ = fake
+    before = threading.active_count()
+    with sluice.Client(path, timeout=10) as c:
+        assert c.stats().requests == 2
+        assert threading.active_count() == before
+
+
+def test_threads_sharing_a_client_each_get_their_answer(fake):
+    """Five threads' GETs are answered together, last first (the fake holds
+    them until it has five): whoever reads hands the others theirs, and the
+    turn passes on as readers leave."""
+    path, _ = fake
+    with sluice.Client(path, timeout=10) as c:
+        for _ in range(3):
+            results: dict = {}
+
+            def one(i: int) -> None:
+                results[i] = c.get(f"data/k-{i}", into="r1")
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(5)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(20)
+            assert {i: (t.bytes, t.etag) for i, t in results.items()} == {i: (i, f"data/k-{i}") for i in range(5)}
+            assert not c._turn._waiting and not c._pending
+
+
+def test_an_interrupted_read_ends_the_connection_with_a_clear_error(fake, monkeypatch):
+    """Ctrl-C lands in whichever caller is reading. Once bytes have left the
+    socket the stream cannot be trusted to stay in step, so the connection
+    ends and later calls say why (rather than wait for lost answers)."""
+    path, _ = fake
+    c = sluice.Client(path, timeout=10)
+    parse = c._parse
+
+    def interrupted(payload: bytes):
+        monkeypatch.setattr(c, "_parse", parse)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(c, "_parse", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        c.stats()
+    with pytest.raises(sluice.Disconnected, match="interrupted while taking in"):
+        c.stats()
+    c.close()
+
+
+def test_closing_wakes_a_caller_that_is_reading(fake):
+    path, _ = fake
+    c = sluice.Client(path, timeout=30)
+    errors: List[BaseException] = []
+
+    def slow() -> None:
+        try:
+            c.head("data/slow")  # the fake withholds this answer
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    while not c._turn._leader:
+        time.sleep(0.001)
+    t0 = time.monotonic()
+    c.close()
+    t.join(10)
+    assert time.monotonic() - t0 < 5
+    assert len(errors) == 1 and isinstance(errors[0], sluice.Disconnected)
