@@ -4,6 +4,8 @@ shim (several threads on one client, an interrupted read)."""
 
 from __future__ import annotations
 
+import os
+import random
 import threading
 import time
 from typing import List, Optional
@@ -41,7 +43,7 @@ def test_a_caller_alone_reads_its_own_answer():
 
     assert turn.wait(a, None, lead) and a.result() == "mine"
     assert readers == [threading.get_ident()]
-    assert not turn._waiting and turn._token.acquire(blocking=False)
+    assert not turn._waiting and turn._leader == 0
 
 
 def test_a_deadline_ends_the_wait_and_the_registration():
@@ -110,6 +112,62 @@ def test_a_waiter_answered_by_the_reader_does_not_read():
     assert readers == ["A"] and b == "b"
 
 
+def test_a_waiter_roused_as_its_deadline_passes_rouses_the_next():
+    """A reads; B (short deadline) and then C (long) wait. A leaves and
+    rouses B just as B gives up: B must rouse C on its way out, or C
+    sleeps out its whole deadline with nobody reading."""
+    a, b, c = Answer(1), Answer(2), Answer(3)
+    let_a_go = threading.Event()
+    readers: List[str] = []
+
+    class Turn(ReadTurn):
+        def _take(self, me: int) -> bool:
+            if threading.current_thread().name == "B":
+                # Every try of B's finds the turn taken: the first one lets
+                # A leave (once C sleeps) and returns only after A gave the
+                # turn back, rousing B.
+                while c not in self._waiting:
+                    time.sleep(0.001)
+                time.sleep(0.05)
+                let_a_go.set()
+                while self._leader:
+                    time.sleep(0.001)
+                return False
+            return super()._take(me)
+
+    turn = Turn(threading.Lock())
+
+    def lead(ans: Answer, deadline: Optional[float]) -> None:
+        name = threading.current_thread().name
+        readers.append(name)
+        if name == "A":
+            assert let_a_go.wait(5)
+        with turn._lock:
+            ans.set_result(name)
+
+    took = {}
+
+    def run(name: str, ans: Answer, seconds: float) -> None:
+        t0 = time.monotonic()
+        turn.wait(ans, t0 + seconds, lead)
+        took[name] = time.monotonic() - t0
+
+    ta = threading.Thread(target=run, args=("A", a, 5), name="A")
+    ta.start()
+    while not turn._leader:
+        time.sleep(0.001)
+    tb = threading.Thread(target=run, args=("B", b, 0.3), name="B")
+    tb.start()
+    while b not in turn._waiting:
+        time.sleep(0.001)
+    tc = threading.Thread(target=run, args=("C", c, 5), name="C")
+    tc.start()
+    for t in (ta, tb, tc):
+        t.join(10)
+    assert readers == ["A", "C"] and c.result() == "C" and not b.done()
+    assert took["C"] < 2, took
+
+
 def test_hold_keeps_others_from_reading_and_is_not_taken_twice():
     turn = _turn()
     with turn.hold(timeout=0) as outer:
@@ -117,11 +175,43 @@ def test_hold_keeps_others_from_reading_and_is_not_taken_twice():
         with turn.hold(timeout=0) as inner:  # the same thread: keeps it
             assert inner is False and turn.is_reading()
         seen = []
-        t = threading.Thread(target=lambda: seen.append(turn._token.acquire(timeout=0.01)))
+
+        def other() -> None:
+            with turn.hold(timeout=0.02) as got:
+                seen.append(got)
+
+        t = threading.Thread(target=other)
         t.start()
         t.join()
         assert seen == [False]
-    assert not turn.is_reading() and turn._token.acquire(blocking=False)
+    assert not turn.is_reading() and turn._leader == 0
+
+
+def test_a_turn_left_taken_by_an_interrupted_caller_is_taken_back_by_its_next_call():
+    turn, a = _turn(), Answer(1)
+    assert turn._take(threading.get_ident())  # ... and Ctrl-C before it read
+
+    def lead(ans: Answer, deadline: Optional[float]) -> None:
+        with turn._lock:
+            ans.set_result("read")
+
+    assert turn.wait(a, time.monotonic() + 5, lead) and a.result() == "read"
+    assert turn._leader == 0
+
+
+def test_a_waiter_roused_to_read_that_leaves_rouses_the_next():
+    turn, b, c = _turn(), Answer(2), Answer(3)
+    turn._take(-1)  # someone else reads
+    with turn._lock:
+        turn._waiting[b] = None
+        turn._waiting[c] = None
+        turn._leader = 0
+        turn._rouse_next()  # the reader left: b is roused
+    assert b._woken and not c._woken
+    with turn._lock:  # b leaves without reading (its deadline passed)
+        turn._waiting.pop(b)
+        turn._rouse_next()
+    assert c._woken
 
 
 # ------------------------------------------------------ against the fake --
@@ -178,6 +268,52 @@ def test_an_interrupted_read_ends_the_connection_with_a_clear_error(fake, monkey
     with pytest.raises(sluice.Disconnected, match="interrupted while taking in"):
         c.stats()
     c.close()
+
+
+def test_no_caller_sleeps_while_nobody_reads(fake):
+    """Threads with deadlines shorter than an answer's round trip give up
+    while others read, with the interpreter switching threads as often as
+    it can: a caller with a long deadline must never sleep with nobody
+    reading (it would wait out its whole deadline)."""
+    import sys
+
+    path, _ = fake
+    saved = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with sluice.Client(path, timeout=10) as c:
+            t0 = time.perf_counter()
+            for _ in range(50):
+                c.stats()
+            rtt = (time.perf_counter() - t0) / 50
+            worst: List[float] = []
+            end = time.monotonic() + float(os.environ.get("STRESS_S", "2"))
+            rounds = 0
+            while time.monotonic() < end:
+                rounds += 1
+
+                def short(k: int) -> None:
+                    try:  # the fake refuses a delete at once
+                        c.delete("data/x", timeout=rtt * random.uniform(0.3, 1.5))
+                    except (sluice.Timeout, sluice.BadRequest):
+                        pass
+
+                def long_() -> None:
+                    t = time.perf_counter()
+                    with pytest.raises(sluice.BadRequest):
+                        c.delete("data/x", timeout=5)
+                    worst.append(time.perf_counter() - t)
+
+                ts = [threading.Thread(target=short, args=(k,)) for k in range(4)]
+                ts += [threading.Thread(target=long_) for _ in range(2)]
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join(20)
+            assert rounds > 20 and max(worst) < 1.0, (rounds, max(worst))
+            assert not c._turn._waiting and c._turn._leader == 0
+    finally:
+        sys.setswitchinterval(saved)
 
 
 def test_closing_wakes_a_caller_that_is_reading(fake):

@@ -6,15 +6,19 @@ scheme). A caller alone on a client (a loader's ``get_bytes`` loop) so
 waits on the socket and takes its answer in, where a reader thread cost a
 wake-up of that thread and a hand-off back per call (docs/performance.md).
 
-* A waiter first registers (``ReadTurn.wait``), then tries the read token.
-  Whoever holds it reads and hands every answer it finds to its waiter;
-  the others sleep on their own :class:`Answer`.
-* A reader leaves when its own answer is in (or its deadline passes): it
-  gives the token back and then rouses one registered waiter whose answer
-  has not come, unless another caller has taken the token meanwhile (it
-  will do the same when it leaves). Registering before trying, and giving
-  back before rousing, means no waiter can be left asleep with nobody
-  reading.
+* A waiter first registers (``ReadTurn.wait``), then tries to take the
+  turn. Whoever has it reads and hands every answer it finds to its
+  waiter; the others sleep on their own :class:`Answer`.
+* A reader leaves when its own answer is in (or its deadline passes): in
+  one step under the client's lock it gives the turn back and rouses one
+  registered waiter whose answer has not come. A roused waiter that leaves
+  without reading (its deadline, Ctrl-C) rouses the next. Registering
+  before trying, and these steps under one lock, mean no waiter is left
+  asleep with nobody reading.
+* The one gap is Python's: Ctrl-C landing in the main thread just after it
+  took the turn and before it began to read. The turn is then held by a
+  thread that is not reading; that thread's next call takes it back, and
+  until then other threads' calls wait to their deadline.
 """
 
 from __future__ import annotations
@@ -76,43 +80,46 @@ class Answer:
 
 
 class ReadTurn:
-    """The read token, and the callers waiting for an answer.
+    """Whose turn it is to read, and the callers waiting for an answer.
 
-    ``lock`` is the client's pending-table lock: answers are set and waiters
-    roused under it.
+    ``lock`` is the client's pending-table lock. Under it: answers are set
+    and waiters roused, and the turn is taken and given back (so taking it
+    and naming the reader are one step, and giving it back and rousing the
+    next reader are one step too: an exception cannot fall between them).
     """
 
     def __init__(self, lock: "threading.Lock") -> None:
         self._lock = lock
-        self._token = threading.Lock()
         self._waiting: Dict[Answer, None] = {}  # an ordered set
-        self._leader = 0  # thread ident of the caller reading now
+        self._leader = 0  # thread ident of the caller reading now; 0: nobody
 
     def wait(self, ans: Answer, deadline: Optional[float], lead: Callable[[Answer, Optional[float]], None]) -> bool:
-        """Waits until ``ans`` is set (True) or ``deadline`` (a
-        ``time.monotonic()`` value; None: none) passes (False). When the
-        token is free, this caller reads: ``lead(ans, deadline)`` must read
-        and hand out answers until ``ans`` is set, the deadline passes or
-        the connection is gone."""
+        """Waits until ``ans`` is set (True), or False when ``deadline`` (a
+        ``time.monotonic()`` value; None: none) passes or the connection is
+        gone first. When nobody is reading, this caller reads:
+        ``lead(ans, deadline)`` must read and hand out answers until ``ans``
+        is set, the deadline passes or the connection is gone."""
         if ans._done:
             return True
+        me = threading.get_ident()
         with self._lock:
+            if self._leader == me:
+                # This thread cannot be reading while it starts a wait: an
+                # earlier call of it was interrupted (Ctrl-C) between taking
+                # the turn and reading. Take it back rather than leave the
+                # connection with a reader that never reads.
+                self._leader = 0
             self._waiting[ans] = None
         try:
             while not ans._done:
-                if self._token.acquire(blocking=False):
-                    self._leader = threading.get_ident()
+                if self._take(me):
                     try:
                         lead(ans, deadline)
                     finally:
-                        self._leader = 0
-                        self._token.release()
-                        self._pass_on(ans)
-                    if ans._done:
-                        return True
-                    if deadline is not None and time.monotonic() >= deadline:
-                        return False
-                    continue
+                        self._give_back()
+                    # Not answered: the deadline passed or the connection is
+                    # gone (reading again would find nothing new).
+                    return ans._done
                 if deadline is None:
                     woke = ans._wake.acquire()
                 else:
@@ -127,40 +134,61 @@ class ReadTurn:
         finally:
             with self._lock:
                 self._waiting.pop(ans, None)
+                # Roused to read but leaving (timed out, interrupted)
+                # without reading: rouse another in its place.
+                self._rouse_next()
 
-    def _pass_on(self, leaving: Optional[Answer]) -> None:
-        """Rouses one waiter whose answer has not come, to read next; none
-        if another caller took the token meanwhile (every holder passes on
-        when it gives the token back, so nobody is left asleep, and a waiter
-        is not woken only to find the token taken)."""
-        if self._token.locked():
-            return
+    def _take(self, me: int) -> bool:
         with self._lock:
-            for w in self._waiting:
-                if w is not leaving and not w._done:
-                    w._rouse()
-                    return
+            if self._leader:
+                return False
+            self._leader = me
+            return True
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._leader = 0
+            self._rouse_next()
+
+    def _rouse_next(self) -> None:
+        """Under the lock: if nobody is reading, rouses the first waiter
+        whose answer has not come (nothing if it is already roused: it is on
+        its way)."""
+        if self._leader:
+            return
+        for w in self._waiting:
+            if not w._done:
+                w._rouse()
+                return
+
+    def rouse_all(self) -> None:
+        """Under the lock: wakes every waiter (the connection has ended)."""
+        for w in self._waiting:
+            w._rouse()
 
     def is_reading(self) -> bool:
-        """Whether the calling thread holds the token."""
+        """Whether the calling thread has the turn."""
         return self._leader == threading.get_ident()
 
     @contextlib.contextmanager
     def hold(self, timeout: Optional[float]) -> Iterator[bool]:
-        """Takes the token (waiting up to ``timeout`` seconds; None: no
-        limit) for a read outside :meth:`wait`, or for closing the socket
-        with nobody inside a read. Yields whether it was taken; a thread
-        that already holds it gets False and keeps it."""
-        if self.is_reading():
+        """Takes the turn (trying for up to ``timeout`` seconds; None: no
+        limit) for a read outside :meth:`wait`, or to close the socket with
+        nobody inside a read. Yields whether it was taken; a thread that
+        already has it gets False and keeps it. Used rarely (closing, a
+        failed send, a non-blocking poll), hence a short sleep between
+        tries rather than a place in the queue."""
+        me = threading.get_ident()
+        if self._leader == me:
             yield False
             return
-        got = self._token.acquire(timeout=-1 if timeout is None else max(0.0, timeout))
-        if got:
-            self._leader = threading.get_ident()
+        end = None if timeout is None else time.monotonic() + timeout
+        got = self._take(me)
+        while not got and (end is None or time.monotonic() < end):
+            time.sleep(0.001)
+            got = self._take(me)
         try:
             yield got
         finally:
             if got:
-                self._leader = 0
-                self._token.release()
-                self._pass_on(None)
+                self._give_back()

@@ -10,7 +10,7 @@ from typing import Any, AsyncIterator, Deque, Iterable, List, Optional, Sequence
 
 from . import _core
 from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
-from .client import ANC_SPACE, MSG_CTRUNC, RECV_FLAGS, RECV_SIZE, fds_from_ancillary, recv_buffer, scm_rights
+from .client import ANC_SPACE, MSG_CTRUNC, RECV_FLAGS, fds_from_ancillary, recv_buffer, scm_rights
 from .errors import Disconnected, ShimConnectionError, SluiceError, Timeout
 from .region import Region
 from .types import ByteRange, GetItem, ItemResult, ListPage, ObjectInfo, Stats, Transfer

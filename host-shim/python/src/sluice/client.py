@@ -33,6 +33,11 @@ RECV_FLAGS_NOWAIT = RECV_FLAGS | int(_socket.MSG_DONTWAIT)
 #: ``int & IntFlag`` builds an enum member on every reply read.
 MSG_CTRUNC = int(getattr(_socket, "MSG_CTRUNC", 0))
 RECV_SIZE = 1 << 18
+#: A caller sending a long run of requests before it waits takes in the
+#: answers that have come every this many requests, so that the shim, whose
+#: queue of answers is bounded, never waits on a client that is not reading
+#: while that client waits for the shim to read its requests.
+PUMP_EVERY = 64
 
 
 def recv_buffer() -> memoryview:
@@ -83,9 +88,12 @@ class _Handle:
         else:
             self._futs = self._c._submit_batch(val)
 
-    def poll(self) -> None:
-        """Advances without blocking as far as the answers so far allow."""
-        self._c._pump()
+    def poll(self, pump: bool = True) -> None:
+        """Advances without blocking as far as the answers so far allow
+        (taking in those that have arrived first, unless ``pump`` is False:
+        the caller just did, for several handles)."""
+        if pump:
+            self._c._pump()
         while not self.done and all(f.done() for f in self._futs):
             self._step([f.result() for f in self._futs])
 
@@ -253,6 +261,7 @@ class Client(CoreClient):
             else:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._take_in()  # what has arrived by now still counts
                     return
                 ready = poll(int(left * 1000) + 1)
             if ready:
@@ -267,7 +276,7 @@ class Client(CoreClient):
         stream; the connection is then ended with that reason rather than
         trusted to stay in step.
         """
-        consuming = True
+        consuming, fds = True, None
         try:
             try:
                 n, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], ANC_SPACE, RECV_FLAGS_NOWAIT)
@@ -276,12 +285,11 @@ class Client(CoreClient):
                 return False
             fds = fds_from_ancillary(anc)
             if flags & MSG_CTRUNC or not n:
-                for fd in fds:
-                    close_fd(fd)
                 consuming = False
                 self._end("descriptors from the shim were truncated" if n else "")
                 return True
             self._decoder.feed(self._rbuf[:n], fds)
+            fds = None  # the decoder has them (and closes them if the stream ends)
             for payload in self._decoder.frames():
                 parsed = self._parse(payload)
                 if parsed is not None:
@@ -292,7 +300,13 @@ class Client(CoreClient):
             consuming = False
             self._end("" if self.closed else str(e))
             return True
+        except Exception as e:  # a bug here must not leave waiters hanging
+            consuming = False
+            self._end(f"reading the shim's answers failed: {type(e).__name__}: {e}")
+            return True
         finally:
+            for fd in fds or ():
+                close_fd(fd)
             if consuming:
                 self._end("interrupted while taking in the shim's answers, some of which may be lost")
 
@@ -340,6 +354,9 @@ class Client(CoreClient):
             for fut in pending.values():
                 if fut is not None and not fut.done():
                     fut.set_result(gone)
+            # Any waiter still asleep (its answer taken out of the table by
+            # a read that was interrupted) wakes to find the connection gone.
+            self._turn.rouse_all()
         for fd in self._decoder.drain_fds():
             close_fd(fd)
 
@@ -378,7 +395,9 @@ class Client(CoreClient):
         """Sends every call (pipelined) before anyone waits for an answer."""
         self._flush_orphans()
         futs: List[Answer] = []
-        for c in calls:
+        for k, c in enumerate(calls):
+            if k and k % PUMP_EVERY == 0:
+                self._pump()
             try:
                 f = self._submit(c)
                 assert f is not None
@@ -404,6 +423,8 @@ class Client(CoreClient):
             self._pending.pop(fut.sluice_id, None)
         if fut.done():
             return fut.result()
+        if self._dead:
+            raise Disconnected(f"the shim connection closed{self._why()}")
         raise Timeout(f"no answer from the shim within {timeout}s") from None
 
     def _forget(self, futs: Sequence[Answer]) -> None:
@@ -702,8 +723,9 @@ class Client(CoreClient):
                 except SluiceError as e:
                     res.error = e
                 start()
+                self._pump()
                 for _, _, other in queue:
-                    other.poll()
+                    other.poll(pump=False)
                 yield res
         finally:
             for _, _, h in queue:

@@ -250,8 +250,9 @@ class ShimDataset(_Base, _MapBase):
             data = client.get_bytes(path, size_hint=size)
         else:
             data = entry[1].result()[0]
+        client._pump()
         for _, h in cache.values():
-            h.poll()
+            h.poll(pump=False)
         return self._sample(path, data)
 
     def __getitems__(self, indices: Sequence[int]) -> List[Any]:
