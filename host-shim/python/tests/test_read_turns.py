@@ -336,3 +336,44 @@ def test_closing_wakes_a_caller_that_is_reading(fake):
     t.join(10)
     assert time.monotonic() - t0 < 5
     assert len(errors) == 1 and isinstance(errors[0], sluice.Disconnected)
+
+
+def test_a_long_run_of_requests_takes_in_answers_as_it_sends(fake, monkeypatch):
+    """Nobody reads while a caller is still sending, so a long run of
+    requests takes in what has come every PUMP_EVERY sends: the shim's
+    queue of answers is bounded, and a client not reading could otherwise
+    stall both sides."""
+    from sluice._core import Call
+    from sluice.client import PUMP_EVERY
+
+    path, _ = fake
+    with sluice.Client(path, timeout=10) as c:
+        pumps = []
+        pump = c._pump
+        monkeypatch.setattr(c, "_pump", lambda: (pumps.append(1), pump()))
+        n = 5 * PUMP_EVERY + 3
+        answers = c._submit_batch([Call("stats", {}) for _ in range(n)])
+        assert len(pumps) == 5
+        outs = [c._wait(a) for a in answers]
+        assert [o.body["requests"] for o in outs] == list(range(2, n + 2))
+        assert not c._pending and not c._turn._waiting
+
+
+def test_a_signal_handler_cannot_read_inside_an_interrupted_read():
+    """A handler running in the reading thread, in the middle of its read,
+    must not take the turn back and read the same stream a second time."""
+    turn, a, b = _turn(), Answer(1), Answer(2)
+    seen: List[BaseException] = []
+
+    def lead(ans: Answer, deadline: Optional[float]) -> None:
+        if ans is a:  # "the handler" runs here, inside A's read
+            try:
+                turn.wait(b, time.monotonic() + 1, lead)
+            except RuntimeError as e:
+                seen.append(e)
+        with turn._lock:
+            ans.set_result("ok")
+
+    assert turn.wait(a, time.monotonic() + 5, lead)
+    assert len(seen) == 1 and "signal handler" in str(seen[0])
+    assert turn._leader == 0 and not turn._waiting

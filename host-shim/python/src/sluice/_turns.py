@@ -92,6 +92,7 @@ class ReadTurn:
         self._lock = lock
         self._waiting: Dict[Answer, None] = {}  # an ordered set
         self._leader = 0  # thread ident of the caller reading now; 0: nobody
+        self._reading = False  # the leader is inside ``lead`` (not just holding the turn)
 
     def wait(self, ans: Answer, deadline: Optional[float], lead: Callable[[Answer, Optional[float]], None]) -> bool:
         """Waits until ``ans`` is set (True), or False when ``deadline`` (a
@@ -104,18 +105,25 @@ class ReadTurn:
         me = threading.get_ident()
         with self._lock:
             if self._leader == me:
-                # This thread cannot be reading while it starts a wait: an
-                # earlier call of it was interrupted (Ctrl-C) between taking
-                # the turn and reading. Take it back rather than leave the
-                # connection with a reader that never reads.
+                if self._reading:
+                    # Only a signal handler can get here: it interrupted this
+                    # thread in the middle of a read. A second reader on the
+                    # same stream would corrupt it; waiting would never end.
+                    raise RuntimeError("a sluice.Client cannot be used from a signal handler that interrupted it")
+                # This thread is not inside a read while it starts a wait:
+                # an earlier call of it was interrupted (Ctrl-C) between
+                # taking the turn and reading. Take it back rather than leave
+                # the connection with a reader that never reads.
                 self._leader = 0
             self._waiting[ans] = None
         try:
             while not ans._done:
                 if self._take(me):
                     try:
+                        self._reading = True
                         lead(ans, deadline)
                     finally:
+                        self._reading = False
                         self._give_back()
                     # Not answered: the deadline passed or the connection is
                     # gone (reading again would find nothing new).
@@ -188,7 +196,9 @@ class ReadTurn:
             time.sleep(0.001)
             got = self._take(me)
         try:
+            self._reading = got
             yield got
         finally:
             if got:
+                self._reading = False
                 self._give_back()

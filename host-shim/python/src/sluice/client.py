@@ -242,7 +242,10 @@ class Client(CoreClient):
         # descriptor is closed only then, so no read can reach a reused one.
         with self._turn.hold(timeout=10):
             self._lost("")
-            self._sock.close()
+            # A sender, woken by the shutdown, leaves before the descriptor
+            # is closed (its number could otherwise be reused under it).
+            with self._wlock:
+                self._sock.close()
         self._invalidate_all()
 
     def __repr__(self) -> str:
