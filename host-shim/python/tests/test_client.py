@@ -112,6 +112,17 @@ def test_register_own_fd(client, prefix):
         os.close(fd)
 
 
+def test_a_descriptor_that_is_not_open_is_a_bad_request(client):
+    fd = os.open("/dev/null", os.O_RDONLY)
+    os.close(fd)  # a number this process does not have open
+    for bad in (fd, -1, 1 << 40):
+        with pytest.raises(sluice.BadRequest, match="not an open descriptor"):
+            client.register(4096, fd=bad)
+    client.stats()  # the connection is unharmed
+    with client.register(4096) as region:
+        assert region.nbytes == 4096
+
+
 def test_a_regular_file_is_no_region(client, tmp_path):
     """A file anyone could truncate under the agent's mapping is refused
     (the truncation attacks themselves are in tests/tests/reliability.rs)."""

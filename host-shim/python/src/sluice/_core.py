@@ -398,6 +398,14 @@ class CoreClient(GpuOps):
                 os.close(own_fd)
                 raise
             fd = own_fd
+        elif fd is not None:
+            # Checked here: a descriptor that is not open would fail the
+            # send itself, which the client could not tell from a lost
+            # connection.
+            try:
+                os.fstat(fd)
+            except (OSError, TypeError, ValueError, OverflowError) as e:
+                raise BadRequest(f"fd={fd!r} is not an open descriptor of this process ({e})") from None
         try:
             call = Call("register", {"length": nbytes, "fd_attached": fd is not None}, fd=fd)
             r = yield from one(call, "registered")
