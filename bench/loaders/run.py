@@ -59,6 +59,8 @@ SLUICE = [
     "sluice-py batch->region",
     "sluice-py batch->bytes",
     "sluice-py get_bytes",
+    "sluice-py get_bytes (python)",
+    "sluice-py batch->bytes (python)",
     "sluice-py batch->view",
     "sluice-py get_bytes view",
     "sluice-rs (http)",
@@ -69,7 +71,8 @@ SLUICE = [
 #: objects/s) and those that return bytes (>= 0.8x).
 REGION_FILLING = ["sluice-py (http)", "sluice-py (rdma/tcp)", "sluice-py batch->region", "sluice-rs (http)",
                   "sluice-rs (rdma/tcp)", "sluice-rs batch (http)"]  # fmt: skip
-BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes", "sluice-py batch->view", "sluice-py get_bytes view"]
+BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes", "sluice-py batch->view", "sluice-py get_bytes view",
+                   "sluice-py get_bytes (python)", "sluice-py batch->bytes (python)"]  # fmt: skip
 PEERS = ["boto3", "s3torchconnectorclient", "s5cmd", "obstore"]
 SLUICE_WRITERS = ["sluice-py put(region)", "sluice-py put(bytes)"]
 PEER_WRITERS = ["boto3", "obstore", "s5cmd"]

@@ -126,10 +126,14 @@ def _dist_version(name: str) -> str:
 
 
 class SluicePy(Reader):
+    #: ``native=`` of the client: "auto" (the default a user gets), or False
+    #: for the readers named "... (python)" that measure the Python path.
+    native: Any = "auto"
+
     def __init__(self, cfg: Dict[str, Any], namespace: str, want: str) -> None:
         import sluice
 
-        self.c = sluice.Client(cfg["socket"])
+        self.c = sluice.Client(cfg["socket"], native=self.native)
         self.ns = namespace
         self.want = want
         self.regions: List[Any] = []
@@ -185,6 +189,12 @@ class SluicePyBytes(SluicePy):
 
     def read(self, key: str, slot: int) -> int:
         return len(self.c.get_bytes(f"{self.ns}/{key}", copy=self.copy))
+
+
+def _pure(cls: Any) -> Any:
+    """The reader on the Python path alone (``native=False``), to compare
+    with the native read path in the same run."""
+    return type(cls.__name__ + "Python", (cls,), {"native": False})
 
 
 class SluicePyBatch(SluicePy):
@@ -494,6 +504,8 @@ PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
     "sluice-py batch->region": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", True),
     "sluice-py batch->bytes": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", False),
     "sluice-py get_bytes": lambda cfg: SluicePyBytes(cfg, cfg["namespace"], "http"),
+    "sluice-py get_bytes (python)": lambda cfg: _pure(SluicePyBytes)(cfg, cfg["namespace"], "http"),
+    "sluice-py batch->bytes (python)": lambda cfg: _pure(SluicePyBatch)(cfg, cfg["namespace"], "http", False),
     "sluice-py batch->view": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", False, copy=False),
     "sluice-py get_bytes view": lambda cfg: SluicePyBytes(cfg, cfg["namespace"], "http", copy=False),
     "boto3": Boto3,
@@ -623,7 +635,11 @@ def run_python_reader(name: str, cfg: Dict[str, Any]) -> None:
     except Exception as e:  # import or set-up failure: reported, not dropped
         emit(event="unavailable", reason=f"{type(e).__name__}: {e}")
         return
-    emit(event="info", version=reader.version(), method=reader.method)
+    method = reader.method
+    native = getattr(getattr(reader, "c", None), "_native", False)
+    if native is not False and hasattr(reader, "c"):
+        method += "; native read path: " + ("on" if native is not None and not native.off else "off")
+    emit(event="info", version=reader.version(), method=method)
     pids = cfg["pids"]
     for label, size, count in cfg["sizes"]:
         keys = [f"{cfg['prefix']}{label}/obj-{i:05d}" for i in range(count)]

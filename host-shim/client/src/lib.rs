@@ -50,7 +50,13 @@ pub use sluice_cuda as cuda;
 pub enum ClientError {
     /// The shim (or the agent behind it) refused or failed the request.
     #[error("{message} [{code:?}, request {request_id}]")]
-    Shim { code: ErrorCode, message: String, request_id: String },
+    Shim {
+        code: ErrorCode,
+        message: String,
+        request_id: String,
+        /// `REGION_TOO_SMALL`: the bytes the data needs (0: unknown).
+        needed_bytes: u64,
+    },
     #[error("connecting to the shim at {path}: {source}")]
     Connect { path: String, source: std::io::Error },
     #[error("shim connection: {0}")]
@@ -85,6 +91,32 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// `REGION_TOO_SMALL`: how many bytes the data needs, as the shim said
+    /// (0 when it could not say, and for every other error).
+    pub fn needed_bytes(&self) -> u64 {
+        match self {
+            Self::Shim { needed_bytes, .. } => *needed_bytes,
+            _ => 0,
+        }
+    }
+}
+
+tokio::task_local! {
+    /// A deadline for the requests sent inside [`with_timeout`], in ms (0:
+    /// the namespace's), instead of the client's own.
+    static CALL_TIMEOUT_MS: u64;
+}
+
+/// Runs `f` with its requests carrying `timeout` (`None`: the namespace's
+/// deadline) instead of the client's [`Client::set_timeout`]: how callers
+/// sharing one client give each call its own deadline.
+pub async fn with_timeout<F: std::future::Future>(timeout: Option<std::time::Duration>, f: F) -> F::Output {
+    CALL_TIMEOUT_MS.scope(timeout_ms(timeout), f).await
+}
+
+fn timeout_ms(timeout: Option<std::time::Duration>) -> u64 {
+    timeout.map_or(0, |t| t.as_millis().clamp(1, u128::from(u32::MAX)) as u64)
 }
 
 /// A registered shared-memory region, mapped in this process.
@@ -311,8 +343,7 @@ impl Client {
     /// request when it passes (DEADLINE_EXCEEDED); the client stops waiting
     /// a moment later ([`ClientError::Timeout`]).
     pub fn set_timeout(&self, timeout: Option<std::time::Duration>) {
-        let ms = timeout.map_or(0, |t| t.as_millis().clamp(1, u128::from(u32::MAX)) as u64);
-        self.timeout_ms.store(ms, Ordering::Relaxed);
+        self.timeout_ms.store(timeout_ms(timeout), Ordering::Relaxed);
     }
 
     /// The tenant the shim mapped this process to.
@@ -358,6 +389,7 @@ impl Client {
                 code: ErrorCode::try_from(e.code).unwrap_or(ErrorCode::Internal),
                 message: e.message.clone(),
                 request_id: reply.resp.request_id.clone(),
+                needed_bytes: e.needed_bytes,
             });
         }
         Ok(reply)
@@ -374,7 +406,7 @@ impl Client {
     ) -> Result<(u64, u64), ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.pending.lock().unwrap_or_else(|p| p.into_inner()).insert(id, waiter);
-        let timeout_ms = self.timeout_ms.load(Ordering::Relaxed);
+        let timeout_ms = CALL_TIMEOUT_MS.try_with(|ms| *ms).unwrap_or_else(|_| self.timeout_ms.load(Ordering::Relaxed));
         let frame = encode_frame(&pb::Request {
             id,
             request_id: request_id.to_owned(),
@@ -429,6 +461,7 @@ impl Client {
                             code: ErrorCode::try_from(e.code).unwrap_or(ErrorCode::Internal),
                             message: e.message,
                             request_id: resp.request_id,
+                            needed_bytes: e.needed_bytes,
                         };
                         if resp.item == WHOLE_BATCH {
                             return Err(err);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import os
 import socket as _socket
 import select
@@ -12,8 +13,9 @@ import time
 from collections import deque
 from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
-from . import _core, _gpu_ops
-from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, call_timeout, close_fd, drive_step
+from . import _core, _gpu_ops, _native_reads
+from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, _u64, call_timeout, close_fd, drive_step
+from ._native_reads import NativeReads
 from ._turns import Answer, ReadTurn
 from .errors import Disconnected, RegionReleased, ShimConnectionError, SluiceError, Timeout
 from .gpu import GpuRegion
@@ -183,6 +185,7 @@ class Client(CoreClient):
         gpu_staging_bytes: int = _core.DEFAULT_STAGING_BYTES,
         gpu_lane_bytes: int = _core.DEFAULT_LANE_BYTES,
         cuda: Any = None,
+        native: Any = "auto",
         _protocol_version: int = _core._wire.PROTOCOL_VERSION,
     ) -> None:
         super().__init__(
@@ -220,6 +223,9 @@ class Client(CoreClient):
             raise
         finally:
             self.timeout = saved
+        self._native: Optional[NativeReads] = None
+        if _native_reads.wanted(native):
+            self._native = NativeReads(self.socket_path, connect_timeout, scratch_bytes, get_many_batch_bytes)
 
     # --------------------------------------------------------- lifecycle --
     def __enter__(self) -> "Client":
@@ -234,6 +240,9 @@ class Client(CoreClient):
         if self.closed:
             return
         self.closed = True
+        native = getattr(self, "_native", None)
+        if native is not None:
+            native.close()
         try:
             self._sock.shutdown(_socket.SHUT_RDWR)
         except OSError:
@@ -611,8 +620,20 @@ class Client(CoreClient):
         tunable or ``SLUICE_MALLOC_TUNING=0``. Results of 32 MiB or more,
         always fresh mappings, are copied into huge pages where the kernel
         has them, with the interpreter lock released (:mod:`sluice._bigcopy`)."""
+        if range is None and copy and self._native is not None and type(path) is str:
+            self._check_usable()
+            if self._native.ready():
+                return self._native.get_bytes(path, _u64("size_hint", size_hint or 0), self._timeout_of(timeout))[0]
         with call_timeout(timeout):
             return self._run(self._get_bytes_op(path, range, size_hint, copy=copy))[0]
+
+    def _timeout_of(self, timeout: Optional[float]) -> Optional[float]:
+        """A request's deadline: the call's ``timeout``, else the one in force."""
+        if timeout is None:
+            return self._timeout_now()
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0 seconds")
+        return float(timeout)
 
     def put(
         self,
@@ -665,8 +686,13 @@ class Client(CoreClient):
             self._run(self._delete_op(path, request_id))
 
     def stats(self) -> Stats:
-        """This connection's session counters."""
-        return self._run(self._stats_op())
+        """This client's session counters: its connection's, plus its native
+        reader's connection's once that is open (``sluice._native_reads``)."""
+        own = self._run(self._stats_op())
+        native = self._native.stats() if self._native is not None else None
+        if native is None:
+            return own
+        return Stats(*(a + b for a, b in zip(dataclasses.astuple(own), native)))
 
     def get_many(
         self, items: Iterable[GetItem], *, timeout: Optional[float] = None, copy: bool = True
@@ -690,8 +716,13 @@ class Client(CoreClient):
         :class:`memoryview` of the scratch memory as ``data`` instead of a
         ``bytes`` copy (see :meth:`get_bytes`).
         """
+        items = list(items)
+        if copy and self._native is not None and items and all(type(i) is str for i in items):
+            self._check_usable()
+            if self._native.ready():
+                return self._native.get_many(items, self._timeout_of(timeout))  # type: ignore[arg-type]
         with call_timeout(timeout):
-            return self._run(self._get_many_op(list(items), copy=copy))
+            return self._run(self._get_many_op(items, copy=copy))
 
     def iter_get(
         self, items: Iterable[Union[str, Tuple[str, Optional[int]]]], *, prefetch: int = 8

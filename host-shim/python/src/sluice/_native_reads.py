@@ -1,0 +1,173 @@
+"""The native read path: ``Client.get_bytes(path)`` and
+``Client.get_many(paths)`` through the Rust client (``sluice._native``,
+built from ``host-shim/python/native``), with the interpreter lock
+released while a request is out.
+
+Why: in Python every call costs ~90 µs of interpreter time, and threads
+calling ``get_bytes`` queue for the one interpreter lock
+(docs/performance.md). The native reader holds the lock only to take its
+arguments and to copy the bytes into the ``bytes`` it returns.
+
+It is used when the extension is installed and the client was not told
+otherwise (``Client(native=False)`` or ``SLUICE_NATIVE=0``), for the calls it
+serves exactly as the Python path does: whole objects returned as
+``bytes`` (no range, ``copy=True``), and ``get_many`` of paths only. The
+native reader opens a shim connection of its own on first use (so a client
+using it holds two; the shim allows 64 per user by default); if that
+connection cannot be made, the client says so in its log and goes on in
+Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, List, Optional, Sequence, Tuple
+
+from . import _malloc
+from .errors import Disconnected, ProtocolError, ShimConnectionError, SluiceError, Timeout, from_detail
+from .types import ItemResult, Transfer
+
+try:  # the extension is optional: without it everything runs in Python
+    from . import _native  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the install
+    _native = None
+
+log = logging.getLogger("sluice")
+
+
+def available() -> bool:
+    """Whether the native extension is installed."""
+    return _native is not None
+
+
+def wanted(setting: Any) -> bool:
+    """Whether a client made with ``native=setting`` uses the native path:
+    ``"auto"`` (the default) when the extension is installed and
+    ``SLUICE_NATIVE`` is not ``0``; ``True`` requires the extension."""
+    if setting is False:
+        return False
+    if setting is True:
+        if _native is None:
+            raise ImportError(
+                "native=True, but sluice._native is not installed (build host-shim/python with cargo on the PATH)"
+            )
+        return True
+    if setting != "auto":
+        raise ValueError(f"native must be 'auto', True or False, not {setting!r}")
+    return _native is not None and os.environ.get("SLUICE_NATIVE", "1") != "0"
+
+
+def _error(kind: str, code: int, message: str, request_id: str, needed: int) -> SluiceError:
+    if kind == "shim":
+        return from_detail(code, message, request_id, needed)
+    if kind == "timeout":
+        return Timeout(message)
+    if kind == "disconnected":
+        return Disconnected(f"the shim connection closed: {message}")
+    if kind in ("connect", "closed"):
+        return ShimConnectionError(message)
+    return ProtocolError(message)
+
+
+def _transfer(t: Tuple[Any, ...]) -> Transfer:
+    return Transfer(*t)
+
+
+def _noted_size(n: int) -> None:
+    # As Region.read does for the Python path: a large result makes the
+    # process keep freed memory (sluice._malloc).
+    if n >= _malloc.WORTH_IT and _malloc._state is None:
+        _malloc.keep_freed_memory()
+
+
+class NativeReads:
+    """A client's native reader, made on first use (and again in a process
+    forked since; the parent's is left alone)."""
+
+    def __init__(self, socket_path: str, connect_timeout: Optional[float], scratch_bytes: int, batch_bytes: int):
+        self._args = (socket_path, connect_timeout, scratch_bytes, batch_bytes)
+        self._lock = threading.Lock()
+        self._reader: Any = None
+        self._pid = 0
+        #: Why the native path is off for this client ("" while it is on).
+        self.off = ""
+
+    def _get(self) -> Any:
+        r = self._reader
+        if r is not None and self._pid == os.getpid():
+            return r
+        with self._lock:
+            if self.off:
+                return None
+            if self._reader is not None and self._pid == os.getpid():
+                return self._reader
+            socket_path, connect_timeout, scratch, batch = self._args
+            try:
+                self._reader = _native.Reader(socket_path, connect_timeout, scratch, batch)  # type: ignore[union-attr]
+            except _native.NativeError as e:  # type: ignore[union-attr]
+                self.off = str(_error(*e.args))
+                log.warning("sluice: the native read path is off for this client (%s); reading in Python", self.off)
+                return None
+            self._pid = os.getpid()
+            return self._reader
+
+    def ready(self) -> bool:
+        """Whether calls can go the native way (connecting if need be)."""
+        return self._get() is not None
+
+    def _reader_or_closed(self) -> Any:
+        r = self._get()
+        if r is None:  # closed since the caller checked
+            raise ShimConnectionError(f"the client is closed ({self.off})")
+        return r
+
+    def get_bytes(self, path: str, size_hint: int, timeout: Optional[float]) -> Tuple[bytes, Transfer]:
+        reader = self._reader_or_closed()
+        try:
+            data, t = reader.get_bytes(path, size_hint, timeout)
+        except _native.NativeError as e:  # type: ignore[union-attr]
+            raise _error(*e.args) from None
+        _noted_size(len(data))
+        return data, _transfer(t)
+
+    def get_many(self, paths: Sequence[str], timeout: Optional[float]) -> List[ItemResult]:
+        reader = self._reader_or_closed()
+        try:
+            outs = reader.get_many(list(paths), timeout)
+        except _native.NativeError as e:  # type: ignore[union-attr]
+            raise _error(*e.args) from None
+        results = []
+        largest = 0
+        for i, (path, out) in enumerate(zip(paths, outs)):
+            res = ItemResult(path, i)
+            if out[0]:
+                t = _transfer(out[2])
+                res.ok, res.data, res.transfer, res.nbytes = True, out[1], t, t.bytes
+                largest = max(largest, t.bytes)
+            else:
+                res.error = _error(*out[1:])
+            results.append(res)
+        _noted_size(largest)
+        return results
+
+    def stats(self) -> Optional[Tuple[int, ...]]:
+        """The native connection's counters, if it was opened in this process."""
+        r = self._reader
+        if r is None or self._pid != os.getpid():
+            return None
+        try:
+            return tuple(r.stats())
+        except _native.NativeError as e:  # type: ignore[union-attr]
+            raise _error(*e.args) from None
+
+    def close(self) -> None:
+        with self._lock:
+            r, self._reader = self._reader, None
+            self.off = self.off or "the client is closed"
+        if r is not None and self._pid == os.getpid():
+            r.close()
+
+
+__all__ = ["NativeReads", "available", "wanted"]

@@ -1,0 +1,262 @@
+"""The native read path (``sluice._native``): ``get_bytes(path)`` and
+``get_many(paths)`` through the Rust client must return what the Python path
+returns (bytes, transfer reports, typed errors), from many threads, and
+stay out of the way where it does not apply.
+
+CI installs the extension and requires it (``SLUICE_NATIVE_BUILD=required``):
+there a missing extension fails these tests instead of skipping them."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import signal
+import socket as socketlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import sluice
+from sluice import _native_reads, _wire
+from sluice.client import scm_rights
+
+from _helpers import payload
+
+if not _native_reads.available():
+    if os.environ.get("SLUICE_NATIVE_BUILD") == "required":
+        pytest.fail("sluice._native is not installed, and SLUICE_NATIVE_BUILD=required", pytrace=False)
+    pytest.skip("sluice._native is not installed (build it: python3 setup.py --native-inplace)", allow_module_level=True)
+
+
+def _pair(stack):
+    return sluice.Client(stack.socket, timeout=60, native=True), sluice.Client(stack.socket, timeout=60, native=False)
+
+
+def _same_transfer(a: sluice.Transfer, b: sluice.Transfer) -> None:
+    for f in ("bytes", "data_path", "fallback_reason", "etag", "object_size", "verified", "unverified_reason"):
+        assert getattr(a, f) == getattr(b, f), f
+    assert a.request_id and a.request_id != b.request_id
+
+
+def test_get_bytes_returns_what_the_python_path_returns(stack, prefix):
+    """Every size class: empty, tiny, a page, above the unlocked-copy size,
+    above the first guess (read again at the size the shim says), and a
+    result big enough for huge pages."""
+    nat, py = _pair(stack)
+    with nat, py:
+        sizes = [0, 1, 4096, 300_000, (3 << 20) + 5, (33 << 20) + 7]
+        blobs = {f"{prefix}/o{n}": payload(n, n) for n in sizes}
+        for k, v in blobs.items():
+            py.put(k, v)
+        for k, v in blobs.items():
+            a = nat.get_bytes(k)
+            assert type(a) is bytes and a == v, k
+            _, ta = nat._native.get_bytes(k, 0, 60.0)
+            b, tb = py._run(py._get_bytes_op(k))
+            assert b == v
+            _same_transfer(ta, tb)
+        assert not nat._native.off and nat._native._reader is not None
+        # a size hint too small is corrected by the shim's answer
+        assert nat.get_bytes(f"{prefix}/o{(3 << 20) + 5}", size_hint=10) == blobs[f"{prefix}/o{(3 << 20) + 5}"]
+
+
+def test_errors_are_the_python_paths_typed_errors(stack, prefix):
+    nat, py = _pair(stack)
+    with nat, py:
+        for c in (nat, py):
+            with pytest.raises(sluice.NoSuchKey) as e:
+                c.get_bytes(f"{prefix}/missing")
+            assert e.value.request_id and e.value.code == sluice.ErrorCode.NO_SUCH_KEY
+            with pytest.raises(sluice.UnknownNamespace):
+                c.get_bytes("no-such-namespace/x")
+            with pytest.raises(TypeError):
+                c.get_bytes(b"data/x")  # type: ignore[arg-type]
+            with pytest.raises(ValueError):
+                c.get_bytes(f"{prefix}/x", timeout=0)
+        # the connection is still good after each of them
+        nat.put(f"{prefix}/after", b"fine")
+        assert nat.get_bytes(f"{prefix}/after") == b"fine"
+
+
+def test_get_many_matches_the_python_path_item_by_item(stack, prefix):
+    """Sizes around the slot guess (some read again), missing keys and
+    another namespace in one call; per-item failures, never a raise."""
+    nat, py = _pair(stack)
+    with nat, py:
+        keys = []
+        for i in range(40):
+            n = [10, 4096, 200_000, 2 << 20][i % 4] + i
+            k = f"{prefix}/m{i}"
+            py.put(k, payload(n, ("m", i)))
+            keys.append(k)
+        keys += [f"{prefix}/missing", "no-such-namespace/y"]
+        for _ in range(2):  # the second time with the guess learned
+            a, b = nat.get_many(keys), py.get_many(keys)
+            assert len(a) == len(b) == len(keys)
+            for ra, rb in zip(a, b):
+                assert (ra.path, ra.index, ra.ok, ra.nbytes) == (rb.path, rb.index, rb.ok, rb.nbytes)
+                assert ra.data == rb.data
+                assert type(ra.error) is type(rb.error)
+                if ra.ok:
+                    _same_transfer(ra.transfer, rb.transfer)
+        assert nat.get_many([]) == []
+
+
+def test_many_threads_each_get_their_own_bytes(stack, prefix):
+    with sluice.Client(stack.socket, timeout=60, native=True) as c:
+        blobs = {f"{prefix}/t{i}": payload(1000 + 997 * i, ("t", i)) for i in range(64)}
+        for k, v in blobs.items():
+            c.put(k, v)
+        want = {k: hashlib.sha256(v).hexdigest() for k, v in blobs.items()}
+        keys = list(blobs)
+
+        def loop(t: int) -> int:
+            bad = 0
+            for j in range(150):
+                k = keys[(t * 7 + j) % len(keys)]
+                if j % 10 == 0:
+                    got = c.get_many([k, keys[(j + 1) % len(keys)]])
+                    bad += sum(hashlib.sha256(r.data).hexdigest() != want[r.path] for r in got)
+                elif hashlib.sha256(c.get_bytes(k)).hexdigest() != want[k]:
+                    bad += 1
+            return bad
+
+        with ThreadPoolExecutor(16) as ex:
+            assert sum(ex.map(loop, range(16))) == 0
+        # its scratch stays within the budget the client was given
+        assert c.stats().registered_bytes <= (256 << 20) * 2
+
+
+def test_stats_count_the_native_connection_and_close_ends_it(stack, prefix):
+    c = sluice.Client(stack.socket, timeout=60, native=True)
+    c.put(f"{prefix}/s", b"abc")
+    before = c.stats()
+    assert c.get_bytes(f"{prefix}/s") == b"abc"
+    after = c.stats()
+    assert after.bytes_read - before.bytes_read == 3
+    c.close()
+    assert c._native.off and c._native._reader is None
+    with pytest.raises(sluice.ShimConnectionError):
+        c.get_bytes(f"{prefix}/s")
+    with pytest.raises(sluice.ShimConnectionError):
+        c.get_many([f"{prefix}/s"])
+
+
+def test_the_native_path_is_off_when_asked_and_for_calls_it_does_not_serve(stack, prefix, monkeypatch):
+    with sluice.Client(stack.socket, native=False) as c:
+        assert c._native is None
+    with pytest.raises(ValueError):
+        sluice.Client(stack.socket, native="yes")
+    monkeypatch.setenv("SLUICE_NATIVE", "0")
+    with sluice.Client(stack.socket) as c:
+        assert c._native is None
+    monkeypatch.delenv("SLUICE_NATIVE")
+    with sluice.Client(stack.socket, timeout=60) as c:
+        assert c._native is not None
+        c.put(f"{prefix}/r", b"0123456789")
+        # a range, copy=False and caller regions go the Python way (and work)
+        assert c.get_bytes(f"{prefix}/r", range=(2, 3)) == b"234"
+        v = c.get_bytes(f"{prefix}/r", copy=False)
+        assert bytes(v) == b"0123456789"
+        v.release()
+        with c.register(1 << 20) as region:
+            (res,) = c.get_many([sluice.GetSpec(f"{prefix}/r", into=region)])
+            assert res.ok and region.read(0, 10) == b"0123456789"
+        assert c._native._reader is None  # nothing above needed it
+
+
+def test_a_forked_child_is_refused_and_the_parent_goes_on(stack, prefix):
+    with sluice.Client(stack.socket, timeout=60, native=True) as c:
+        c.put(f"{prefix}/f", b"parent")
+        assert c.get_bytes(f"{prefix}/f") == b"parent"
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            code = 1
+            try:
+                c.get_bytes(f"{prefix}/f")
+            except sluice.ShimConnectionError:
+                code = 0
+            except BaseException:
+                code = 3
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert c.get_bytes(f"{prefix}/f") == b"parent"
+
+
+class SilentShim(threading.Thread):
+    """Says hello and registers memory, never answers a GET."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(daemon=True)
+        self.listener = socketlib.socket(socketlib.AF_UNIX)
+        self.listener.bind(path)
+        self.listener.listen(8)
+        self.gets = 0
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            conn, _ = self.listener.accept()
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn: socketlib.socket) -> None:
+        dec = _wire.FrameDecoder()
+        while True:
+            data = conn.recv(1 << 16)
+            if not data:
+                return
+            dec.feed(data, [])
+            for body in dec.frames():
+                req = _wire.decode_message("Request", body)
+                op, id_ = req["op"], req["id"]
+                if op == "hello":
+                    resp = {"id": id_, "hello": {"version": 1, "tenant": "fake", "namespaces": ["data"]}}
+                    self.send(conn, resp)
+                elif op == "register":
+                    fd = os.memfd_create("silent", os.MFD_ALLOW_SEALING)
+                    os.ftruncate(fd, req["register"]["length"])
+                    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+                    region = {"region_id": f"r{id_}", "length": req["register"]["length"], "fd_attached": True}
+                    self.send(conn, {"id": id_, "registered": region}, fd)
+                elif op == "get":
+                    self.gets += 1
+
+    @staticmethod
+    def send(conn: socketlib.socket, resp, fd=None) -> None:
+        body = _wire.encode_message("Response", resp)
+        frame = len(body).to_bytes(4, "big") + body
+        if fd is None:
+            conn.sendall(frame)
+        else:
+            n = conn.sendmsg([frame], scm_rights(fd))
+            conn.sendall(frame[n:])
+            os.close(fd)
+
+
+def test_ctrl_c_interrupts_a_call_waiting_on_a_silent_store(tmp_path):
+    """The interpreter lock is released while a call waits, and Python's
+    signal handlers still run: Ctrl-C ends the call, the client stays
+    usable."""
+    path = str(tmp_path / "silent.sock")
+    shim = SilentShim(path)
+    with sluice.Client(path, timeout=30, native=True) as c:
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        t0 = time.monotonic()
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            c.get_bytes("data/never")
+        assert time.monotonic() - t0 < 5
+        assert shim.gets == 1
+        # other threads ran meanwhile: the lock was not held
+        ticks = []
+        waiter = threading.Thread(target=lambda: pytest.raises(sluice.SluiceError, c.get_bytes, "data/x", timeout=1))
+        waiter.start()
+        while waiter.is_alive():
+            ticks.append(1)
+            time.sleep(0.01)
+        waiter.join()
+        assert len(ticks) > 20
