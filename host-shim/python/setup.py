@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -41,6 +41,9 @@ def _cargo() -> "str | None":
 
 
 def _build_native(out_dir: Path) -> None:
+    # An extension left by an earlier build must not ship with this one.
+    for stale in (out_dir / "sluice").glob("_native*.so"):
+        stale.unlink()
     mode = os.environ.get("SLUICE_NATIVE_BUILD", "auto")
     if mode == "0":
         print("sluice: SLUICE_NATIVE_BUILD=0: installing the pure-Python client", file=sys.stderr)
@@ -75,6 +78,13 @@ def _build_native(out_dir: Path) -> None:
     print(f"sluice: WARNING: no native read path ({why}); installing the pure-Python client", file=sys.stderr)
 
 
+class BinaryDistribution(Distribution):
+    """Wheels carry a platform tag: the extension is built for this machine."""
+
+    def has_ext_modules(self) -> bool:
+        return os.environ.get("SLUICE_NATIVE_BUILD", "auto") != "0"
+
+
 class BuildPyWithNative(build_py):
     def run(self) -> None:
         super().run()
@@ -86,4 +96,4 @@ if sys.argv[1:] == ["--native-inplace"]:
     # from its source folder (PYTHONPATH=host-shim/python/src).
     _build_native(HERE / "src")
 else:
-    setup(cmdclass={"build_py": BuildPyWithNative})
+    setup(cmdclass={"build_py": BuildPyWithNative}, distclass=BinaryDistribution)

@@ -727,6 +727,25 @@ impl Client {
     }
 
     /// Sends raw bytes on the connection (for protocol tests).
+    /// Ends the connection now, for every caller: requests waiting for an
+    /// answer fail with [`ClientError::Disconnected`], later ones fail to
+    /// send. The shim releases this connection's regions. (Dropping the
+    /// client ends it too, but only once no call holds it.)
+    pub fn shutdown(&self) {
+        use std::os::fd::AsRawFd;
+        // The read loop sees the end of the stream and wakes every waiter.
+        let _ = nix::sys::socket::shutdown(self.stream.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+    }
+
+    /// The connection's socket descriptor, for a process forked since the
+    /// client was made: the child closes its copy (and must then forget the
+    /// client, never drop it) so the shim sees the connection end with the
+    /// parent.
+    pub fn socket_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.as_raw_fd()
+    }
+
     #[doc(hidden)]
     pub async fn send_raw(&self, bytes: &[u8]) -> Result<(), ClientError> {
         let _w = self.write.lock().await;

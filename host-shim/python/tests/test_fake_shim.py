@@ -133,7 +133,7 @@ def fake(tmp_path):
 
 def test_out_of_order_answers_are_matched_by_id(fake):
     path, shim = fake
-    with sluice.Client(path, timeout=10) as c:
+    with sluice.Client(path, timeout=10, native=False) as c:
         assert c.tenant == "fake" and c.namespaces == ["data"]
         res = c.get_many([sluice.GetSpec(f"data/k-{i}", into="r1") for i in range(5)])
         assert [r.nbytes for r in res] == [0, 1, 2, 3, 4]
@@ -144,7 +144,7 @@ def test_out_of_order_answers_are_matched_by_id(fake):
 
 def test_timeouts_and_late_answers(fake):
     path, shim = fake
-    with sluice.Client(path, timeout=10) as c:
+    with sluice.Client(path, timeout=10, native=False) as c:
         with pytest.raises(sluice.Timeout):
             short(c).head("data/slow")
         assert c.stats().requests == 3  # the late HEAD answer was discarded
@@ -181,7 +181,7 @@ def test_abandoned_scratch_region_is_not_reused(fake):
     the region must be released, never lent to the next operation."""
     path, shim = fake
     shim.hold_register = False
-    with sluice.Client(path, timeout=10) as c:
+    with sluice.Client(path, timeout=10, native=False) as c:
         with pytest.raises(sluice.Timeout):
             short(c).get_bytes("data/k-1")  # the fake holds GETs until it has 5
         assert len(c._pool) == 0

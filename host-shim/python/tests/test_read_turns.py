@@ -224,7 +224,7 @@ def fake(tmp_path):
 def test_the_client_starts_no_thread(fake):
     path, _ = fake
     before = threading.active_count()
-    with sluice.Client(path, timeout=10) as c:
+    with sluice.Client(path, timeout=10, native=False) as c:
         assert c.stats().requests == 2
         assert threading.active_count() == before
 
@@ -234,7 +234,7 @@ def test_threads_sharing_a_client_each_get_their_answer(fake):
     them until it has five): whoever reads hands the others theirs, and the
     turn passes on as readers leave."""
     path, _ = fake
-    with sluice.Client(path, timeout=10) as c:
+    with sluice.Client(path, timeout=10, native=False) as c:
         for _ in range(3):
             results: dict = {}
 
@@ -255,7 +255,7 @@ def test_an_interrupted_read_ends_the_connection_with_a_clear_error(fake, monkey
     socket the stream cannot be trusted to stay in step, so the connection
     ends and later calls say why (rather than wait for lost answers)."""
     path, _ = fake
-    c = sluice.Client(path, timeout=10)
+    c = sluice.Client(path, timeout=10, native=False)
     parse = c._parse
 
     def interrupted(payload: bytes):
@@ -281,7 +281,7 @@ def test_no_caller_sleeps_while_nobody_reads(fake):
     saved = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        with sluice.Client(path, timeout=10) as c:
+        with sluice.Client(path, timeout=10, native=False) as c:
             t0 = time.perf_counter()
             for _ in range(50):
                 c.stats()
@@ -318,7 +318,7 @@ def test_no_caller_sleeps_while_nobody_reads(fake):
 
 def test_closing_wakes_a_caller_that_is_reading(fake):
     path, _ = fake
-    c = sluice.Client(path, timeout=30)
+    c = sluice.Client(path, timeout=30, native=False)
     errors: List[BaseException] = []
 
     def slow() -> None:
@@ -347,7 +347,7 @@ def test_a_long_run_of_requests_takes_in_answers_as_it_sends(fake, monkeypatch):
     from sluice.client import PUMP_EVERY
 
     path, _ = fake
-    with sluice.Client(path, timeout=10) as c:
+    with sluice.Client(path, timeout=10, native=False) as c:
         pumps = []
         pump = c._pump
         monkeypatch.setattr(c, "_pump", lambda: (pumps.append(1), pump()))

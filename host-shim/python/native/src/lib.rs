@@ -14,15 +14,16 @@
 //! request_id, needed_bytes)`; `sluice._native_reads` turns them into the
 //! client's typed exceptions, so a caller sees the same errors either way.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+mod conn;
+
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use conn::{slot, Conn, Stopped, MAX_BATCH_ITEMS};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
-use sluice_client::{BatchGet, Client, ClientError, Code, Region, Transfer};
+use pyo3::types::{PyBytes, PyList};
+use sluice_client::{Client, ClientError, Code, GpuOptions, PinRegions, Region, Transfer};
 
 pyo3::create_exception!(
     _native,
@@ -31,55 +32,12 @@ pyo3::create_exception!(
     "A failed native read: args are (kind, code, message, request_id, needed_bytes)."
 );
 
-/// Smallest scratch region (as the Python client's `SCRATCH_MIN`).
-const SCRATCH_MIN: u64 = 1 << 20;
-/// Slot of an object of unknown size before any was seen (`FIRST_SIZE_GUESS`).
-const FIRST_SIZE_GUESS: u64 = 256 << 10;
-/// Most items in one GetBatch (the shim's limit, `MAX_BATCH_ITEMS`).
-const MAX_BATCH_ITEMS: usize = 1024;
 /// Copies at least this big run with the interpreter lock released.
 const UNLOCKED_COPY: usize = 256 << 10;
 /// Results at least this big get huge pages where the kernel has them (a
 /// fresh mapping whatever `malloc`'s thresholds: a fault per 2 MiB, not per
 /// 4 KiB; as `sluice._bigcopy` does).
 const HUGE_PAGE_COPY: usize = 32 << 20;
-
-/// How often a waiting call lets Python run its signal handlers.
-const SIGNAL_CHECK: Duration = Duration::from_millis(100);
-
-/// The connection and everything that lives as long as it.
-struct Conn {
-    /// The client's reader task and every request run on this runtime,
-    /// driven by whichever caller is inside `block_on` (no thread of its
-    /// own: a caller alone on the reader never wakes another thread).
-    rt: Option<tokio::runtime::Runtime>,
-    client: Option<Arc<Client>>,
-    scratch: Mutex<Vec<Region>>,
-    scratch_budget: u64,
-    batch_bytes: u64,
-    size_guess: AtomicU64,
-    /// The process that made the runtime: a forked child must not touch it.
-    pid: u32,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        if std::process::id() != self.pid {
-            // The runtime's and the connection's state belong to the parent;
-            // a child has no threads behind them. Leak them.
-            std::mem::forget(self.client.take());
-            std::mem::forget(self.rt.take());
-            return;
-        }
-        if let Some(rt) = self.rt.take() {
-            let _inside = rt.enter();
-            self.scratch.lock().unwrap_or_else(|p| p.into_inner()).clear();
-            drop(self.client.take());
-            drop(_inside);
-            rt.shutdown_background();
-        }
-    }
-}
 
 /// What a failure tells Python: (kind, code, message, request id, needed bytes).
 type Failure = (&'static str, i32, String, String, u64);
@@ -105,12 +63,14 @@ fn raise(e: &ClientError) -> PyErr {
     NativeError::new_err(failure(e))
 }
 
-fn closed() -> PyErr {
-    NativeError::new_err(("closed", 0, "the client is closed".to_owned(), String::new(), 0u64))
+fn native_error(kind: &'static str, message: &str) -> PyErr {
+    NativeError::new_err((kind, 0, message.to_owned(), String::new(), 0u64))
 }
 
 /// A transfer as the tuple `sluice.Transfer` is made from.
-fn transfer_tuple(t: &Transfer) -> (String, u64, &'static str, String, u64, u32, String, u64, bool, String) {
+type TransferTuple = (String, u64, &'static str, String, u64, u32, String, u64, bool, String);
+
+fn transfer_tuple(t: &Transfer) -> TransferTuple {
     (
         t.request_id.clone(),
         t.bytes,
@@ -125,136 +85,12 @@ fn transfer_tuple(t: &Transfer) -> (String, u64, &'static str, String, u64, u32,
     )
 }
 
-fn pow2(n: u64) -> u64 {
-    n.max(1).next_power_of_two()
-}
-
-fn scratch_size(n: u64) -> u64 {
-    let n = n.max(SCRATCH_MIN);
-    let p = n.next_power_of_two();
-    if p - n <= n / 4 {
-        p
-    } else {
-        (n + 4095) & !4095
-    }
-}
-
-fn slot(span: u64) -> u64 {
-    (span.max(1) + 63) & !63
-}
-
-impl Conn {
-    fn rt(&self) -> PyResult<&tokio::runtime::Runtime> {
-        self.rt.as_ref().ok_or_else(closed)
-    }
-
-    fn client(&self) -> PyResult<&Client> {
-        self.client.as_deref().ok_or_else(closed)
-    }
-
-    /// Runs `f` on the runtime with the interpreter lock released. Every
-    /// `SIGNAL_CHECK` it takes the lock to run Python's signal handlers, so
-    /// Ctrl-C interrupts a call that waits on a slow store: `f` is then
-    /// dropped (its scratch region is unmapped here and never reused; the
-    /// shim keeps its registration until the connection closes).
-    fn block_on<F, T>(&self, py: Python<'_>, f: F) -> PyResult<T>
-    where
-        F: Future<Output = T> + Send,
-        T: Send,
-    {
-        let rt = self.rt()?;
-        py.detach(|| {
-            rt.block_on(async {
-                tokio::pin!(f);
-                loop {
-                    tokio::select! {
-                        out = &mut f => return Ok(out),
-                        () = tokio::time::sleep(SIGNAL_CHECK) => Python::attach(|py| py.check_signals())?,
-                    }
-                }
-            })
-        })
-    }
-
-    /// A free scratch region of at least `n` bytes, or a new one.
-    async fn checkout(&self, client: &Client, n: u64) -> Result<Region, ClientError> {
-        let found = {
-            let mut free = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-            let best =
-                free.iter().enumerate().filter(|(_, r)| r.len() >= n).min_by_key(|(_, r)| r.len()).map(|(i, _)| i);
-            best.map(|i| free.swap_remove(i))
-        };
-        match found {
-            Some(r) => Ok(r),
-            None => client.register(scratch_size(n)).await,
-        }
-    }
-
-    /// Keeps `region` for reuse if the budget allows; otherwise it is
-    /// released with the shim in the background, by a task the next
-    /// caller's `block_on` drives (no caller waits for it).
-    fn give_back(&self, region: Region, reuse: bool) {
-        if reuse && region.len() <= self.scratch_budget {
-            let mut free = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-            let kept: u64 = free.iter().map(Region::len).sum();
-            if kept + region.len() <= self.scratch_budget {
-                free.push(region);
-                return;
-            }
-        }
-        // A region a request may still write into (it timed out, or the
-        // connection broke) is never reused; the shim keeps it alive until
-        // its GET is over.
-        if let (Some(rt), Some(client)) = (self.rt.as_ref(), self.client.as_ref()) {
-            let id = region.id().to_owned();
-            drop(region);
-            let client = Arc::clone(client);
-            rt.spawn(async move {
-                // A failure only means the connection is gone, which
-                // releases the region too.
-                let _ = client.release_id(&id).await;
-            });
-        }
-    }
-
-    /// One object into a scratch region: read at the known, hinted or
-    /// guessed size; if it is bigger, again at the size the shim says.
-    async fn get_into_scratch(
-        &self,
-        path: &str,
-        size_hint: u64,
-    ) -> (Result<(Region, Transfer), ClientError>, Option<Region>) {
-        let Some(client) = self.client.as_deref() else {
-            return (Err(ClientError::Disconnected), None);
-        };
-        let mut want = if size_hint > 0 { size_hint } else { self.size_guess.load(Ordering::Relaxed) };
-        for attempt in 0..4 {
-            let region = match self.checkout(client, want.max(1)).await {
-                Ok(r) => r,
-                Err(e) => return (Err(e), None),
-            };
-            match client.get(path, &region, 0, None).await {
-                Ok(t) => {
-                    self.size_guess.store(pow2(t.bytes), Ordering::Relaxed);
-                    return (Ok((region, t)), None);
-                }
-                Err(e) if e.code() == Some(Code::RegionTooSmall) && attempt < 3 => {
-                    want = e.needed_bytes();
-                    if want == 0 {
-                        match client.head(path).await {
-                            Ok(info) => want = info.size,
-                            Err(e) => return (Err(e), Some(region)),
-                        }
-                    }
-                    self.size_guess.store(pow2(want), Ordering::Relaxed);
-                    // Nothing was written: the region is free again.
-                    self.scratch.lock().unwrap_or_else(|p| p.into_inner()).push(region);
-                }
-                Err(e) => return (Err(e), Some(region)),
-            }
-        }
-        (Err(ClientError::Protocol("the object kept growing while it was read".into())), None)
-    }
+/// A deadline in seconds from Python (`None`, 0, negative, NaN: none; too
+/// large for a `Duration`: the most a request can carry).
+fn timeout_of(seconds: Option<f64>) -> Option<Duration> {
+    seconds
+        .filter(|s| *s > 0.0)
+        .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::from_secs(u64::from(u32::MAX))))
 }
 
 /// Copies `len` bytes of `region` from `offset` into a new `bytes`.
@@ -276,7 +112,7 @@ fn bytes_of<'py>(py: Python<'py>, region: &Region, offset: u64, len: u64) -> PyR
     }
     // SAFETY: `PyBytes_FromStringAndSize(NULL, len)` returns a new, owned,
     // uninitialised bytes object of `len` bytes (or NULL with an exception
-    // set, turned into Err by `assume_owned_or_err`). Nothing else can see
+    // set, turned into Err by `from_owned_ptr_or_err`). Nothing else can see
     // it before it is returned, so filling its buffer in place, with the
     // interpreter lock released, is how the C API means it to be used.
     let obj = unsafe {
@@ -319,12 +155,63 @@ struct Reader {
 
 impl Reader {
     fn conn(&self) -> PyResult<Arc<Conn>> {
-        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(closed)
+        let conn = self.conn.read().unwrap_or_else(|p| p.into_inner()).clone();
+        conn.ok_or_else(|| native_error("closed", "the native reader is closed"))
+    }
+
+    /// Takes the connection out (if it is still `conn`) and ends it for
+    /// every caller: waiting calls fail with `Disconnected` at once.
+    fn end(&self, conn: &Arc<Conn>) {
+        let mut slot = self.conn.write().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = None;
+        }
+        drop(slot);
+        if let Some(client) = conn.client() {
+            client.shutdown();
+        }
+    }
+
+    /// Runs `f` on the connection's runtime. A call interrupted by a signal
+    /// may have left a request half sent or an answer half read, so the
+    /// connection is not trusted any more: it is ended (the shim releases
+    /// its regions) and the client makes a new one for the next call, as
+    /// the Python path does.
+    fn run<F, T>(&self, py: Python<'_>, conn: &Arc<Conn>, f: F) -> PyResult<T>
+    where
+        F: std::future::Future<Output = T> + Send,
+        T: Send,
+    {
+        conn.block_on(py, f).map_err(|stopped| match stopped {
+            Stopped::Signal(e) => {
+                self.end(conn);
+                e
+            }
+            Stopped::Refused(e) => e,
+        })
+    }
+
+    /// The copy of one item's bytes out of its slot, as Python's tuple.
+    fn item<'py>(
+        py: Python<'py>,
+        region: &Region,
+        offset: u64,
+        room: u64,
+        t: &Transfer,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if t.bytes > room {
+            return Ok(failed(
+                py,
+                &ClientError::Protocol(format!("the shim reported {} bytes for a slot of {room}", t.bytes)),
+            )?);
+        }
+        Ok((true, bytes_of(py, region, offset, t.bytes)?, transfer_tuple(t)).into_pyobject(py)?.into_any())
     }
 }
 
-fn timeout_of(seconds: Option<f64>) -> Option<Duration> {
-    seconds.filter(|s| *s > 0.0).map(Duration::from_secs_f64)
+fn failed<'py>(py: Python<'py>, e: &ClientError) -> PyResult<Bound<'py, PyAny>> {
+    let (kind, code, message, request_id, needed) = failure(e);
+    Ok((false, kind, code, message, request_id, needed).into_pyobject(py)?.into_any())
 }
 
 #[pymethods]
@@ -339,153 +226,161 @@ impl Reader {
         scratch_bytes: u64,
         batch_bytes: u64,
     ) -> PyResult<Self> {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| {
-            NativeError::new_err(("connect", 0, format!("starting the native runtime: {e}"), String::new(), 0u64))
-        })?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| native_error("connect", &format!("starting the native runtime: {e}")))?;
+        // Scratch only holds results on their way into Python `bytes`:
+        // pinning it for CUDA would buy nothing.
+        let options = GpuOptions { pin_regions: PinRegions::Never, ..GpuOptions::default() };
         let connect = async {
             match timeout_of(connect_timeout) {
-                Some(t) => {
-                    tokio::time::timeout(t, Client::connect(&socket)).await.unwrap_or(Err(ClientError::Timeout(t)))
-                }
-                None => Client::connect(&socket).await,
+                Some(t) => tokio::time::timeout(t, Client::connect_with(&socket, options))
+                    .await
+                    .unwrap_or(Err(ClientError::Timeout(t))),
+                None => Client::connect_with(&socket, options).await,
             }
         };
         let client = py.detach(|| rt.block_on(connect)).map_err(|e| raise(&e))?;
-        let conn = Conn {
-            rt: Some(rt),
-            client: Some(Arc::new(client)),
-            scratch: Mutex::new(Vec::new()),
-            scratch_budget: scratch_bytes,
-            batch_bytes: batch_bytes.max(1),
-            size_guess: AtomicU64::new(FIRST_SIZE_GUESS),
-            pid: std::process::id(),
-        };
+        let conn = Conn::new(rt, client, scratch_bytes, batch_bytes);
         Ok(Self { conn: RwLock::new(Some(Arc::new(conn))) })
     }
 
-    /// The tenant the shim mapped this process to.
-    fn tenant(&self) -> PyResult<String> {
-        Ok(self.conn()?.client()?.tenant().to_owned())
-    }
-
-    /// Reads `path` whole; returns `(bytes, transfer_tuple)`. `timeout`:
-    /// the request's deadline in seconds (`None`: the namespace's).
-    #[pyo3(signature = (path, size_hint=0, timeout=None))]
+    /// Reads `path` whole; returns `(bytes, transfer_tuple)`, or only the
+    /// bytes with `transfer=False`. `timeout`: the request's deadline in
+    /// seconds (`None`: the namespace's).
+    #[pyo3(signature = (path, size_hint=0, timeout=None, transfer=true))]
     fn get_bytes<'py>(
         &self,
         py: Python<'py>,
-        path: String,
+        path: &str,
         size_hint: u64,
         timeout: Option<f64>,
-    ) -> PyResult<Bound<'py, PyTuple>> {
+        transfer: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let conn = self.conn()?;
-        let within = timeout_of(timeout);
-        let (got, spare) =
-            conn.block_on(py, sluice_client::with_timeout(within, conn.get_into_scratch(&path, size_hint)))?;
-        if let Some(region) = spare {
-            let reuse = matches!(&got, Err(ClientError::Shim { .. }));
-            conn.give_back(region, reuse);
-        }
-        let (region, t) = got.map_err(|e| raise(&e))?;
+        let got = self.run(
+            py,
+            &conn,
+            sluice_client::with_timeout(timeout_of(timeout), conn.get_into_scratch(path, size_hint)),
+        )?;
+        let (region, t) = match got {
+            Ok(ok) => ok,
+            Err((e, spare)) => {
+                if let Some(region) = spare {
+                    conn.give_back(region, matches!(e, ClientError::Shim { .. }));
+                }
+                return Err(raise(&e));
+            }
+        };
         let data = bytes_of(py, &region, 0, t.bytes);
         conn.give_back(region, true);
-        (data?, transfer_tuple(&t)).into_pyobject(py)
+        if transfer {
+            Ok((data?, transfer_tuple(&t)).into_pyobject(py)?.into_any())
+        } else {
+            Ok(data?.into_any())
+        }
     }
 
     /// Reads every path whole, in batches; never raises for one item's
     /// failure. Returns one tuple per path: `(True, bytes, transfer_tuple)`
     /// or `(False, kind, code, message, request_id, needed_bytes)`.
+    ///
+    /// As the Python path: every item in slots of the size seen lately;
+    /// those bigger than their slot again in a second round of batches at
+    /// the size the shim reported; any still too big (or of a size the
+    /// shim could not say) one by one.
     #[pyo3(signature = (paths, timeout=None))]
     fn get_many<'py>(&self, py: Python<'py>, paths: Vec<String>, timeout: Option<f64>) -> PyResult<Bound<'py, PyList>> {
         let conn = self.conn()?;
-        let client = conn.client()?;
         let within = timeout_of(timeout);
         let mut out: Vec<Option<Bound<'py, PyAny>>> = (0..paths.len()).map(|_| None).collect();
-        let mut again: Vec<(usize, u64)> = Vec::new();
-        let mut next = 0;
-        while next < paths.len() {
-            let guess = slot(conn.size_guess.load(Ordering::Relaxed));
-            let take = (((conn.batch_bytes / guess).max(1)) as usize).min(MAX_BATCH_ITEMS).min(paths.len() - next);
-            let chunk = next..next + take;
-            next += take;
-            let items: Vec<BatchGet> = chunk
-                .clone()
-                .enumerate()
-                .map(|(k, i)| BatchGet {
-                    path: paths[i].clone(),
-                    region_id: String::new(),
-                    offset: k as u64 * guess,
-                    range: None,
-                    max_bytes: guess,
-                    if_match: String::new(),
-                })
-                .collect();
-            let total = guess * take as u64;
-            let batch = async {
-                let region = conn.checkout(client, total).await?;
-                let items: Vec<BatchGet> =
-                    items.into_iter().map(|i| BatchGet { region_id: region.id().to_owned(), ..i }).collect();
-                let got = client.get_many(&items).await;
-                Ok::<_, ClientError>((region, got))
-            };
-            let (region, got) =
-                conn.block_on(py, sluice_client::with_timeout(within, batch))?.map_err(|e| raise(&e))?;
-            let results = match got {
-                Ok(r) => r,
-                // Refused as a whole: each item's failure, as in Python.
-                Err(e @ ClientError::Shim { .. }) => {
-                    let f = failure(&e);
-                    conn.give_back(region, true);
-                    for i in chunk {
-                        out[i] = Some((false, f.0, f.1, f.2.clone(), f.3.clone(), f.4).into_pyobject(py)?.into_any());
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    conn.give_back(region, false);
-                    return Err(raise(&e));
-                }
-            };
+        // (index, bytes it needs; 0: unknown)
+        let mut todo: Vec<(usize, u64)> = (0..paths.len()).map(|i| (i, 0)).collect();
+        let mut one_by_one: Vec<(usize, u64)> = Vec::new();
+        for round in 0..2 {
+            let guess = slot(conn.size_guess());
+            let mut again = Vec::new();
             let mut seen = 0u64;
-            for ((k, i), r) in chunk.enumerate().zip(results) {
-                match r {
-                    Ok(t) => {
-                        seen = seen.max(t.bytes);
-                        let data = bytes_of(py, &region, k as u64 * guess, t.bytes)?;
-                        out[i] = Some((true, data, transfer_tuple(&t)).into_pyobject(py)?.into_any());
+            let mut next = 0;
+            while next < todo.len() {
+                let mut chunk: Vec<(usize, u64, u64)> = Vec::new(); // (index, offset, slot)
+                let mut total = 0u64;
+                while next < todo.len() && chunk.len() < MAX_BATCH_ITEMS {
+                    let (i, need) = todo[next];
+                    let room = if need > 0 { slot(need) } else { guess };
+                    if !chunk.is_empty() && total + room > conn.batch_bytes {
+                        break;
                     }
-                    Err(e) if e.code() == Some(Code::RegionTooSmall) => {
-                        seen = seen.max(e.needed_bytes());
-                        again.push((i, e.needed_bytes()));
-                    }
-                    Err(e) => {
-                        let (kind, code, message, request_id, needed) = failure(&e);
-                        out[i] = Some((false, kind, code, message, request_id, needed).into_pyobject(py)?.into_any());
-                    }
+                    chunk.push((i, total, room));
+                    total += room;
+                    next += 1;
                 }
+                let items: Vec<(&str, u64, u64)> =
+                    chunk.iter().map(|&(i, off, room)| (paths[i].as_str(), off, room)).collect();
+                let (region, got) = self
+                    .run(py, &conn, sluice_client::with_timeout(within, conn.batch_into_scratch(&items, total)))?
+                    .map_err(|e| raise(&e))?;
+                // Every result is taken out before the region goes back,
+                // and an error (a failed allocation) only after that.
+                let filled: PyResult<bool> = (|| {
+                    let results = match got {
+                        Ok(r) => r,
+                        // Refused as a whole: each item's failure, as in Python.
+                        Err(e @ ClientError::Shim { .. }) => {
+                            for &(i, _, _) in &chunk {
+                                out[i] = Some(failed(py, &e)?);
+                            }
+                            return Ok(true);
+                        }
+                        Err(e) => return Err(raise(&e)),
+                    };
+                    for (&(i, off, room), r) in chunk.iter().zip(results) {
+                        match r {
+                            Ok(t) => {
+                                seen = seen.max(t.bytes);
+                                out[i] = Some(Self::item(py, &region, off, room, &t)?);
+                            }
+                            Err(e) if e.code() == Some(Code::RegionTooSmall) => {
+                                seen = seen.max(e.needed_bytes());
+                                if round == 0 && e.needed_bytes() > 0 {
+                                    again.push((i, e.needed_bytes()));
+                                } else {
+                                    one_by_one.push((i, e.needed_bytes()));
+                                }
+                            }
+                            Err(e) => out[i] = Some(failed(py, &e)?),
+                        }
+                    }
+                    Ok(true)
+                })();
+                // A batch that failed as a whole for the connection (not
+                // the shim's answer) may still be written into.
+                conn.give_back(region, filled.is_ok());
+                filled?;
             }
-            conn.give_back(region, true);
             if seen > 0 {
-                conn.size_guess.store(pow2(seen), Ordering::Relaxed);
+                conn.saw(seen);
+            }
+            todo = again;
+            if todo.is_empty() {
+                break;
             }
         }
-        // Items bigger than their slot: one at a time, at the size the shim said.
-        for (i, need) in again {
-            let (got, spare) =
-                conn.block_on(py, sluice_client::with_timeout(within, conn.get_into_scratch(&paths[i], need)))?;
-            if let Some(region) = spare {
-                let reuse = matches!(&got, Err(ClientError::Shim { .. }));
-                conn.give_back(region, reuse);
-            }
+        for (i, need) in one_by_one {
+            let got =
+                self.run(py, &conn, sluice_client::with_timeout(within, conn.get_into_scratch(&paths[i], need)))?;
             out[i] = Some(match got {
                 Ok((region, t)) => {
-                    let data = bytes_of(py, &region, 0, t.bytes);
+                    let item = Self::item(py, &region, 0, region.len(), &t);
                     conn.give_back(region, true);
-                    (true, data?, transfer_tuple(&t)).into_pyobject(py)?.into_any()
+                    item?
                 }
-                Err(e) => {
-                    let (kind, code, message, request_id, needed) = failure(&e);
-                    (false, kind, code, message, request_id, needed).into_pyobject(py)?.into_any()
+                Err((e, spare)) => {
+                    if let Some(region) = spare {
+                        conn.give_back(region, matches!(e, ClientError::Shim { .. }));
+                    }
+                    failed(py, &e)?
                 }
             });
         }
@@ -496,21 +391,45 @@ impl Reader {
     /// bytes_written, errors, fallbacks, regions, registered_bytes).
     fn stats(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, u64, u64, u32, u64)> {
         let conn = self.conn()?;
-        let client = conn.client()?;
-        let s = conn.block_on(py, client.stats())?.map_err(|e| raise(&e))?;
+        let client = Arc::clone(conn.client().ok_or_else(|| native_error("closed", "the native reader is closed"))?);
+        let s = self.run(py, &conn, async move { client.stats().await })?.map_err(|e| raise(&e))?;
         Ok((s.requests, s.bytes_read, s.bytes_written, s.errors, s.fallbacks, s.regions, s.registered_bytes))
     }
 
-    /// Closes the connection once the calls in flight are done; later
-    /// calls raise `NativeError("closed", ...)`.
+    /// Ends the connection: calls waiting on it fail with `Disconnected`,
+    /// later ones raise `NativeError("closed", ...)`. The shim releases its
+    /// regions.
     fn close(&self, py: Python<'_>) {
         let conn = self.conn.write().unwrap_or_else(|p| p.into_inner()).take();
-        // Dropping the last reference shuts the runtime down: not with the
-        // interpreter lock held.
-        py.detach(move || drop(conn));
+        if let Some(conn) = conn {
+            if let Some(client) = conn.client() {
+                client.shutdown();
+            }
+            // Dropping the last reference shuts the runtime down: not with
+            // the interpreter lock held.
+            py.detach(move || drop(conn));
+        }
     }
 
-    /// Whether `close()` was called.
+    /// In a child forked since the reader was made: closes the child's copy
+    /// of the socket (so the shim sees the connection end with the parent)
+    /// and forgets the rest, which belongs to the parent's threads.
+    fn abandon(&self) {
+        let conn = self.conn.write().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(conn) = conn {
+            if conn.pid == std::process::id() {
+                *self.conn.write().unwrap_or_else(|p| p.into_inner()) = Some(conn);
+                return;
+            }
+            if let Some(client) = conn.client() {
+                let _ = nix::unistd::close(client.socket_fd());
+            }
+            std::mem::forget(conn);
+        }
+    }
+
+    /// Whether the connection was closed or ended (by `close()`, or by a
+    /// call interrupted by a signal).
     #[getter]
     fn closed(&self) -> bool {
         self.conn.read().unwrap_or_else(|p| p.into_inner()).is_none()

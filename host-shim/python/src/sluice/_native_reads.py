@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import Any, List, Optional, Sequence, Tuple
 
 from . import _malloc
@@ -83,48 +84,61 @@ def _noted_size(n: int) -> None:
 
 
 class NativeReads:
-    """A client's native reader, made on first use (and again in a process
-    forked since; the parent's is left alone)."""
+    """A client's native reader, made on first use, and made again after a
+    call interrupted by a signal ended its connection (as the Python path
+    does, a connection that may hold half a request is not trusted)."""
 
     def __init__(self, socket_path: str, connect_timeout: Optional[float], scratch_bytes: int, batch_bytes: int):
         self._args = (socket_path, connect_timeout, scratch_bytes, batch_bytes)
         self._lock = threading.Lock()
         self._reader: Any = None
-        self._pid = 0
         #: Why the native path is off for this client ("" while it is on).
         self.off = ""
+        _LIVE.add(self)
 
-    def _get(self) -> Any:
+    def _get(self, call_timeout: Optional[float]) -> Any:
         r = self._reader
-        if r is not None and self._pid == os.getpid():
+        if r is not None and not r.closed:
             return r
         with self._lock:
             if self.off:
                 return None
-            if self._reader is not None and self._pid == os.getpid():
-                return self._reader
+            r = self._reader
+            if r is not None and not r.closed:
+                return r
             socket_path, connect_timeout, scratch, batch = self._args
+            # The first call waits no longer for the connection than for
+            # its own answer.
+            limits = [t for t in (connect_timeout, call_timeout) if t is not None and t > 0]
             try:
-                self._reader = _native.Reader(socket_path, connect_timeout, scratch, batch)  # type: ignore[union-attr]
+                self._reader = _native.Reader(socket_path, min(limits) if limits else None, scratch, batch)  # type: ignore[union-attr]
             except _native.NativeError as e:  # type: ignore[union-attr]
                 self.off = str(_error(*e.args))
                 log.warning("sluice: the native read path is off for this client (%s); reading in Python", self.off)
                 return None
-            self._pid = os.getpid()
             return self._reader
 
-    def ready(self) -> bool:
+    def ready(self, call_timeout: Optional[float]) -> bool:
         """Whether calls can go the native way (connecting if need be)."""
-        return self._get() is not None
+        return self._get(call_timeout) is not None
 
-    def _reader_or_closed(self) -> Any:
-        r = self._get()
+    def _reader_or_closed(self, call_timeout: Optional[float]) -> Any:
+        r = self._get(call_timeout)
         if r is None:  # closed since the caller checked
             raise ShimConnectionError(f"the client is closed ({self.off})")
         return r
 
-    def get_bytes(self, path: str, size_hint: int, timeout: Optional[float]) -> Tuple[bytes, Transfer]:
-        reader = self._reader_or_closed()
+    def get_bytes(self, path: str, size_hint: int, timeout: Optional[float]) -> bytes:
+        reader = self._reader_or_closed(timeout)
+        try:
+            data = reader.get_bytes(path, size_hint, timeout, False)
+        except _native.NativeError as e:  # type: ignore[union-attr]
+            raise _error(*e.args) from None
+        _noted_size(len(data))
+        return data
+
+    def get_bytes_and_transfer(self, path: str, size_hint: int, timeout: Optional[float]) -> Tuple[bytes, Transfer]:
+        reader = self._reader_or_closed(timeout)
         try:
             data, t = reader.get_bytes(path, size_hint, timeout)
         except _native.NativeError as e:  # type: ignore[union-attr]
@@ -133,7 +147,7 @@ class NativeReads:
         return data, _transfer(t)
 
     def get_many(self, paths: Sequence[str], timeout: Optional[float]) -> List[ItemResult]:
-        reader = self._reader_or_closed()
+        reader = self._reader_or_closed(timeout)
         try:
             outs = reader.get_many(list(paths), timeout)
         except _native.NativeError as e:  # type: ignore[union-attr]
@@ -153,21 +167,45 @@ class NativeReads:
         return results
 
     def stats(self) -> Optional[Tuple[int, ...]]:
-        """The native connection's counters, if it was opened in this process."""
+        """The native connection's counters, if it is open (a connection
+        that ended has none to add)."""
         r = self._reader
-        if r is None or self._pid != os.getpid():
+        if r is None or r.closed:
             return None
         try:
             return tuple(r.stats())
         except _native.NativeError as e:  # type: ignore[union-attr]
-            raise _error(*e.args) from None
+            log.debug("sluice: no counters from the native connection: %s", _error(*e.args))
+            return None
 
     def close(self) -> None:
         with self._lock:
             r, self._reader = self._reader, None
             self.off = self.off or "the client is closed"
-        if r is not None and self._pid == os.getpid():
+        if r is not None:
             r.close()
+
+    def _after_fork_in_child(self) -> None:
+        # The child's copy of the socket is closed so the shim sees the
+        # connection end with the parent; the rest belongs to the parent's
+        # threads and is left alone.
+        self._lock = threading.Lock()
+        self.off = "inherited from the parent process across fork"
+        r, self._reader = self._reader, None
+        if r is not None:
+            r.abandon()
+
+
+_LIVE: "weakref.WeakSet[NativeReads]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for n in list(_LIVE):
+        n._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 __all__ = ["NativeReads", "available", "wanted"]

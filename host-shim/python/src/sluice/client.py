@@ -622,8 +622,9 @@ class Client(CoreClient):
         has them, with the interpreter lock released (:mod:`sluice._bigcopy`)."""
         if range is None and copy and self._native is not None and type(path) is str:
             self._check_usable()
-            if self._native.ready():
-                return self._native.get_bytes(path, _u64("size_hint", size_hint or 0), self._timeout_of(timeout))[0]
+            t = self._timeout_of(timeout)
+            if self._native.ready(t):
+                return self._native.get_bytes(path, _u64("size_hint", size_hint or 0), t)
         with call_timeout(timeout):
             return self._run(self._get_bytes_op(path, range, size_hint, copy=copy))[0]
 
@@ -719,8 +720,9 @@ class Client(CoreClient):
         items = list(items)
         if copy and self._native is not None and items and all(type(i) is str for i in items):
             self._check_usable()
-            if self._native.ready():
-                return self._native.get_many(items, self._timeout_of(timeout))  # type: ignore[arg-type]
+            t = self._timeout_of(timeout)
+            if self._native.ready(t):
+                return self._native.get_many(items, t)  # type: ignore[arg-type]
         with call_timeout(timeout):
             return self._run(self._get_many_op(items, copy=copy))
 
