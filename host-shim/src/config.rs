@@ -158,7 +158,9 @@ pub struct ShimLimits {
     /// Regions one connection may hold (the shim keeps each region's memfd
     /// so it can register it again after an agent restart).
     pub max_regions_per_connection: usize,
-    /// Connections one local user (uid) may have open at once.
+    /// Connections one local user (uid) may have open at once. A Python
+    /// client using its native read path holds two, so the default leaves
+    /// room for 64 such loader processes.
     pub max_connections_per_uid: usize,
     /// Connections open at once, all users together.
     pub max_connections: usize,
@@ -178,7 +180,7 @@ impl Default for ShimLimits {
             max_in_flight_per_connection: 256,
             max_batch_items: 1024,
             max_regions_per_connection: 256,
-            max_connections_per_uid: 64,
+            max_connections_per_uid: 128,
             max_connections: 1024,
             hello_timeout_ms: 5_000,
             request_timeout_ms: 900_000,

@@ -13,7 +13,7 @@ otherwise (``Client(native=False)`` or ``SLUICE_NATIVE=0``), for the calls it
 serves exactly as the Python path does: whole objects returned as
 ``bytes`` (no range, ``copy=True``), and ``get_many`` of paths only. The
 native reader opens a shim connection of its own on first use (so a client
-using it holds two; the shim allows 64 per user by default); if that
+using it holds two; the shim allows 128 per user by default); if that
 connection cannot be made, the client says so in its log and goes on in
 Python.
 """
