@@ -117,16 +117,27 @@ pub struct GrpcService {
     agent: Arc<Agent>,
     /// The tenant whose own listener this service answers on, if any.
     listener: Option<Arc<str>>,
+    /// Becomes true when the agent shuts down: long-lived calls
+    /// (`GetStream`) then stop taking work and end, or the servers'
+    /// graceful shutdown would wait for them forever.
+    stop: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl GrpcService {
     pub fn new(agent: Arc<Agent>) -> Self {
-        Self { agent, listener: None }
+        Self { agent, listener: None, stop: None }
     }
 
     /// The service on tenant `tenant`'s own listener (`[tenants.nic]`).
     pub fn for_listener(agent: Arc<Agent>, tenant: &str) -> Self {
-        Self { agent, listener: Some(tenant.into()) }
+        Self { agent, listener: Some(tenant.into()), stop: None }
+    }
+
+    /// Long-lived calls end once `stop` becomes true.
+    #[must_use]
+    pub fn stopping_on(mut self, stop: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.stop = Some(stop);
+        self
     }
 
     /// Where a request came from: the binding point of sessions.
@@ -180,7 +191,7 @@ fn info(m: ObjectMeta) -> ObjectInfo {
     }
 }
 
-fn get_reply(request_id: &str, out: agent::TransferSummary) -> pb::GetReply {
+pub(crate) fn get_reply(request_id: &str, out: agent::TransferSummary) -> pb::GetReply {
     pb::GetReply { report: Some(report(request_id, &out)), object_size: out.object_size, etag: out.etag }
 }
 
@@ -223,6 +234,18 @@ impl AgentRpc for GrpcService {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    type GetStreamStream = crate::get_stream::GetStream;
+
+    async fn get_stream(
+        &self,
+        req: Request<tonic::Streaming<pb::GetStreamRequest>>,
+    ) -> Result<Response<Self::GetStreamStream>, Status> {
+        // Every GET on it is checked against this call's origin.
+        let origin = self.origin_of(&req);
+        let stream = crate::get_stream::GetStream::new(self.agent.clone(), origin, req.into_inner(), self.stop.clone());
+        Ok(Response::new(stream))
+    }
+
     async fn get_epoch(&self, _req: Request<pb::GetEpochRequest>) -> Result<Response<pb::GetEpochReply>, Status> {
         // No session or proof needed: the epoch is no secret, only what a
         // proof must name to be valid at this run of the agent.
@@ -262,6 +285,7 @@ impl AgentRpc for GrpcService {
             lease_ms,
             capabilities: Some(caps::to_pb(&opened.capabilities)),
             item_contexts: true,
+            get_stream: true,
         }))
     }
 

@@ -13,6 +13,7 @@ pub mod capabilities;
 pub mod config;
 pub mod cores;
 pub mod error;
+pub mod get_stream;
 pub mod grpc;
 pub mod health;
 pub mod hostmem;

@@ -160,7 +160,7 @@ pub async fn run(
         warn!("[tls] insecure = true: the TCP control channel is plaintext; use it only on a trusted link");
     }
     let cores = crate::cores::Cores::start(&cfg.runtime)?.map(Arc::new);
-    let mut listeners = Listeners::new(stop_rx, cores, tls, metrics.clone());
+    let mut listeners = Listeners::new(stop_rx.clone(), cores, tls, metrics.clone());
     if let Some(addr) = cfg.grpc_listen {
         let l = TcpListener::bind(addr).await.map_err(|source| ServeError::Bind {
             what: "gRPC",
@@ -168,7 +168,7 @@ pub async fn run(
             source,
         })?;
         bound.grpc = l.local_addr().ok();
-        listeners.tcp(l, GrpcService::new(agent.clone()), "");
+        listeners.tcp(l, GrpcService::new(agent.clone()).stopping_on(stop_rx.clone()), "");
     }
     // Each tenant's own listener: its sessions are bound to it.
     for (tenant, addr) in tenant_listeners(&cfg)? {
@@ -177,12 +177,12 @@ pub async fn run(
             at: format!("{addr} (tenant {tenant})"),
             source,
         })?;
-        listeners.tcp(l, GrpcService::for_listener(agent.clone(), &tenant), &tenant);
+        listeners.tcp(l, GrpcService::for_listener(agent.clone(), &tenant).stopping_on(stop_rx.clone()), &tenant);
         info!(tenant, %addr, "tenant listener");
     }
     if let Some(path) = &cfg.grpc_socket {
         let l = bind_unix("gRPC socket", path, cfg.socket_mode)?;
-        listeners.unix(l, GrpcService::new(agent.clone()));
+        listeners.unix(l, GrpcService::new(agent.clone()).stopping_on(stop_rx.clone()));
     }
     let mut servers = listeners.servers;
 

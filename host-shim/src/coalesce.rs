@@ -236,7 +236,7 @@ async fn one_call(mut agent: AgentClient<Channel>, session: &str, batch: Vec<Que
 }
 
 /// A single GET as an item that keeps its own request id and deadline.
-fn item_of(r: apb::GetRequest) -> apb::GetItem {
+pub(crate) fn item_of(r: apb::GetRequest) -> apb::GetItem {
     let apb::GetRequest {
         session_id: _,
         request_id,
@@ -255,6 +255,7 @@ fn item_of(r: apb::GetRequest) -> apb::GetItem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_agent::{ok_item, serve, Fake};
 
     /// A client whose every call fails at once: no agent behind it.
     fn no_agent() -> AgentClient<Channel> {
@@ -268,113 +269,6 @@ mod tests {
 
     fn get(session: &str, n: usize) -> apb::GetRequest {
         apb::GetRequest { session_id: session.into(), request_id: format!("r{n}"), ..Default::default() }
-    }
-
-    /// An agent whose `Get` answers at once and whose `GetMany` answers
-    /// as `script` says, after an optional pause; it counts the calls and
-    /// notes when a `GetMany` stream was dropped by the shim.
-    #[derive(Clone, Default)]
-    struct Fake {
-        script: Arc<Mutex<Vec<Result<apb::GetManyItem, tonic::Status>>>>,
-        pause: Option<std::time::Duration>,
-        unary: Arc<std::sync::atomic::AtomicUsize>,
-        batches: Arc<Mutex<Vec<Vec<String>>>>,
-        dropped: Arc<std::sync::atomic::AtomicBool>,
-    }
-
-    struct NoteDrop(Arc<std::sync::atomic::AtomicBool>);
-    impl Drop for NoteDrop {
-        fn drop(&mut self) {
-            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-    }
-
-    fn ok_item(index: u32, request_id: &str) -> Result<apb::GetManyItem, tonic::Status> {
-        let report = sluice_proto::common::TransferReport { request_id: request_id.into(), ..Default::default() };
-        let reply = apb::GetReply { report: Some(report), object_size: u64::from(index), etag: String::new() };
-        Ok(apb::GetManyItem { index, result: Some(apb::get_many_item::Result::Ok(reply)) })
-    }
-
-    type Items = std::pin::Pin<Box<dyn futures::Stream<Item = Result<apb::GetManyItem, tonic::Status>> + Send>>;
-    type Res<T> = Result<tonic::Response<T>, tonic::Status>;
-
-    #[tonic::async_trait]
-    impl sluice_proto::agent::agent_server::Agent for Fake {
-        type GetManyStream = Items;
-        async fn get_many(&self, req: tonic::Request<apb::GetManyRequest>) -> Res<Items> {
-            self.batches.lock().unwrap().push(req.into_inner().items.into_iter().map(|i| i.request_id).collect());
-            let (script, pause, note) =
-                (self.script.lock().unwrap().clone(), self.pause, NoteDrop(self.dropped.clone()));
-            let s = futures::StreamExt::then(futures::stream::iter(script), move |m| async move {
-                if let Some(p) = pause {
-                    tokio::time::sleep(p).await;
-                }
-                m
-            });
-            let s = futures::StreamExt::map(s, move |m| {
-                let _keep = &note;
-                m
-            });
-            Ok(tonic::Response::new(Box::pin(s)))
-        }
-        async fn get(&self, req: tonic::Request<apb::GetRequest>) -> Res<apb::GetReply> {
-            self.unary.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let id = req.into_inner().request_id;
-            let report = sluice_proto::common::TransferReport { request_id: id, ..Default::default() };
-            Ok(tonic::Response::new(apb::GetReply { report: Some(report), ..Default::default() }))
-        }
-        async fn get_epoch(&self, _: tonic::Request<apb::GetEpochRequest>) -> Res<apb::GetEpochReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn open_session(&self, _: tonic::Request<apb::OpenSessionRequest>) -> Res<apb::OpenSessionReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn close_session(&self, _: tonic::Request<apb::CloseSessionRequest>) -> Res<apb::CloseSessionReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn register_region(
-            &self,
-            _: tonic::Request<apb::RegisterRegionRequest>,
-        ) -> Res<apb::RegisterRegionReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn release_region(&self, _: tonic::Request<apb::ReleaseRegionRequest>) -> Res<apb::ReleaseRegionReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn put(&self, _: tonic::Request<apb::PutRequest>) -> Res<apb::PutReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn head(&self, _: tonic::Request<apb::HeadRequest>) -> Res<apb::HeadReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn list(&self, _: tonic::Request<apb::ListRequest>) -> Res<apb::ListReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn delete(&self, _: tonic::Request<apb::DeleteRequest>) -> Res<apb::DeleteReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn stats(&self, _: tonic::Request<apb::StatsRequest>) -> Res<apb::StatsReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-        async fn renew(&self, _: tonic::Request<apb::RenewRequest>) -> Res<apb::RenewReply> {
-            Err(tonic::Status::unimplemented(""))
-        }
-    }
-
-    /// Serves `fake` on a loopback port; a client for it.
-    async fn serve(fake: Fake) -> AgentClient<Channel> {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let incoming = futures::stream::unfold(l, |l| async move {
-            let c = l.accept().await.map(|(s, _)| s);
-            Some((c, l))
-        });
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(sluice_proto::agent::agent_server::AgentServer::new(fake))
-                .serve_with_incoming(incoming),
-        );
-        AgentClient::connect(format!("http://{addr}")).await.unwrap()
     }
 
     /// Starts `n` GETs of session "s" at once (the first goes alone, the

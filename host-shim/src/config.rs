@@ -114,6 +114,12 @@ pub struct AgentLink {
     /// deadline and answer (`coalesce.rs`); a GET alone goes as before.
     #[serde(default = "default_true")]
     pub coalesce_gets: bool,
+    /// Single GETs go to the agent as messages of one long-lived call per
+    /// connection (`get_stream.rs`) instead of a call each, where the
+    /// agent serves it; `coalesce_gets` then applies only to an agent that
+    /// does not.
+    #[serde(default = "default_true")]
+    pub get_stream: bool,
 }
 
 fn default_true() -> bool {

@@ -35,17 +35,20 @@ pub async fn handle(
         }
         Op::Get(g) => {
             let get = GetObject::try_from(g)?;
-            let coalescer = s.coalescer();
+            let (coalescer, streams) = (s.coalescer(), s.get_streams());
             let reply = s
                 .call(Some(&get.region), |snap, mut agent| {
-                    // Only an agent that keeps each item's own request id
-                    // and deadline gets GETs together.
+                    // Only an agent that serves GetStream gets GETs on it;
+                    // only one that keeps each item's own request id and
+                    // deadline gets GETs together.
+                    let streams = streams.clone().filter(|_| snap.get_stream);
                     let coalescer = coalescer.clone().filter(|_| snap.item_contexts);
                     let req = get.request(ctx, snap.session_id, snap.region_id);
                     async move {
-                        match coalescer {
-                            Some(c) => c.get(agent, req).await,
-                            None => agent.get(req).await,
+                        match (streams, coalescer) {
+                            (Some(st), _) => st.get(req).await.map(tonic::Response::new),
+                            (None, Some(c)) => c.get(agent, req).await,
+                            (None, None) => agent.get(req).await,
                         }
                     }
                 })

@@ -12,6 +12,7 @@ pub mod coalesce;
 pub mod config;
 pub mod connection;
 pub mod error;
+pub mod get_stream;
 pub mod handlers;
 pub mod link_kind;
 pub mod memory;
@@ -20,5 +21,7 @@ pub mod path;
 pub mod requests;
 pub mod server;
 pub mod session;
+#[cfg(test)]
+mod test_agent;
 
 pub use error::ShimError;

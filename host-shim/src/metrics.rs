@@ -24,6 +24,8 @@ pub struct ShimMetrics {
     pub connections: IntGauge,
     /// Single GETs sent to the agent inside a shared call (`coalesce`).
     pub coalesced_gets: prometheus::IntCounter,
+    /// Single GETs sent to the agent on a long-lived call (`get_stream`).
+    pub streamed_gets: prometheus::IntCounter,
     process: sluice_telemetry::ProcessGauges,
     /// The last check of the agent: `None` before the first.
     agent: Mutex<Option<Result<(), String>>>,
@@ -68,7 +70,21 @@ impl ShimMetrics {
             "Single GETs sent to the agent together with others of their session in one call",
         )?;
         registry.register(Box::new(coalesced_gets.clone()))?;
-        Ok(Self { registry, requests, latency, connections, coalesced_gets, process, agent: Mutex::new(None) })
+        let streamed_gets = prometheus::IntCounter::new(
+            "agent_gets_streamed_total",
+            "Single GETs sent to the agent as messages of a long-lived GetStream call",
+        )?;
+        registry.register(Box::new(streamed_gets.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            latency,
+            connections,
+            coalesced_gets,
+            streamed_gets,
+            process,
+            agent: Mutex::new(None),
+        })
     }
 
     /// Counts a finished request; `error` is its error code name, if any.

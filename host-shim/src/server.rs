@@ -65,6 +65,7 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         memory,
         config.clone(),
         metrics.coalesced_gets.clone(),
+        metrics.streamed_gets.clone(),
     ));
     let connections = Arc::new(ConnectionContext::new(config.clone(), sessions.clone(), metrics.clone()));
     let renew = tokio::spawn(sessions.clone().renew_loop());

@@ -46,6 +46,8 @@ pub struct SessionContext {
     registry: Registry,
     /// Single GETs sent together (`[agent] coalesce_gets`).
     coalescer: Option<Arc<crate::coalesce::Coalescer>>,
+    /// Single GETs on long-lived calls (`[agent] get_stream`).
+    get_streams: Option<Arc<crate::get_stream::GetStreams>>,
 }
 
 impl SessionContext {
@@ -56,14 +58,22 @@ impl SessionContext {
         memory: MemoryBackend,
         config: Arc<ShimConfig>,
         coalesced_gets: prometheus::IntCounter,
+        streamed_gets: prometheus::IntCounter,
     ) -> Self {
         let coalescer = config.agent.coalesce_gets.then(|| crate::coalesce::Coalescer::new(coalesced_gets));
-        Self { agent, shim_id, secrets, memory, config, registry: Registry::default(), coalescer }
+        let get_streams =
+            config.agent.get_stream.then(|| crate::get_stream::GetStreams::new(agent.every_channel(), streamed_gets));
+        Self { agent, shim_id, secrets, memory, config, registry: Registry::default(), coalescer, get_streams }
     }
 
     /// Where single GETs go to be sent together, if they are.
     pub fn coalescer(&self) -> Option<Arc<crate::coalesce::Coalescer>> {
         self.coalescer.clone()
+    }
+
+    /// The long-lived calls single GETs go on, if they do.
+    pub fn get_streams(&self) -> Option<Arc<crate::get_stream::GetStreams>> {
+        self.get_streams.clone()
     }
 
     /// Whether this shim can open sessions for `tenant` (it has its secret).
@@ -111,6 +121,8 @@ struct Inner {
     /// The agent takes GetMany items with contexts of their own (so single
     /// GETs may be sent together).
     item_contexts: bool,
+    /// The agent serves GetStream.
+    get_stream: bool,
     /// Bumped each time the agent session is replaced.
     generation: u64,
     regions: HashMap<String, Region>,
@@ -134,6 +146,8 @@ pub struct Snapshot {
     pub region_id: String,
     /// The agent session takes GetMany items with contexts of their own.
     pub item_contexts: bool,
+    /// The agent serves GetStream.
+    pub get_stream: bool,
     generation: u64,
 }
 
@@ -161,6 +175,7 @@ struct AgentSession {
     namespaces: Vec<String>,
     capabilities: Arc<Capabilities>,
     item_contexts: bool,
+    get_stream: bool,
 }
 
 /// The agent's current epoch, which the session proof must name. Asked
@@ -242,6 +257,7 @@ async fn try_open_agent_session(ctx: &SessionContext, tenant: &str) -> Result<Ag
         namespaces: reply.namespaces,
         capabilities,
         item_contexts: reply.item_contexts,
+        get_stream: reply.get_stream,
     })
 }
 
@@ -260,6 +276,7 @@ impl Session {
                 agent_session: opened.id,
                 capabilities: opened.capabilities.clone(),
                 item_contexts: opened.item_contexts,
+                get_stream: opened.get_stream,
                 generation: 0,
                 regions: HashMap::new(),
                 closed: false,
@@ -283,6 +300,11 @@ impl Session {
     /// Where single GETs go to be sent together, if they are.
     pub fn coalescer(&self) -> Option<Arc<crate::coalesce::Coalescer>> {
         self.ctx.coalescer()
+    }
+
+    /// The long-lived calls single GETs go on, if they do.
+    pub fn get_streams(&self) -> Option<Arc<crate::get_stream::GetStreams>> {
+        self.ctx.get_streams()
     }
 
     /// The agent's gRPC client, for a call that handles a lost session
@@ -320,6 +342,7 @@ impl Session {
             session_id: inner.agent_session.clone(),
             region_id,
             item_contexts: inner.item_contexts,
+            get_stream: inner.get_stream,
             generation: inner.generation,
         })
     }
@@ -343,6 +366,7 @@ impl Session {
             session_id: inner.agent_session.clone(),
             region_id: String::new(),
             item_contexts: inner.item_contexts,
+            get_stream: inner.get_stream,
             generation: inner.generation,
         };
         (snap, ids)
@@ -454,6 +478,7 @@ impl Session {
         inner.agent_session = session_id;
         inner.capabilities = opened.capabilities;
         inner.item_contexts = opened.item_contexts;
+        inner.get_stream = opened.get_stream;
         inner.generation += 1;
         let n = again.len();
         for (id, agent_id) in again {

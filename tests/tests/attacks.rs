@@ -152,6 +152,104 @@ async fn tenant_a_cannot_name_b_namespace_prefix_or_region() {
     b.unharmed(&stack).await;
 }
 
+/// `GetStream` (single GETs as messages of one long-lived call) checks
+/// every GET as a `Get` call is checked: the session against where the
+/// stream was opened from, the region against the session, the namespace
+/// against the tenant. A malformed or duplicate GET, or too many in one
+/// message, gets its own typed error, and the stream goes on.
+#[tokio::test]
+async fn every_get_on_a_stream_is_checked_like_a_call() {
+    use std::collections::HashMap;
+    let stack = Stack::with(two_tenants());
+    let b = victim(&stack).await;
+    let a = stack.client().await;
+    let data = pattern(5000, 41);
+    upload(&a, "data/st/x", &data).await;
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let b_session = open_session(&mut grpc, &stack, "beta", "beta-shim").await.expect("B's own session");
+    let (b_region, b_memory) = agent_region(&stack, &mut grpc, &b_session, &pattern(4096, 79)).await;
+    let session = open_session(&mut grpc, &stack, "alpha", "alpha-shim").await.expect("A's own session");
+    let (region, memory) = agent_region(&stack, &mut grpc, &session, &[0; 8192]).await;
+    let item = |ns: &str, key: &str, region: &str| apb::GetItem {
+        namespace: ns.into(),
+        key: key.into(),
+        region_id: region.into(),
+        request_id: format!("q-{key}"),
+        ..Default::default()
+    };
+    let get = |index, session: &str, item| apb::StreamedGet { index, session_id: session.into(), item };
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let mut answers = grpc.get_stream(rx).await.expect("the stream is taken").into_inner();
+    let mut next = async |n: usize| {
+        let mut got: HashMap<u32, Vec<Result<apb::GetReply, sluice_proto::common::ErrorDetail>>> = HashMap::new();
+        for _ in 0..n {
+            let m = answers.message().await.expect("stream").expect("an answer");
+            got.entry(m.index).or_default().push(match m.result.expect("a result") {
+                apb::get_many_item::Result::Ok(r) => Ok(r),
+                apb::get_many_item::Result::Error(d) => Err(d),
+            });
+        }
+        got
+    };
+    let code_of = |r: &Result<apb::GetReply, sluice_proto::common::ErrorDetail>| match r {
+        Ok(_) => None,
+        Err(d) => Some(Code::try_from(d.code).expect("known code")),
+    };
+    let first = apb::GetStreamRequest {
+        gets: vec![
+            get(0, &session, Some(item("data", "st/x", &region))),
+            get(1, &"0".repeat(32), Some(item("data", "st/x", &region))),
+            get(2, &session, Some(item("data", "st/x", &b_region))),
+            get(3, &session, Some(item("other", "secret", &region))),
+            get(4, &session, None),
+            get(5, &session, Some(item("data", "st/none", &region))),
+        ],
+        // Stopping what is not running changes nothing.
+        cancel: vec![999],
+    };
+    tx.unbounded_send(first).unwrap();
+    let got = next(6).await;
+    let ok = got[&0][0].as_ref().expect("A's own GET");
+    assert_eq!((ok.object_size, ok.report.as_ref().unwrap().request_id.as_str()), (5000, "q-st/x"));
+    assert_eq!(sha256(&memory.as_slice()[..5000]), sha256(&data));
+    assert_eq!(code_of(&got[&1][0]), Some(Code::Unauthenticated), "a made-up session");
+    assert_eq!(code_of(&got[&2][0]), Some(Code::UnknownRegion), "B's region in A's session");
+    assert_eq!(code_of(&got[&3][0]), Some(Code::UnknownNamespace), "B's namespace");
+    assert_eq!(code_of(&got[&4][0]), Some(Code::BadRequest), "a GET without an item");
+    assert_eq!(code_of(&got[&5][0]), Some(Code::NoSuchKey));
+
+    // The same index twice while the first runs, and more GETs than one
+    // message may start: each excess GET refused on its own.
+    let mut gets = vec![
+        get(1000, &session, Some(item("data", "st/x", &region))),
+        get(1000, &session, Some(item("data", "st/x", &region))),
+    ];
+    gets.extend((0..257).map(|i| get(2000 + i, &session, Some(item("nowhere", "k", &region)))));
+    tx.unbounded_send(apb::GetStreamRequest { gets, cancel: vec![] }).unwrap();
+    let got = next(259).await;
+    let dup = &got[&1000];
+    assert_eq!(dup.len(), 2);
+    let refused = dup.iter().filter(|r| r.as_ref().is_err_and(|d| d.message.contains("already running"))).count();
+    assert_eq!(refused, 1, "{dup:?}");
+    let too_many =
+        got.values().flatten().filter(|r| r.as_ref().is_err_and(|d| d.message.contains("in one message"))).count();
+    assert_eq!(too_many, 3, "positions 256..259 of the message");
+    let unknown = got.values().flatten().filter(|r| code_of(r) == Some(Code::UnknownNamespace)).count();
+    assert_eq!(unknown, 254);
+
+    // The stream goes on; closing our side ends it once all is answered.
+    tx.unbounded_send(apb::GetStreamRequest {
+        gets: vec![get(0, &session, Some(item("data", "st/x", &region)))],
+        cancel: vec![],
+    })
+    .unwrap();
+    assert!(next(1).await[&0][0].is_ok());
+    drop(tx);
+    assert!(answers.message().await.expect("a clean end").is_none());
+    assert_eq!(b_memory.as_slice(), &pattern(4096, 79)[..], "B's agent-side region is untouched");
+    b.unharmed(&stack).await;
+}
+
 #[tokio::test]
 async fn out_of_window_offsets_and_released_regions() {
     let stack = Stack::with(two_tenants());
@@ -469,7 +567,16 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
     assert_eq!(sluice_agent_code(&unix.get(get).await.unwrap_err()), Code::Unauthenticated);
     let close = apb::CloseSessionRequest { session_id: session.clone() };
     assert_eq!(sluice_agent_code(&unix.close_session(close).await.unwrap_err()), Code::Unauthenticated);
-    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 3.0);
+    // On a GetStream too: every GET is checked against where it came from.
+    let item = apb::GetItem { namespace: "data".into(), key: "x".into(), region_id: "r".into(), ..Default::default() };
+    let streamed = apb::StreamedGet { index: 7, session_id: session.clone(), item: Some(item) };
+    let msg = apb::GetStreamRequest { gets: vec![streamed], cancel: vec![] };
+    let mut answers = unix.get_stream(futures::stream::iter([msg])).await.unwrap().into_inner();
+    match answers.message().await.unwrap().and_then(|m| m.result) {
+        Some(apb::get_many_item::Result::Error(d)) => assert_eq!(d.code, Code::Unauthenticated as i32, "{d:?}"),
+        other => panic!("a session used from another origin on a stream: {other:?}"),
+    }
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 4.0);
     // Still alive and usable from its origin.
     tcp.stats(apb::StatsRequest { session_id: session }).await.expect("still usable where it was opened");
 }

@@ -1,7 +1,9 @@
 //! Single GETs that arrive together go to the agent in one call
-//! (`[agent] coalesce_gets`, on by default), and each still gets exactly
-//! its own answer: its bytes, its own error, its own request id — from
-//! several clients of one tenant at once, and across an agent restart.
+//! (`[agent] coalesce_gets`, for an agent without `GetStream`), or as
+//! messages of one long-lived call per connection (`[agent] get_stream`,
+//! on by default), and each still gets exactly its own answer: its bytes,
+//! its own error, its own request id — from several clients of one tenant
+//! at once, and across an agent restart.
 #![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::net::SocketAddr;
@@ -16,22 +18,38 @@ fn free_port() -> SocketAddr {
 
 /// The shim's counter of GETs sent in shared calls.
 fn coalesced(shim_ops: SocketAddr) -> f64 {
+    counter(shim_ops, "sluice_shim_agent_gets_coalesced_total")
+}
+
+/// The shim's counter of GETs sent on long-lived calls.
+fn streamed(shim_ops: SocketAddr) -> f64 {
+    counter(shim_ops, "sluice_shim_agent_gets_streamed_total")
+}
+
+fn counter(shim_ops: SocketAddr, name: &str) -> f64 {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(shim_ops).unwrap();
     write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out.lines()
-        .find_map(|l| l.strip_prefix("sluice_shim_agent_gets_coalesced_total "))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no coalesced counter in {out}"))
+        .unwrap_or_else(|| panic!("no {name} in {out}"))
 }
 
+/// A stack whose shim coalesces (or not), with GetStream off: coalescing
+/// is for agents without it.
 fn stack(coalesce: bool) -> (Stack, SocketAddr) {
+    let agent = if coalesce { "get_stream = false\n" } else { "get_stream = false\ncoalesce_gets = false\n" };
+    stack_with(agent)
+}
+
+fn stack_with(shim_agent_extra: &str) -> (Stack, SocketAddr) {
     let ops = free_port();
     let stack = Stack::with(Options {
         shim_extra: format!("metrics_listen = \"{ops}\"\n"),
-        shim_agent_extra: if coalesce { String::new() } else { "coalesce_gets = false\n".into() },
+        shim_agent_extra: shim_agent_extra.into(),
         ..Default::default()
     });
     (stack, ops)
@@ -120,10 +138,34 @@ async fn single_gets_that_arrive_together_share_a_call_and_keep_their_own_answer
 }
 
 #[tokio::test]
+async fn single_gets_go_on_long_lived_calls_and_keep_their_own_answers() {
+    let (mut stack, ops) = stack_with("");
+    storm(&stack).await;
+    let first = streamed(ops);
+    assert!(first >= 96.0, "every single GET went on a stream: {first}");
+    assert_eq!(coalesced(ops), 0.0, "nothing left to coalesce");
+    // An agent restart ends the streams; GETs that find their session gone
+    // are retried in a new one, on new streams.
+    stack.restart("sluice-agent");
+    storm(&stack).await;
+    assert!(streamed(ops) >= first + 96.0);
+    // One at a time too.
+    let c: Client = stack.client().await;
+    let r = c.register(4096).await.unwrap();
+    let before = streamed(ops);
+    for _ in 0..5 {
+        c.get("data/co/o1", &r, 0, None).await.unwrap();
+        assert_eq!(sha256(r.as_slice()), sha256(&pattern(4096, 1)));
+    }
+    assert_eq!(streamed(ops), before + 5.0);
+}
+
+#[tokio::test]
 async fn with_coalescing_off_every_get_is_a_call_of_its_own() {
     let (stack, ops) = stack(false);
     storm(&stack).await;
     assert_eq!(coalesced(ops), 0.0);
+    assert_eq!(streamed(ops), 0.0);
 }
 
 #[tokio::test]

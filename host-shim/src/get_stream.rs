@@ -1,0 +1,321 @@
+//! Single GETs over one long-lived `GetStream` call per agent connection.
+//!
+//! A unary `Get` costs a new HTTP/2 stream per object: request and
+//! response headers, trailers, and a task on each side. For 4 KiB objects
+//! that is a large part of what the shim and the agent spend per GET, and
+//! a GET alone (one at a time) cannot share a batch. Here each GET is one
+//! message on a stream opened once per connection, and its answer one
+//! message back (`agent/src/get_stream.rs` is the other side).
+//!
+//! Every GET keeps its own request id, deadline, answer and error, as with
+//! the coalescer (`coalesce.rs`), which is what an agent without
+//! `OpenSessionReply.get_stream` still gets. GETs queued while the stream
+//! was busy go out in one message. A GET whose caller has gone (a client's
+//! deadline, a closed connection) is cancelled at the agent. When the
+//! stream fails (the agent restarted or went away), every GET waiting on it
+//! fails as a unary call in flight would, with the call's status, and the
+//! next GET opens a new stream.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use futures::channel::mpsc;
+use futures::StreamExt;
+use sluice_proto::agent::{self as apb, agent_client::AgentClient};
+use tokio::sync::oneshot;
+use tonic::transport::Channel;
+
+/// Most GETs the shim puts in one message (they queued while the stream
+/// was busy).
+const GETS_PER_MESSAGE: usize = 64;
+
+type Answer = Result<apb::GetReply, tonic::Status>;
+
+enum Outbound {
+    Get(apb::StreamedGet),
+    Cancel(u32),
+}
+
+/// The GETs waiting for an answer on one stream.
+#[derive(Default)]
+struct Waiting {
+    answers: HashMap<u32, oneshot::Sender<Answer>>,
+    next_index: u32,
+    /// The stream ended: nothing more will be answered on it.
+    ended: bool,
+}
+
+/// One open (or opening) `GetStream` call.
+struct Link {
+    to_agent: mpsc::UnboundedSender<Outbound>,
+    waiting: Mutex<Waiting>,
+}
+
+impl Link {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Opens the call on `agent`, in a task of its own that answers each
+    /// GET as the agent does.
+    fn open(mut agent: AgentClient<Channel>) -> Arc<Self> {
+        let (to_agent, outbound) = mpsc::unbounded::<Outbound>();
+        let link = Arc::new(Self { to_agent, waiting: Mutex::new(Waiting::default()) });
+        let body = outbound.ready_chunks(GETS_PER_MESSAGE).map(|chunk| {
+            let mut msg = apb::GetStreamRequest::default();
+            for o in chunk {
+                match o {
+                    Outbound::Get(g) => msg.gets.push(g),
+                    Outbound::Cancel(i) => msg.cancel.push(i),
+                }
+            }
+            msg
+        });
+        let answering = link.clone();
+        tokio::spawn(async move {
+            let status = match agent.get_stream(body).await {
+                Err(status) => status,
+                Ok(reply) => answering.answer_all(reply.into_inner()).await,
+            };
+            answering.end(&status);
+        });
+        link
+    }
+
+    /// Hands each answer to its GET until the stream ends; returns why it
+    /// ended.
+    async fn answer_all(&self, mut answers: tonic::Streaming<apb::GetManyItem>) -> tonic::Status {
+        loop {
+            let item = match answers.message().await {
+                Ok(Some(item)) => item,
+                Ok(None) => return tonic::Status::unavailable("the agent ended the GET stream"),
+                Err(status) => return status,
+            };
+            // Cancelled meanwhile (its caller gone): nobody to answer.
+            let Some(tx) = self.waiting().answers.remove(&item.index) else { continue };
+            let answer = match item.result {
+                Some(apb::get_many_item::Result::Ok(r)) => Ok(r),
+                Some(apb::get_many_item::Result::Error(d)) => Err(sluice_proto::status::to_status(&d)),
+                None => Err(tonic::Status::internal("the agent answered a GET without a result")),
+            };
+            let _ = tx.send(answer);
+        }
+    }
+
+    /// The stream is over: every GET still waiting fails with `status`.
+    fn end(&self, status: &tonic::Status) {
+        let answers = {
+            let mut w = self.waiting();
+            w.ended = true;
+            std::mem::take(&mut w.answers)
+        };
+        if !answers.is_empty() {
+            tracing::debug!(%status, waiting = answers.len(), "GET stream to the agent ended");
+        }
+        for (_, tx) in answers {
+            let _ = tx.send(Err(status.clone()));
+        }
+        self.to_agent.close_channel();
+    }
+
+    /// Sends `req`; `None` when this stream has ended (open another).
+    fn send(self: &Arc<Self>, req: apb::GetRequest) -> Option<(Pending, oneshot::Receiver<Answer>)> {
+        let (tx, rx) = oneshot::channel();
+        let index = {
+            let mut w = self.waiting();
+            if w.ended {
+                return None;
+            }
+            let mut index = w.next_index;
+            while w.answers.contains_key(&index) {
+                index = index.wrapping_add(1);
+            }
+            w.next_index = index.wrapping_add(1);
+            w.answers.insert(index, tx);
+            index
+        };
+        let session_id = req.session_id.clone();
+        let get = apb::StreamedGet { index, session_id, item: Some(crate::coalesce::item_of(req)) };
+        let pending = Pending { link: self.clone(), index, answered: false };
+        // A closed channel: the stream has just ended, and `end` answers it.
+        let _ = self.to_agent.unbounded_send(Outbound::Get(get));
+        Some((pending, rx))
+    }
+}
+
+/// A GET sent and not yet answered; dropped before its answer (its caller
+/// gone), it is cancelled at the agent.
+struct Pending {
+    link: Arc<Link>,
+    index: u32,
+    answered: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.answered && self.link.waiting().answers.remove(&self.index).is_some() {
+            let _ = self.link.to_agent.unbounded_send(Outbound::Cancel(self.index));
+        }
+    }
+}
+
+/// The shim's GET streams: one per agent connection, GETs dealt over them
+/// in turn.
+pub struct GetStreams {
+    channels: Vec<AgentClient<Channel>>,
+    links: Vec<Mutex<Option<Arc<Link>>>>,
+    next: AtomicUsize,
+    /// GETs sent on a stream.
+    streamed: prometheus::IntCounter,
+}
+
+impl GetStreams {
+    pub fn new(channels: Vec<AgentClient<Channel>>, streamed: prometheus::IntCounter) -> Arc<Self> {
+        let links = channels.iter().map(|_| Mutex::new(None)).collect();
+        Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed })
+    }
+
+    /// Sends `req` on the next stream and waits for its answer, as
+    /// `agent.get(req)` would answer.
+    pub async fn get(&self, req: apb::GetRequest) -> Answer {
+        if self.channels.is_empty() {
+            return Err(tonic::Status::unavailable("no connection to the agent"));
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.channels.len();
+        let link = {
+            let mut slot = self.links[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match slot.as_ref() {
+                Some(link) if !link.waiting().ended => link.clone(),
+                // None open yet, or the last one ended: open another.
+                _ => {
+                    let link = Link::open(self.channels[i].clone());
+                    *slot = Some(link.clone());
+                    link
+                }
+            }
+        };
+        // It may have ended since; as a unary call to a vanishing agent.
+        let (mut pending, rx) =
+            link.send(req).ok_or_else(|| tonic::Status::unavailable("the GET stream to the agent ended"))?;
+        self.streamed.inc();
+        let answer = rx.await;
+        pending.answered = true;
+        answer.unwrap_or_else(|_| Err(tonic::Status::unavailable("the GET stream to the agent ended")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_agent::{serve, Fake};
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::time::Duration;
+
+    fn get(session: &str, n: usize) -> apb::GetRequest {
+        apb::GetRequest { session_id: session.into(), request_id: format!("r{n}"), ..Default::default() }
+    }
+
+    fn counter() -> prometheus::IntCounter {
+        prometheus::IntCounter::new("t", "t").unwrap()
+    }
+
+    impl GetStreams {
+        /// GETs waiting for an answer on every stream (none may outlive
+        /// its caller).
+        fn waiting(&self) -> usize {
+            self.links.iter().filter_map(|l| l.lock().unwrap().clone()).map(|l| l.waiting().answers.len()).sum()
+        }
+    }
+
+    async fn eventually(what: &str, f: impl Fn() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "{what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn request_id(a: &Answer) -> Option<String> {
+        a.as_ref().ok().and_then(|r| r.report.as_ref()).map(|r| r.request_id.clone())
+    }
+
+    #[tokio::test]
+    async fn each_get_gets_its_own_answer_in_whatever_order_they_come() {
+        let fake = Fake::default();
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent.clone(), agent], counter());
+        let calls = (0..40).map(|n| {
+            let streams = streams.clone();
+            async move { (n, streams.get(get(["a", "b"][n % 2], n)).await) }
+        });
+        for (n, a) in futures::future::join_all(calls).await {
+            assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()), "GET {n}: {a:?}");
+        }
+        assert_eq!(fake.streams_opened.load(SeqCst), 2, "one call per connection, not per GET");
+        assert_eq!(streams.streamed.get(), 40);
+        let seen = fake.streamed.lock().unwrap().clone();
+        assert!(seen.iter().all(|(_, s, id)| { s == ["a", "b"][id[1..].parse::<usize>().unwrap() % 2] }), "{seen:?}");
+        assert_eq!(streams.waiting(), 0);
+        // One at a time goes on the same calls.
+        for n in 40..45 {
+            assert_eq!(request_id(&streams.get(get("a", n)).await).as_deref(), Some(format!("r{n}").as_str()));
+        }
+        assert_eq!(fake.streams_opened.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_fails_its_waiting_gets_and_the_next_get_opens_another() {
+        let fake = Fake { stream_hold: true, stream_end_after: Some(6), ..Default::default() };
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent], counter());
+        let calls = (0..6).map(|n| {
+            let streams = streams.clone();
+            async move { streams.get(get("s", n)).await }
+        });
+        let answers = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(calls))
+            .await
+            .expect("every GET answered when the stream ends");
+        for a in &answers {
+            let st = a.as_ref().unwrap_err();
+            assert_eq!(st.code(), tonic::Code::Unavailable, "{st:?}");
+        }
+        assert_eq!(streams.waiting(), 0);
+        // The next GET opens a new call (it too is held; its caller gives up).
+        let _ = tokio::time::timeout(Duration::from_millis(200), streams.get(get("s", 7))).await;
+        assert_eq!(fake.streams_opened.load(SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_gives_up_cancels_its_get_at_the_agent() {
+        let fake = Fake { stream_hold: true, ..Default::default() };
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent], counter());
+        for n in 0..3 {
+            let gone = tokio::time::timeout(Duration::from_millis(100), streams.get(get("s", n))).await;
+            assert!(gone.is_err(), "the agent holds every GET");
+        }
+        eventually("each abandoned GET cancelled", || fake.cancels.lock().unwrap().len() == 3).await;
+        let sent: Vec<u32> = fake.streamed.lock().unwrap().iter().map(|(i, _, _)| *i).collect();
+        let mut cancelled = fake.cancels.lock().unwrap().clone();
+        cancelled.sort_unstable();
+        assert_eq!(cancelled, sent, "the GETs sent, by their indexes");
+        assert_eq!(streams.waiting(), 0);
+        assert_eq!(fake.streams_opened.load(SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn no_agent_fails_each_get_at_once() {
+        let channel = tonic::transport::Endpoint::from_static("http://agent.local").connect_with_connector_lazy(
+            tower::service_fn(|_| async {
+                Err::<hyper_util::rt::TokioIo<tokio::net::UnixStream>, _>(std::io::Error::other("no agent"))
+            }),
+        );
+        let streams = GetStreams::new(vec![AgentClient::new(channel)], counter());
+        for n in 0..5 {
+            let a = tokio::time::timeout(Duration::from_secs(5), streams.get(get("s", n))).await.expect("answered");
+            assert_eq!(a.unwrap_err().code(), tonic::Code::Unavailable);
+        }
+        assert_eq!(streams.waiting(), 0);
+    }
+}
