@@ -71,7 +71,9 @@ impl Agent {
                 }
             })
             .buffer_unordered(BATCH_CONCURRENCY);
-        Ok(stream)
+        // Quiet: the set's own yield after each poll would wake another
+        // runtime worker (crate::quiet).
+        Ok(crate::quiet::Quiet::new(stream))
     }
 }
 

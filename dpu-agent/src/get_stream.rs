@@ -32,6 +32,7 @@ use tonic::{Status, Streaming};
 use crate::agent::{Agent, TransferSummary};
 use crate::error::AgentError;
 use crate::identity::ShimOrigin;
+use crate::quiet::Quiet;
 use crate::requests::{GetObject, RequestCtx};
 
 /// Most GETs of one stream running at once.
@@ -50,7 +51,8 @@ pub struct GetStream {
     origin: ShimOrigin,
     /// The shim's messages; `None` once it has closed its side.
     inbound: Option<Streaming<pb::GetStreamRequest>>,
-    running: FuturesUnordered<Running>,
+    /// Quiet: a set's own yield would wake another runtime worker per poll.
+    running: Quiet<FuturesUnordered<Running>>,
     /// Index -> how to stop it, for the GETs running now.
     running_ids: HashMap<u32, AbortHandle>,
     /// Resolves when the agent shuts down: the stream then takes no more
@@ -76,7 +78,7 @@ impl GetStream {
             agent,
             origin,
             inbound: Some(inbound),
-            running: FuturesUnordered::new(),
+            running: Quiet::new(FuturesUnordered::new()),
             running_ids: HashMap::new(),
             stopping,
         }
@@ -92,7 +94,7 @@ impl GetStream {
         for (n, get) in msg.gets.into_iter().enumerate() {
             let index = get.index;
             let refuse = |this: &mut Self, request_id: String, e: AgentError| {
-                this.running.push(Box::pin(std::future::ready(Some((index, request_id, Err(e), false)))));
+                this.running.get_mut().push(Box::pin(std::future::ready(Some((index, request_id, Err(e), false)))));
             };
             let Some(item) = get.item else {
                 refuse(self, String::new(), AgentError::BadRequest("a streamed GET without an item".into()));
@@ -122,7 +124,7 @@ impl GetStream {
             let (handle, registration) = AbortHandle::new_pair();
             self.running_ids.insert(index, handle);
             // A stopped GET ends with nothing to answer.
-            self.running.push(Box::pin(async move { Abortable::new(work, registration).await.ok() }));
+            self.running.get_mut().push(Box::pin(async move { Abortable::new(work, registration).await.ok() }));
         }
     }
 }
@@ -134,13 +136,16 @@ impl Stream for GetStream {
         let this = &mut *self;
         if let Some(stopping) = this.stopping.as_mut() {
             if stopping.as_mut().poll(cx).is_ready() {
-                tracing::debug!(running = this.running.len(), "GetStream: the agent is stopping; ending the stream");
+                tracing::debug!(
+                    running = this.running.get_ref().len(),
+                    "GetStream: the agent is stopping; ending the stream"
+                );
                 this.stopping = None;
                 this.inbound = None;
             }
         }
         // Read what the shim sent while there is room to run it.
-        while this.running.len() < STREAM_IN_FLIGHT {
+        while this.running.get_ref().len() < STREAM_IN_FLIGHT {
             let Some(inbound) = this.inbound.as_mut() else { break };
             match inbound.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(msg))) => this.take(msg),

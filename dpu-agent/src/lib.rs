@@ -23,6 +23,7 @@ pub mod listeners;
 pub mod metrics;
 pub mod model;
 pub mod nic;
+pub mod quiet;
 pub mod quota;
 pub mod requests;
 pub mod s3;

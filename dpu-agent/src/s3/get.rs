@@ -228,8 +228,9 @@ impl ObjectStore {
             i += 1;
         }
         let parts = async {
-            futures::stream::iter(futs)
-                .buffer_unordered(self.tuning.max_concurrency)
+            // Quiet: the set's own yield after each poll would wake
+            // another runtime worker for every chunk read (crate::quiet).
+            crate::quiet::Quiet::new(futures::stream::iter(futs).buffer_unordered(self.tuning.max_concurrency))
                 .try_collect::<Vec<PartDone>>()
                 .await
                 // The range was checked against the first reply: a later

@@ -470,7 +470,7 @@ mod wire {
             let wire = chunked(&body, &sizes);
             let (mut raw, mut out, mut at, mut i, mut done) = (BytesMut::new(), BytesMut::new(), 0, 0, false);
             while !done {
-                prop_assert!(at < wire.len() || raw.len() > 0, "ran out of input undecoded");
+                prop_assert!(at < wire.len() || !raw.is_empty(), "ran out of input undecoded");
                 let n = cuts[i % cuts.len()].min(wire.len() - at);
                 raw.extend_from_slice(&wire[at..at + n]);
                 at += n;

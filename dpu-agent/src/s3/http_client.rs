@@ -241,7 +241,7 @@ impl HttpClient {
         let mut head = Vec::with_capacity(p.url.len() + 768);
         head.extend_from_slice(spec.method.as_str().as_bytes());
         head.push(b' ');
-        head.extend_from_slice(p.url[p.path_start..].as_bytes());
+        head.extend_from_slice(&p.url.as_bytes()[p.path_start..]);
         head.extend_from_slice(b" HTTP/1.1\r\n");
         let fixed = [
             ("x-sluice-request-id", at.request_id),
