@@ -11,173 +11,296 @@
 //! which is looked up against where the stream was opened from (the same
 //! connection, so the same origin a call on it would have), renewed, and
 //! authorised per namespace inside [`Agent::get`]. Each GET keeps its own
-//! request id and deadline. A stream runs at most [`STREAM_IN_FLIGHT`] GETs
-//! at once: beyond that it stops reading (HTTP/2 flow control then holds the
-//! shim back), so one shim cannot make the agent hold unbounded work. A
-//! message with more GETs than [`MAX_GETS_PER_MESSAGE`] has the excess
-//! refused, each with its own error. Dropping the stream (the shim went
-//! away, or reset it) cancels every GET still running.
+//! request id and deadline, and runs in a task of its own, as a unary call
+//! does.
+//!
+//! What a shim cannot do with it (each bound below has a test):
+//! * **Stall the connection.** The stream's messages are always read, so
+//!   unread data never holds HTTP/2's connection window (which would stall
+//!   Renew and every other call on it). A GET beyond [`STREAM_IN_FLIGHT`]
+//!   running is refused at once, RESOURCE_EXHAUSTED.
+//! * **Freeze GETs.** They run in their own tasks and hand their answers to
+//!   the stream's driver task, not to the HTTP/2 body pump, so a peer that
+//!   stops reading answers does not stop transfers mid-way (holding the
+//!   store's transfer slots, past their deadlines).
+//! * **Pile up memory.** Answers the peer has not taken are bounded
+//!   ([`ANSWERS_UNSENT`]); beyond that the stream ends. A message may start
+//!   at most [`MAX_GETS_PER_MESSAGE`] GETs; more, a GET without its item, or
+//!   an index already running, end the stream with INVALID_ARGUMENT (a shim
+//!   does none of these).
+//! * **Keep the agent from stopping.** On shutdown new GETs are refused at
+//!   once (UNAVAILABLE), and the stream ends when those running are
+//!   answered.
+//!
+//! Cancels are applied after the GETs of the same message start (the shim
+//! may send a GET and its cancel together), and dropping the stream (the
+//! shim went away, or reset it) stops every GET still running.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use futures::future::{AbortHandle, Abortable};
-use futures::stream::{FuturesUnordered, Stream, StreamExt};
+use futures::future::BoxFuture;
+use futures::{Stream, StreamExt};
 use sluice_proto::agent as pb;
+use sluice_proto::common::{ErrorCode, ErrorDetail};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use crate::agent::{Agent, TransferSummary};
+use crate::agent::Agent;
 use crate::error::AgentError;
 use crate::identity::ShimOrigin;
-use crate::quiet::Quiet;
 use crate::requests::{GetObject, RequestCtx};
 
-/// Most GETs of one stream running at once.
-pub const STREAM_IN_FLIGHT: usize = 256;
+/// Most GETs of one stream running at once (the shim keeps its own budget
+/// below this: `host-shim/src/get_stream.rs`).
+pub const STREAM_IN_FLIGHT: usize = 512;
 /// Most GETs one message may start.
 pub const MAX_GETS_PER_MESSAGE: usize = 256;
+/// Most answers waiting for the peer to take them before the stream ends.
+pub const ANSWERS_UNSENT: usize = 4096;
+/// Answers handed to the HTTP/2 body at once.
+const ANSWERS_QUEUED: usize = 256;
 
-/// What a running GET ends with: its index, request id, result, and whether
-/// it was tracked (has an entry in `running_ids` to remove).
-type Finished = (u32, String, Result<TransferSummary, AgentError>, bool);
-type Running = Pin<Box<dyn Future<Output = Option<Finished>> + Send>>;
+type Answer = Result<pb::GetManyItem, Status>;
 
-/// The answer stream of one `GetStream` call (see the module docs).
-pub struct GetStream {
+/// Runs one GET: (session id, item, context) -> its result.
+type RunGet = Arc<dyn Fn(String, pb::GetItem, RequestCtx) -> BoxFuture<'static, GetResult> + Send + Sync>;
+type GetResult = pb::get_many_item::Result;
+
+/// The answer stream of one `GetStream` call: its GETs run in a driver task
+/// (see the module docs).
+pub fn serve(
     agent: Arc<Agent>,
     origin: ShimOrigin,
-    /// The shim's messages; `None` once it has closed its side.
-    inbound: Option<Streaming<pb::GetStreamRequest>>,
-    /// Quiet: a set's own yield would wake another runtime worker per poll.
-    running: Quiet<FuturesUnordered<Running>>,
-    /// Index -> how to stop it, for the GETs running now.
-    running_ids: HashMap<u32, AbortHandle>,
-    /// Resolves when the agent shuts down: the stream then takes no more
-    /// GETs, answers those running and ends (the servers' graceful
-    /// shutdown waits for every call).
-    stopping: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    inbound: Streaming<pb::GetStreamRequest>,
+    stop: Option<watch::Receiver<bool>>,
+) -> ReceiverStream<Answer> {
+    let run: RunGet = Arc::new(move |session_id, item, ctx| {
+        let (agent, origin) = (agent.clone(), origin.clone());
+        Box::pin(async move {
+            // Looked up per GET, as a call of its own would be: it renews
+            // the session, and fails once it is closed.
+            let res = match agent.scoped(&session_id, &origin) {
+                Ok(s) => agent.get(&s, &GetObject::from(item), &ctx).await,
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(out) => pb::get_many_item::Result::Ok(crate::grpc::get_reply(&ctx.request_id, out)),
+                Err(e) => pb::get_many_item::Result::Error(e.detail()),
+            }
+        })
+    });
+    start(run, inbound, stop)
 }
 
-impl GetStream {
-    pub fn new(
-        agent: Arc<Agent>,
-        origin: ShimOrigin,
-        inbound: Streaming<pb::GetStreamRequest>,
-        stop: Option<tokio::sync::watch::Receiver<bool>>,
-    ) -> Self {
-        let stopping = stop.map(|mut rx| -> Pin<Box<dyn Future<Output = ()> + Send>> {
-            Box::pin(async move {
-                // A dropped sender (the agent's `run` gone) stops too.
-                let _ = rx.wait_for(|s| *s).await;
-            })
-        });
+/// The driver task over `inbound`, with GETs run by `run`; the answers.
+fn start<S>(run: RunGet, inbound: S, stop: Option<watch::Receiver<bool>>) -> ReceiverStream<Answer>
+where
+    S: Stream<Item = Result<pb::GetStreamRequest, Status>> + Unpin + Send + 'static,
+{
+    let (answers, rx) = mpsc::channel(ANSWERS_QUEUED);
+    tokio::spawn(Driver::new(run, answers).run(inbound, stop));
+    ReceiverStream::new(rx)
+}
+
+/// A GET running in a task of its own, and which of the GETs ever started
+/// under its index it is (an answer of an earlier one is not its answer).
+struct Running {
+    generation: u64,
+    task: tokio::task::AbortHandle,
+}
+
+struct Driver {
+    run: RunGet,
+    answers: mpsc::Sender<Answer>,
+    running: HashMap<u32, Running>,
+    generation: u64,
+    /// GET tasks' answers, to the driver: (index, generation, answer).
+    done_tx: mpsc::UnboundedSender<(u32, u64, pb::GetManyItem)>,
+    done_rx: mpsc::UnboundedReceiver<(u32, u64, pb::GetManyItem)>,
+    /// Answers the body has no room for yet.
+    unsent: VecDeque<Answer>,
+    stopping: bool,
+}
+
+/// Why the stream ends early.
+enum End {
+    /// The peer is gone (its side failed, or it dropped the answers).
+    Gone,
+    /// The peer broke the rules: the stream ends with this status.
+    Refused(Status),
+}
+
+impl Driver {
+    fn new(run: RunGet, answers: mpsc::Sender<Answer>) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
         Self {
-            agent,
-            origin,
-            inbound: Some(inbound),
-            running: Quiet::new(FuturesUnordered::new()),
-            running_ids: HashMap::new(),
-            stopping,
+            run,
+            answers,
+            running: HashMap::new(),
+            generation: 0,
+            done_tx,
+            done_rx,
+            unsent: VecDeque::new(),
+            stopping: false,
         }
     }
 
-    /// Starts the GETs of `msg` and stops those it cancels.
-    fn take(&mut self, msg: pb::GetStreamRequest) {
-        for index in msg.cancel {
-            if let Some(h) = self.running_ids.remove(&index) {
-                h.abort();
+    async fn run<S>(mut self, mut inbound: S, stop: Option<watch::Receiver<bool>>)
+    where
+        S: Stream<Item = Result<pb::GetStreamRequest, Status>> + Unpin,
+    {
+        let mut inbound_open = true;
+        let mut stop = stop;
+        let ended = loop {
+            if (!inbound_open || self.stopping) && self.running.is_empty() && self.unsent.is_empty() {
+                break None;
             }
-        }
-        for (n, get) in msg.gets.into_iter().enumerate() {
-            let index = get.index;
-            let refuse = |this: &mut Self, request_id: String, e: AgentError| {
-                this.running.get_mut().push(Box::pin(std::future::ready(Some((index, request_id, Err(e), false)))));
-            };
-            let Some(item) = get.item else {
-                refuse(self, String::new(), AgentError::BadRequest("a streamed GET without an item".into()));
-                continue;
-            };
-            if n >= MAX_GETS_PER_MESSAGE {
-                let e = AgentError::BadRequest(format!("more than {MAX_GETS_PER_MESSAGE} GETs in one message"));
-                refuse(self, item.request_id, e);
-                continue;
-            }
-            if self.running_ids.contains_key(&index) {
-                let e = AgentError::BadRequest(format!("GET {index} is already running on this stream"));
-                refuse(self, item.request_id, e);
-                continue;
-            }
-            let ctx = RequestCtx::new(item.request_id.clone(), item.timeout_ms);
-            let (agent, origin, session_id) = (self.agent.clone(), self.origin.clone(), get.session_id);
-            let work = async move {
-                // Looked up per GET, as a call of its own would be: it
-                // renews the session, and fails once it is closed.
-                let res = match agent.scoped(&session_id, &origin) {
-                    Ok(s) => agent.get(&s, &GetObject::from(item), &ctx).await,
-                    Err(e) => Err(e),
-                };
-                (index, ctx.request_id, res, true)
-            };
-            let (handle, registration) = AbortHandle::new_pair();
-            self.running_ids.insert(index, handle);
-            // A stopped GET ends with nothing to answer.
-            self.running.get_mut().push(Box::pin(async move { Abortable::new(work, registration).await.ok() }));
-        }
-    }
-}
-
-impl Stream for GetStream {
-    type Item = Result<pb::GetManyItem, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        if let Some(stopping) = this.stopping.as_mut() {
-            if stopping.as_mut().poll(cx).is_ready() {
-                tracing::debug!(
-                    running = this.running.get_ref().len(),
-                    "GetStream: the agent is stopping; ending the stream"
-                );
-                this.stopping = None;
-                this.inbound = None;
-            }
-        }
-        // Read what the shim sent while there is room to run it.
-        while this.running.get_ref().len() < STREAM_IN_FLIGHT {
-            let Some(inbound) = this.inbound.as_mut() else { break };
-            match inbound.poll_next_unpin(cx) {
-                Poll::Ready(Some(Ok(msg))) => this.take(msg),
-                Poll::Ready(Some(Err(status))) => {
-                    // The shim's side broke: nobody is left to answer.
-                    tracing::debug!(%status, "GetStream: the shim's side failed; stopping its GETs");
-                    return Poll::Ready(None);
+            let room = if self.unsent.is_empty() { None } else { Some(self.answers.clone()) };
+            tokio::select! {
+                biased;
+                () = self.answers.closed() => break Some(End::Gone),
+                () = stopped(&mut stop), if !self.stopping => {
+                    tracing::debug!(running = self.running.len(), "GetStream: the agent is stopping");
+                    self.stopping = true;
                 }
-                // The shim closed its side: answer what runs, then end.
-                Poll::Ready(None) => this.inbound = None,
-                Poll::Pending => break,
-            }
-        }
-        loop {
-            match this.running.poll_next_unpin(cx) {
-                Poll::Ready(Some(None)) => continue,
-                Poll::Ready(Some(Some((index, request_id, res, tracked)))) => {
-                    if tracked {
-                        this.running_ids.remove(&index);
+                Some((index, generation, item)) = self.done_rx.recv() => {
+                    // Only the GET now under this index answers for it: one
+                    // cancelled meanwhile (its index perhaps reused) does not.
+                    if self.running.get(&index).is_some_and(|r| r.generation == generation) {
+                        self.running.remove(&index);
+                        if let Err(end) = self.answer(Ok(item)) {
+                            break Some(end);
+                        }
                     }
-                    let result = match res {
-                        Ok(out) => pb::get_many_item::Result::Ok(crate::grpc::get_reply(&request_id, out)),
-                        Err(e) => pb::get_many_item::Result::Error(e.detail()),
-                    };
-                    // The body polls again until Pending, which reads on.
-                    return Poll::Ready(Some(Ok(pb::GetManyItem { index, result: Some(result) })));
                 }
-                // Nothing running: done if the shim is, else wait for it
-                // (its stream holds the waker).
-                Poll::Ready(None) if this.inbound.is_none() => return Poll::Ready(None),
-                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+                permit = reserve(room) => match permit {
+                    Some(permit) => {
+                        if let Some(a) = self.unsent.pop_front() {
+                            permit.send(a);
+                        }
+                    }
+                    None => break Some(End::Gone),
+                },
+                msg = inbound.next(), if inbound_open => match msg {
+                    Some(Ok(msg)) => {
+                        if let Err(end) = self.take(msg) {
+                            break Some(end);
+                        }
+                    }
+                    // The shim closed its side: answer what runs, then end.
+                    None => inbound_open = false,
+                    Some(Err(status)) => {
+                        tracing::debug!(%status, "GetStream: the shim's side failed; stopping its GETs");
+                        break Some(End::Gone);
+                    }
+                },
             }
+        };
+        for r in self.running.values() {
+            r.task.abort();
+        }
+        if let Some(End::Refused(status)) = ended {
+            tracing::warn!(%status, "GetStream ended: the shim broke its rules");
+            let _ = self.answers.try_send(Err(status));
         }
     }
+
+    /// Queues `a` for the peer; the stream ends once the peer leaves too
+    /// many untaken.
+    fn answer(&mut self, a: Answer) -> Result<(), End> {
+        if self.unsent.is_empty() {
+            match self.answers.try_send(a) {
+                Ok(()) => return Ok(()),
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(End::Gone),
+                Err(mpsc::error::TrySendError::Full(a)) => self.unsent.push_back(a),
+            }
+        } else {
+            self.unsent.push_back(a);
+        }
+        if self.unsent.len() > ANSWERS_UNSENT {
+            tracing::warn!(unsent = self.unsent.len(), "GetStream: the shim does not take its answers; ending it");
+            return Err(End::Gone);
+        }
+        Ok(())
+    }
+
+    fn refuse(&mut self, index: u32, detail: ErrorDetail) -> Result<(), End> {
+        self.answer(Ok(pb::GetManyItem { index, result: Some(pb::get_many_item::Result::Error(detail)) }))
+    }
+
+    /// Starts the GETs of `msg`, then stops those it cancels.
+    fn take(&mut self, msg: pb::GetStreamRequest) -> Result<(), End> {
+        if msg.gets.len() > MAX_GETS_PER_MESSAGE {
+            let n = msg.gets.len();
+            return Err(End::Refused(Status::invalid_argument(format!(
+                "{n} GETs in one GetStream message; at most {MAX_GETS_PER_MESSAGE}"
+            ))));
+        }
+        for get in msg.gets {
+            let index = get.index;
+            let Some(item) = get.item else {
+                return Err(End::Refused(Status::invalid_argument(format!("GET {index} came without its item"))));
+            };
+            if self.running.contains_key(&index) {
+                return Err(End::Refused(Status::invalid_argument(format!(
+                    "GET {index} is already running on this stream"
+                ))));
+            }
+            if self.stopping {
+                let detail = ErrorDetail {
+                    code: ErrorCode::AgentUnavailable as i32,
+                    message: "the agent is stopping; retry".into(),
+                    needed_bytes: 0,
+                };
+                self.refuse(index, detail)?;
+                continue;
+            }
+            if self.running.len() >= STREAM_IN_FLIGHT {
+                let e = AgentError::ResourceExhausted(format!("{STREAM_IN_FLIGHT} GETs running on this stream"));
+                self.refuse(index, e.detail())?;
+                continue;
+            }
+            self.generation += 1;
+            let generation = self.generation;
+            let ctx = RequestCtx::new(item.request_id.clone(), item.timeout_ms);
+            let (work, done) = ((self.run)(get.session_id, item, ctx), self.done_tx.clone());
+            let task = tokio::spawn(async move {
+                let result = work.await;
+                let _ = done.send((index, generation, pb::GetManyItem { index, result: Some(result) }));
+            });
+            self.running.insert(index, Running { generation, task: task.abort_handle() });
+        }
+        for index in msg.cancel {
+            if let Some(r) = self.running.remove(&index) {
+                r.task.abort();
+            }
+        }
+        Ok(())
+    }
 }
+
+/// Resolves once `stop` says the agent is stopping (never without one).
+async fn stopped(stop: &mut Option<watch::Receiver<bool>>) {
+    match stop {
+        // A dropped sender (the agent's `run` gone) stops too.
+        Some(rx) => {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// A permit to hand the body one answer (`None`: the body is gone); never
+/// resolves without `to` (nothing to send).
+async fn reserve(to: Option<mpsc::Sender<Answer>>) -> Option<mpsc::OwnedPermit<Answer>> {
+    match to {
+        Some(tx) => tx.reserve_owned().await.ok(),
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+#[path = "get_stream_tests.rs"]
+mod tests;

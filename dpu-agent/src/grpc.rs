@@ -234,7 +234,7 @@ impl AgentRpc for GrpcService {
         Ok(Response::new(Box::pin(stream)))
     }
 
-    type GetStreamStream = crate::get_stream::GetStream;
+    type GetStreamStream = tokio_stream::wrappers::ReceiverStream<Result<pb::GetManyItem, Status>>;
 
     async fn get_stream(
         &self,
@@ -242,8 +242,7 @@ impl AgentRpc for GrpcService {
     ) -> Result<Response<Self::GetStreamStream>, Status> {
         // Every GET on it is checked against this call's origin.
         let origin = self.origin_of(&req);
-        let stream = crate::get_stream::GetStream::new(self.agent.clone(), origin, req.into_inner(), self.stop.clone());
-        Ok(Response::new(stream))
+        Ok(Response::new(crate::get_stream::serve(self.agent.clone(), origin, req.into_inner(), self.stop.clone())))
     }
 
     async fn get_epoch(&self, _req: Request<pb::GetEpochRequest>) -> Result<Response<pb::GetEpochReply>, Status> {

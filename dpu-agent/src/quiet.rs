@@ -7,9 +7,10 @@
 //! tokio runtime a task that wakes itself during its poll is put back on a
 //! run queue and another worker is woken to take it: a futex wake and two
 //! context switches. With one GET running (one at a time), that was every
-//! poll of a GetStream: 3.9 `futex` calls and 6.5 context switches per GET
-//! in the agent against none and 3.8 for a unary `Get`
-//! (docs/performance.md).
+//! poll of the first GetStream, which polled its GETs in one such set: 3.9
+//! `futex` calls and 6.5 context switches per GET in the agent against none
+//! and 3.8 for a unary `Get` (docs/performance.md). `GetMany` batches and
+//! the parts of one GET still poll their work this way.
 //!
 //! `Quiet` gives the inner stream a waker of its own. A wake that comes
 //! while the inner stream is being polled (its own yield, or a future made

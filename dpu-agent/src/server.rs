@@ -100,6 +100,9 @@ fn doca_memory(_cfg: &AgentConfig) -> Result<Arc<dyn HostMemory>, ServeError> {
     ))
 }
 
+/// Longest the agent waits at shutdown for its calls to finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Runs the agent until `shutdown` resolves. With `config_path` (the file
 /// `cfg` came from), SIGHUP re-reads it and applies the tenants' QoS limits.
 pub async fn run(
@@ -213,7 +216,13 @@ pub async fn run(
     }
     info!("agent shutting down");
     let _ = stop_tx.send(true);
-    while servers.join_next().await.is_some() {}
+    // Calls in flight finish within their deadlines; a peer that keeps a
+    // call open past them does not keep the agent from stopping.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async { while servers.join_next().await.is_some() {} }).await;
+    if drained.is_err() {
+        warn!(grace = ?SHUTDOWN_GRACE, "calls still open at shutdown; ending them");
+        servers.abort_all();
+    }
     let _ = std::fs::remove_file(&cfg.memory_socket);
     if let Some(p) = &cfg.grpc_socket {
         let _ = std::fs::remove_file(p);

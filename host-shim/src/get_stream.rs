@@ -5,19 +5,24 @@
 //! that is a large part of what the shim and the agent spend per GET, and
 //! a GET alone (one at a time) cannot share a batch. Here each GET is one
 //! message on a stream opened once per connection, and its answer one
-//! message back (`agent/src/get_stream.rs` is the other side).
+//! message back (`dpu-agent/src/get_stream.rs` is the other side).
 //!
 //! Every GET keeps its own request id, deadline, answer and error, as with
 //! the coalescer (`coalesce.rs`), which is what an agent without
 //! `OpenSessionReply.get_stream` still gets. GETs queued while the stream
 //! was busy go out in one message. A GET whose caller has gone (a client's
-//! deadline, a closed connection) is cancelled at the agent. When the
-//! stream fails (the agent restarted or went away), every GET waiting on it
-//! fails as a unary call in flight would, with the call's status, and the
-//! next GET opens a new stream.
+//! deadline, a closed connection) is cancelled at the agent, or not sent
+//! at all if it had not gone out yet. A stream carries at most
+//! [`STREAM_BUDGET`] GETs waiting (the agent refuses GETs past its own,
+//! higher limit); past that a GET takes the next stream with room, or goes
+//! as a call of its own. When the stream fails (the agent restarted or
+//! went away), every GET waiting on it fails as a unary call in flight
+//! would, with the call's status, and the next GET opens a new stream. An
+//! agent that turns out not to serve streams at all (UNIMPLEMENTED) gets
+//! calls from then on.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
@@ -29,6 +34,10 @@ use tonic::transport::Channel;
 /// Most GETs the shim puts in one message (they queued while the stream
 /// was busy).
 const GETS_PER_MESSAGE: usize = 64;
+/// Most GETs waiting on one stream. The agent runs up to 512 per stream
+/// and refuses more at once (`dpu-agent/src/get_stream.rs`); past this
+/// budget the shim uses another stream, or a call of its own.
+pub const STREAM_BUDGET: usize = 256;
 
 type Answer = Result<apb::GetReply, tonic::Status>;
 
@@ -62,16 +71,11 @@ impl Link {
     fn open(mut agent: AgentClient<Channel>) -> Arc<Self> {
         let (to_agent, outbound) = mpsc::unbounded::<Outbound>();
         let link = Arc::new(Self { to_agent, waiting: Mutex::new(Waiting::default()) });
-        let body = outbound.ready_chunks(GETS_PER_MESSAGE).map(|chunk| {
-            let mut msg = apb::GetStreamRequest::default();
-            for o in chunk {
-                match o {
-                    Outbound::Get(g) => msg.gets.push(g),
-                    Outbound::Cancel(i) => msg.cancel.push(i),
-                }
-            }
-            msg
-        });
+        let weak = Arc::downgrade(&link);
+        let body = outbound
+            .ready_chunks(GETS_PER_MESSAGE)
+            .map(move |chunk| message(chunk, weak.upgrade().as_deref()))
+            .filter(|m| std::future::ready(!m.gets.is_empty() || !m.cancel.is_empty()));
         let answering = link.clone();
         tokio::spawn(async move {
             let status = match agent.get_stream(body).await {
@@ -119,13 +123,14 @@ impl Link {
         self.to_agent.close_channel();
     }
 
-    /// Sends `req`; `None` when this stream has ended (open another).
-    fn send(self: &Arc<Self>, req: apb::GetRequest) -> Option<(Pending, oneshot::Receiver<Answer>)> {
+    /// Sends `req`, unless the stream has ended or has [`STREAM_BUDGET`]
+    /// GETs waiting.
+    fn send(self: &Arc<Self>, req: apb::GetRequest) -> Sent {
         let (tx, rx) = oneshot::channel();
         let index = {
             let mut w = self.waiting();
-            if w.ended {
-                return None;
+            if w.ended || w.answers.len() >= STREAM_BUDGET {
+                return Sent::No(req);
             }
             let mut index = w.next_index;
             while w.answers.contains_key(&index) {
@@ -140,8 +145,35 @@ impl Link {
         let pending = Pending { link: self.clone(), index, answered: false };
         // A closed channel: the stream has just ended, and `end` answers it.
         let _ = self.to_agent.unbounded_send(Outbound::Get(get));
-        Some((pending, rx))
+        Sent::Yes(pending, rx)
     }
+}
+
+/// One message of what queued: a GET whose caller has gone meanwhile is
+/// not sent (nor its cancel), so the agent never starts it.
+fn message(chunk: Vec<Outbound>, link: Option<&Link>) -> apb::GetStreamRequest {
+    let mut msg = apb::GetStreamRequest::default();
+    let waiting = link.map(Link::waiting);
+    let mut unsent = Vec::new();
+    for o in chunk {
+        match o {
+            Outbound::Get(g) => match &waiting {
+                Some(w) if !w.answers.contains_key(&g.index) => unsent.push(g.index),
+                _ => msg.gets.push(g),
+            },
+            Outbound::Cancel(i) if unsent.contains(&i) => {}
+            Outbound::Cancel(i) => msg.cancel.push(i),
+        }
+    }
+    msg
+}
+
+/// What `Link::send` did with a GET.
+enum Sent {
+    Yes(Pending, oneshot::Receiver<Answer>),
+    /// Not sent (the stream ended, or has its budget of GETs waiting):
+    /// the GET back.
+    No(apb::GetRequest),
 }
 
 /// A GET sent and not yet answered; dropped before its answer (its caller
@@ -168,40 +200,64 @@ pub struct GetStreams {
     next: AtomicUsize,
     /// GETs sent on a stream.
     streamed: prometheus::IntCounter,
+    /// Streams turned out not to be served: every GET goes as a call.
+    off: AtomicBool,
 }
 
 impl GetStreams {
     pub fn new(channels: Vec<AgentClient<Channel>>, streamed: prometheus::IntCounter) -> Arc<Self> {
         let links = channels.iter().map(|_| Mutex::new(None)).collect();
-        Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed })
+        Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed, off: AtomicBool::new(false) })
     }
 
-    /// Sends `req` on the next stream and waits for its answer, as
-    /// `agent.get(req)` would answer.
-    pub async fn get(&self, req: apb::GetRequest) -> Answer {
-        if self.channels.is_empty() {
-            return Err(tonic::Status::unavailable("no connection to the agent"));
+    /// The stream on connection `i`: the open one, or a new one if none is
+    /// open or the last one ended.
+    fn link(&self, i: usize) -> Arc<Link> {
+        let mut slot = self.links[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match slot.as_ref() {
+            Some(link) if !link.waiting().ended => link.clone(),
+            _ => {
+                let link = Link::open(self.channels[i].clone());
+                *slot = Some(link.clone());
+                link
+            }
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.channels.len();
-        let link = {
-            let mut slot = self.links[i].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match slot.as_ref() {
-                Some(link) if !link.waiting().ended => link.clone(),
-                // None open yet, or the last one ended: open another.
-                _ => {
-                    let link = Link::open(self.channels[i].clone());
-                    *slot = Some(link.clone());
-                    link
+    }
+
+    /// Sends `req` on the next stream with room and waits for its answer,
+    /// as `agent.get(req)` would answer; with every stream at its budget
+    /// (or an agent that turned out not to serve streams), as a call of its
+    /// own on `agent`.
+    pub async fn get(&self, mut agent: AgentClient<Channel>, req: apb::GetRequest) -> Answer {
+        let n = self.channels.len();
+        let mut req = req;
+        if n > 0 && !self.off.load(Ordering::Relaxed) {
+            let first = self.next.fetch_add(1, Ordering::Relaxed);
+            for k in 0..n {
+                match self.link((first + k) % n).send(req) {
+                    Sent::Yes(pending, rx) => {
+                        self.streamed.inc();
+                        return self.wait(pending, rx).await;
+                    }
+                    Sent::No(back) => req = back,
                 }
             }
-        };
-        // It may have ended since; as a unary call to a vanishing agent.
-        let (mut pending, rx) =
-            link.send(req).ok_or_else(|| tonic::Status::unavailable("the GET stream to the agent ended"))?;
-        self.streamed.inc();
+        }
+        agent.get(req).await.map(tonic::Response::into_inner)
+    }
+
+    async fn wait(&self, mut pending: Pending, rx: oneshot::Receiver<Answer>) -> Answer {
         let answer = rx.await;
         pending.answered = true;
-        answer.unwrap_or_else(|_| Err(tonic::Status::unavailable("the GET stream to the agent ended")))
+        let answer = answer.unwrap_or_else(|_| Err(tonic::Status::unavailable("the GET stream to the agent ended")));
+        if let Err(status) = &answer {
+            if status.code() == tonic::Code::Unimplemented && !self.off.swap(true, Ordering::Relaxed) {
+                // A peer that said it serves streams but does not (a proxy
+                // in between): single GETs go as calls from now on.
+                tracing::warn!(%status, "the agent does not serve GetStream; single GETs go as calls of their own");
+            }
+        }
+        answer
     }
 }
 
@@ -244,10 +300,10 @@ mod tests {
     async fn each_get_gets_its_own_answer_in_whatever_order_they_come() {
         let fake = Fake::default();
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone(), agent], counter());
+        let streams = GetStreams::new(vec![agent.clone(), agent.clone()], counter());
         let calls = (0..40).map(|n| {
-            let streams = streams.clone();
-            async move { (n, streams.get(get(["a", "b"][n % 2], n)).await) }
+            let (streams, agent) = (streams.clone(), agent.clone());
+            async move { (n, streams.get(agent.clone(), get(["a", "b"][n % 2], n)).await) }
         });
         for (n, a) in futures::future::join_all(calls).await {
             assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()), "GET {n}: {a:?}");
@@ -259,7 +315,8 @@ mod tests {
         assert_eq!(streams.waiting(), 0);
         // One at a time goes on the same calls.
         for n in 40..45 {
-            assert_eq!(request_id(&streams.get(get("a", n)).await).as_deref(), Some(format!("r{n}").as_str()));
+            let a = streams.get(agent.clone(), get("a", n)).await;
+            assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()));
         }
         assert_eq!(fake.streams_opened.load(SeqCst), 2);
     }
@@ -268,10 +325,10 @@ mod tests {
     async fn a_stream_that_ends_fails_its_waiting_gets_and_the_next_get_opens_another() {
         let fake = Fake { stream_hold: true, stream_end_after: Some(6), ..Default::default() };
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter());
         let calls = (0..6).map(|n| {
-            let streams = streams.clone();
-            async move { streams.get(get("s", n)).await }
+            let (streams, agent) = (streams.clone(), agent.clone());
+            async move { streams.get(agent, get("s", n)).await }
         });
         let answers = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(calls))
             .await
@@ -282,7 +339,7 @@ mod tests {
         }
         assert_eq!(streams.waiting(), 0);
         // The next GET opens a new call (it too is held; its caller gives up).
-        let _ = tokio::time::timeout(Duration::from_millis(200), streams.get(get("s", 7))).await;
+        let _ = tokio::time::timeout(Duration::from_millis(200), streams.get(agent, get("s", 7))).await;
         assert_eq!(fake.streams_opened.load(SeqCst), 2);
     }
 
@@ -290,9 +347,9 @@ mod tests {
     async fn a_caller_that_gives_up_cancels_its_get_at_the_agent() {
         let fake = Fake { stream_hold: true, ..Default::default() };
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter());
         for n in 0..3 {
-            let gone = tokio::time::timeout(Duration::from_millis(100), streams.get(get("s", n))).await;
+            let gone = tokio::time::timeout(Duration::from_millis(100), streams.get(agent.clone(), get("s", n))).await;
             assert!(gone.is_err(), "the agent holds every GET");
         }
         eventually("each abandoned GET cancelled", || fake.cancels.lock().unwrap().len() == 3).await;
@@ -311,11 +368,49 @@ mod tests {
                 Err::<hyper_util::rt::TokioIo<tokio::net::UnixStream>, _>(std::io::Error::other("no agent"))
             }),
         );
-        let streams = GetStreams::new(vec![AgentClient::new(channel)], counter());
+        let agent = AgentClient::new(channel);
+        let streams = GetStreams::new(vec![agent.clone()], counter());
         for n in 0..5 {
-            let a = tokio::time::timeout(Duration::from_secs(5), streams.get(get("s", n))).await.expect("answered");
+            let a = tokio::time::timeout(Duration::from_secs(5), streams.get(agent.clone(), get("s", n)))
+                .await
+                .expect("answered");
             assert_eq!(a.unwrap_err().code(), tonic::Code::Unavailable);
         }
         assert_eq!(streams.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn past_its_budget_a_stream_leaves_gets_to_calls_of_their_own() {
+        let fake = Fake { stream_hold: true, ..Default::default() };
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let held: Vec<_> = (0..STREAM_BUDGET)
+            .map(|n| {
+                let (streams, agent) = (streams.clone(), agent.clone());
+                tokio::spawn(async move { streams.get(agent, get("s", n)).await })
+            })
+            .collect();
+        eventually("the budget is spent", || streams.waiting() == STREAM_BUDGET).await;
+        for n in 0..3 {
+            let a = streams.get(agent.clone(), get("s", 1000 + n)).await;
+            assert_eq!(request_id(&a).as_deref(), Some(format!("r{}", 1000 + n).as_str()));
+        }
+        assert_eq!(fake.unary.load(SeqCst), 3, "the three past the budget went as calls");
+        for h in held {
+            h.abort();
+        }
+        eventually("the held GETs cancelled", || streams.waiting() == 0).await;
+    }
+
+    #[test]
+    fn a_get_whose_caller_went_before_it_was_sent_is_not_sent() {
+        let (tx, _rx) = oneshot::channel();
+        let link = Link { to_agent: mpsc::unbounded().0, waiting: Mutex::new(Waiting::default()) };
+        link.waiting().answers.insert(6, tx);
+        let sg = |index| apb::StreamedGet { index, session_id: "s".into(), item: None };
+        let chunk = vec![Outbound::Get(sg(5)), Outbound::Cancel(5), Outbound::Get(sg(6)), Outbound::Cancel(7)];
+        let m = message(chunk, Some(&link));
+        assert_eq!(m.gets.iter().map(|g| g.index).collect::<Vec<_>>(), vec![6]);
+        assert_eq!(m.cancel, vec![7], "no cancel for a GET never sent; others' go");
     }
 }

@@ -46,7 +46,7 @@ pub async fn handle(
                     let req = get.request(ctx, snap.session_id, snap.region_id);
                     async move {
                         match (streams, coalescer) {
-                            (Some(st), _) => st.get(req).await.map(tonic::Response::new),
+                            (Some(st), _) => st.get(agent, req).await.map(tonic::Response::new),
                             (None, Some(c)) => c.get(agent, req).await,
                             (None, None) => agent.get(req).await,
                         }

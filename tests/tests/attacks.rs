@@ -155,11 +155,14 @@ async fn tenant_a_cannot_name_b_namespace_prefix_or_region() {
 /// `GetStream` (single GETs as messages of one long-lived call) checks
 /// every GET as a `Get` call is checked: the session against where the
 /// stream was opened from, the region against the session, the namespace
-/// against the tenant. A malformed or duplicate GET, or too many in one
-/// message, gets its own typed error, and the stream goes on.
+/// against the tenant, each a typed error of its own while the stream goes
+/// on. A message no shim sends (a GET without its item, an index already
+/// running, more GETs than one message may start) ends the stream with
+/// INVALID_ARGUMENT.
 #[tokio::test]
 async fn every_get_on_a_stream_is_checked_like_a_call() {
     use std::collections::HashMap;
+    type Got = HashMap<u32, Result<apb::GetReply, sluice_proto::common::ErrorDetail>>;
     let stack = Stack::with(two_tenants());
     let b = victim(&stack).await;
     let a = stack.client().await;
@@ -178,74 +181,71 @@ async fn every_get_on_a_stream_is_checked_like_a_call() {
         ..Default::default()
     };
     let get = |index, session: &str, item| apb::StreamedGet { index, session_id: session.into(), item };
-    let (tx, rx) = futures::channel::mpsc::unbounded();
-    let mut answers = grpc.get_stream(rx).await.expect("the stream is taken").into_inner();
-    let mut next = async |n: usize| {
-        let mut got: HashMap<u32, Vec<Result<apb::GetReply, sluice_proto::common::ErrorDetail>>> = HashMap::new();
-        for _ in 0..n {
-            let m = answers.message().await.expect("stream").expect("an answer");
-            got.entry(m.index).or_default().push(match m.result.expect("a result") {
-                apb::get_many_item::Result::Ok(r) => Ok(r),
-                apb::get_many_item::Result::Error(d) => Err(d),
-            });
-        }
-        got
-    };
     let code_of = |r: &Result<apb::GetReply, sluice_proto::common::ErrorDetail>| match r {
         Ok(_) => None,
         Err(d) => Some(Code::try_from(d.code).expect("known code")),
     };
+    let (tx, rx) = futures::channel::mpsc::unbounded();
+    let mut answers = grpc.get_stream(rx).await.expect("the stream is taken").into_inner();
     let first = apb::GetStreamRequest {
         gets: vec![
             get(0, &session, Some(item("data", "st/x", &region))),
             get(1, &"0".repeat(32), Some(item("data", "st/x", &region))),
             get(2, &session, Some(item("data", "st/x", &b_region))),
             get(3, &session, Some(item("other", "secret", &region))),
-            get(4, &session, None),
             get(5, &session, Some(item("data", "st/none", &region))),
         ],
         // Stopping what is not running changes nothing.
         cancel: vec![999],
     };
     tx.unbounded_send(first).unwrap();
-    let got = next(6).await;
-    let ok = got[&0][0].as_ref().expect("A's own GET");
+    let mut got = Got::new();
+    for _ in 0..5 {
+        let m = answers.message().await.expect("stream").expect("an answer");
+        let answer = match m.result.expect("a result") {
+            apb::get_many_item::Result::Ok(r) => Ok(r),
+            apb::get_many_item::Result::Error(d) => Err(d),
+        };
+        assert!(got.insert(m.index, answer).is_none(), "one answer per GET");
+    }
+    let ok = got[&0].as_ref().expect("A's own GET");
     assert_eq!((ok.object_size, ok.report.as_ref().unwrap().request_id.as_str()), (5000, "q-st/x"));
     assert_eq!(sha256(&memory.as_slice()[..5000]), sha256(&data));
-    assert_eq!(code_of(&got[&1][0]), Some(Code::Unauthenticated), "a made-up session");
-    assert_eq!(code_of(&got[&2][0]), Some(Code::UnknownRegion), "B's region in A's session");
-    assert_eq!(code_of(&got[&3][0]), Some(Code::UnknownNamespace), "B's namespace");
-    assert_eq!(code_of(&got[&4][0]), Some(Code::BadRequest), "a GET without an item");
-    assert_eq!(code_of(&got[&5][0]), Some(Code::NoSuchKey));
-
-    // The same index twice while the first runs, and more GETs than one
-    // message may start: each excess GET refused on its own.
-    let mut gets = vec![
-        get(1000, &session, Some(item("data", "st/x", &region))),
-        get(1000, &session, Some(item("data", "st/x", &region))),
-    ];
-    gets.extend((0..257).map(|i| get(2000 + i, &session, Some(item("nowhere", "k", &region)))));
-    tx.unbounded_send(apb::GetStreamRequest { gets, cancel: vec![] }).unwrap();
-    let got = next(259).await;
-    let dup = &got[&1000];
-    assert_eq!(dup.len(), 2);
-    let refused = dup.iter().filter(|r| r.as_ref().is_err_and(|d| d.message.contains("already running"))).count();
-    assert_eq!(refused, 1, "{dup:?}");
-    let too_many =
-        got.values().flatten().filter(|r| r.as_ref().is_err_and(|d| d.message.contains("in one message"))).count();
-    assert_eq!(too_many, 3, "positions 256..259 of the message");
-    let unknown = got.values().flatten().filter(|r| code_of(r) == Some(Code::UnknownNamespace)).count();
-    assert_eq!(unknown, 254);
-
+    assert_eq!(code_of(&got[&1]), Some(Code::Unauthenticated), "a made-up session");
+    assert_eq!(code_of(&got[&2]), Some(Code::UnknownRegion), "B's region in A's session");
+    assert_eq!(code_of(&got[&3]), Some(Code::UnknownNamespace), "B's namespace");
+    assert_eq!(code_of(&got[&5]), Some(Code::NoSuchKey));
     // The stream goes on; closing our side ends it once all is answered.
     tx.unbounded_send(apb::GetStreamRequest {
         gets: vec![get(0, &session, Some(item("data", "st/x", &region)))],
         cancel: vec![],
     })
     .unwrap();
-    assert!(next(1).await[&0][0].is_ok());
+    assert!(answers.message().await.unwrap().is_some_and(|m| m.index == 0));
     drop(tx);
     assert!(answers.message().await.expect("a clean end").is_none());
+
+    // What no shim sends ends the stream, typed.
+    let too_many = (0..257).map(|i| get(2000 + i, &session, Some(item("data", "st/x", &region)))).collect();
+    let twice = vec![
+        get(1000, &session, Some(item("data", "st/x", &region))),
+        get(1000, &session, Some(item("data", "st/x", &region))),
+    ];
+    for (what, gets) in [("no item", vec![get(4, &session, None)]), ("twice", twice), ("too many", too_many)] {
+        let msg = apb::GetStreamRequest { gets, cancel: vec![] };
+        let mut answers = grpc.get_stream(futures::stream::iter([msg])).await.unwrap().into_inner();
+        let mut end = None;
+        while end.is_none() {
+            match answers.message().await {
+                Ok(Some(_)) => {} // the first of the pair may answer
+                Ok(None) => panic!("{what}: ended without an error"),
+                Err(st) => end = Some(st),
+            }
+        }
+        assert_eq!(end.unwrap().code(), tonic::Code::InvalidArgument, "{what}");
+    }
+    // The connection and the session still serve.
+    grpc.stats(apb::StatsRequest { session_id: session }).await.expect("still usable");
     assert_eq!(b_memory.as_slice(), &pattern(4096, 79)[..], "B's agent-side region is untouched");
     b.unharmed(&stack).await;
 }
