@@ -24,10 +24,13 @@
 //!   stops reading answers does not stop transfers mid-way (holding the
 //!   store's transfer slots, past their deadlines).
 //! * **Pile up memory.** Answers the peer has not taken are bounded
-//!   ([`ANSWERS_UNSENT`]); beyond that the stream ends. A message may start
-//!   at most [`MAX_GETS_PER_MESSAGE`] GETs; more, a GET without its item, or
-//!   an index already running, end the stream with INVALID_ARGUMENT (a shim
-//!   does none of these).
+//!   ([`ANSWERS_UNSENT`], each at most [`MAX_REQUEST_ID`] of echoed request
+//!   id); beyond that the stream ends, RESOURCE_EXHAUSTED. A message may
+//!   start at most [`MAX_GETS_PER_MESSAGE`] GETs; more, a GET without its
+//!   item, an index already running (or twice in the message) or a longer
+//!   request id end the stream with INVALID_ARGUMENT (a shim does none of
+//!   these), before any GET of that message starts.
+//! * **Leave a GET unanswered.** A GET task that panics answers INTERNAL.
 //! * **Keep the agent from stopping.** On shutdown new GETs are refused at
 //!   once (UNAVAILABLE), and the stream ends when those running are
 //!   answered.
@@ -57,10 +60,16 @@ use crate::requests::{GetObject, RequestCtx};
 pub const STREAM_IN_FLIGHT: usize = 512;
 /// Most GETs one message may start.
 pub const MAX_GETS_PER_MESSAGE: usize = 256;
-/// Most answers waiting for the peer to take them before the stream ends.
-pub const ANSWERS_UNSENT: usize = 4096;
+/// Most answers waiting for the peer to take them before the stream ends
+/// (a shim that reads has at most its budget of GETs, 256, waiting).
+pub const ANSWERS_UNSENT: usize = 1024;
+/// Longest request id a streamed GET may carry (echoed in its answer, so it
+/// bounds what untaken answers hold); the shim sends longer ones as calls.
+pub const MAX_REQUEST_ID: usize = 256;
 /// Answers handed to the HTTP/2 body at once.
 const ANSWERS_QUEUED: usize = 256;
+/// How long the stream's own error waits for room behind its answers.
+const FINAL_STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 type Answer = Result<pb::GetManyItem, Status>;
 
@@ -128,6 +137,8 @@ struct Driver {
 enum End {
     /// The peer is gone (its side failed, or it dropped the answers).
     Gone,
+    /// The peer left too many answers untaken.
+    Unread,
     /// The peer broke the rules: the stream ends with this status.
     Refused(Status),
 }
@@ -166,10 +177,7 @@ impl Driver {
                     self.stopping = true;
                 }
                 Some((index, generation, item)) = self.done_rx.recv() => {
-                    // Only the GET now under this index answers for it: one
-                    // cancelled meanwhile (its index perhaps reused) does not.
-                    if self.running.get(&index).is_some_and(|r| r.generation == generation) {
-                        self.running.remove(&index);
+                    if self.finished(index, generation) {
                         if let Err(end) = self.answer(Ok(item)) {
                             break Some(end);
                         }
@@ -201,10 +209,31 @@ impl Driver {
         for r in self.running.values() {
             r.task.abort();
         }
-        if let Some(End::Refused(status)) = ended {
-            tracing::warn!(%status, "GetStream ended: the shim broke its rules");
-            let _ = self.answers.try_send(Err(status));
+        match ended {
+            Some(End::Refused(status)) => {
+                tracing::warn!(%status, "GetStream ended: the shim broke its rules");
+                // After the answers already queued, if the peer takes them.
+                let _ = tokio::time::timeout(FINAL_STATUS_WAIT, self.answers.send(Err(status))).await;
+            }
+            Some(End::Unread) => {
+                let status = Status::resource_exhausted(format!(
+                    "more than {ANSWERS_UNSENT} answers left untaken on this GetStream"
+                ));
+                let _ = tokio::time::timeout(FINAL_STATUS_WAIT, self.answers.send(Err(status))).await;
+            }
+            Some(End::Gone) | None => {}
         }
+    }
+
+    /// Whether the answer of the GET started as `generation` under `index`
+    /// is to be sent: only the GET now under that index answers for it,
+    /// not one stopped meanwhile (its index perhaps used again).
+    fn finished(&mut self, index: u32, generation: u64) -> bool {
+        let current = self.running.get(&index).is_some_and(|r| r.generation == generation);
+        if current {
+            self.running.remove(&index);
+        }
+        current
     }
 
     /// Queues `a` for the peer; the stream ends once the peer leaves too
@@ -221,7 +250,7 @@ impl Driver {
         }
         if self.unsent.len() > ANSWERS_UNSENT {
             tracing::warn!(unsent = self.unsent.len(), "GetStream: the shim does not take its answers; ending it");
-            return Err(End::Gone);
+            return Err(End::Unread);
         }
         Ok(())
     }
@@ -238,16 +267,28 @@ impl Driver {
                 "{n} GETs in one GetStream message; at most {MAX_GETS_PER_MESSAGE}"
             ))));
         }
-        for get in msg.gets {
+        // The whole message is checked before any of it starts.
+        let mut indexes = std::collections::HashSet::with_capacity(msg.gets.len());
+        for get in &msg.gets {
             let index = get.index;
-            let Some(item) = get.item else {
+            let Some(item) = &get.item else {
                 return Err(End::Refused(Status::invalid_argument(format!("GET {index} came without its item"))));
             };
-            if self.running.contains_key(&index) {
+            if self.running.contains_key(&index) || !indexes.insert(index) {
                 return Err(End::Refused(Status::invalid_argument(format!(
                     "GET {index} is already running on this stream"
                 ))));
             }
+            if item.request_id.len() > MAX_REQUEST_ID {
+                return Err(End::Refused(Status::invalid_argument(format!(
+                    "GET {index}: a request id of {} bytes; at most {MAX_REQUEST_ID} on a GetStream",
+                    item.request_id.len()
+                ))));
+            }
+        }
+        for get in msg.gets {
+            let index = get.index;
+            let Some(item) = get.item else { continue };
             if self.stopping {
                 let detail = ErrorDetail {
                     code: ErrorCode::AgentUnavailable as i32,
@@ -267,8 +308,11 @@ impl Driver {
             let ctx = RequestCtx::new(item.request_id.clone(), item.timeout_ms);
             let (work, done) = ((self.run)(get.session_id, item, ctx), self.done_tx.clone());
             let task = tokio::spawn(async move {
+                // Answered even if the GET panics: its slot is freed and its
+                // caller told (an abort's answer is dropped: not running).
+                let mut answering = Answering { index, generation, done: Some(done) };
                 let result = work.await;
-                let _ = done.send((index, generation, pb::GetManyItem { index, result: Some(result) }));
+                answering.send(result);
             });
             self.running.insert(index, Running { generation, task: task.abort_handle() });
         }
@@ -278,6 +322,34 @@ impl Driver {
             }
         }
         Ok(())
+    }
+}
+
+/// Sends a GET task's answer to the driver; dropped unsent (the GET
+/// panicked, or was stopped), an INTERNAL error.
+struct Answering {
+    index: u32,
+    generation: u64,
+    done: Option<mpsc::UnboundedSender<(u32, u64, pb::GetManyItem)>>,
+}
+
+impl Answering {
+    fn send(&mut self, result: GetResult) {
+        if let Some(done) = self.done.take() {
+            let _ =
+                done.send((self.index, self.generation, pb::GetManyItem { index: self.index, result: Some(result) }));
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        let detail = ErrorDetail {
+            code: ErrorCode::Internal as i32,
+            message: "the GET ended unanswered".into(),
+            needed_bytes: 0,
+        };
+        self.send(GetResult::Error(detail));
     }
 }
 

@@ -39,6 +39,7 @@ fn runner(script: &Arc<Script>) -> RunGet {
             let mut guard = CountDrop(&script.dropped, false);
             match item.key.as_str() {
                 "hold" => script.release.notified().await,
+                "panic" => panic!("a GET that panics"),
                 "slow" => tokio::time::sleep(Duration::from_millis(5)).await,
                 _ => {}
             }
@@ -158,7 +159,17 @@ async fn messages_that_break_the_rules_end_the_stream_and_stop_its_gets() {
     let too_many = (0..=MAX_GETS_PER_MESSAGE as u32).map(|i| get(100 + i, "ok")).collect();
     let no_item = vec![pb::StreamedGet { index: 5, session_id: "s".into(), item: None }];
     let twice = vec![get(1, "ok")];
-    for (what, bad) in [("too many", too_many), ("no item", no_item), ("an index running", twice)] {
+    let twice_in_one = vec![get(7, "ok"), get(7, "ok")];
+    let mut long_id = get(8, "ok");
+    long_id.item.as_mut().unwrap().request_id = "x".repeat(MAX_REQUEST_ID + 1);
+    let cases = [
+        ("too many", too_many),
+        ("no item", no_item),
+        ("an index running", twice),
+        ("an index twice", twice_in_one),
+        ("a long request id", vec![get(9, "ok"), long_id]),
+    ];
+    for (what, bad) in cases {
         let script = Arc::new(Script::default());
         let (tx, mut answers) = open(&script, None);
         tx.unbounded_send(msg(vec![get(1, "hold")], vec![])).unwrap();
@@ -168,6 +179,7 @@ async fn messages_that_break_the_rules_end_the_stream_and_stop_its_gets() {
         assert_eq!(end.unwrap_err().code(), tonic::Code::InvalidArgument, "{what}");
         assert!(next(&mut answers).await.is_none(), "{what}: then the end");
         eventually("the running GET stopped", || script.dropped.load(SeqCst) == 1).await;
+        assert_eq!(script.started.load(SeqCst), 1, "{what}: nothing of the message started");
     }
 }
 
@@ -202,10 +214,13 @@ async fn a_shim_that_never_takes_its_answers_loses_the_stream() {
     }
     let mut read = 0;
     while let Some(a) = next(&mut answers).await {
-        assert!(a.is_ok());
-        read += 1;
+        match a {
+            Ok(_) => read += 1,
+            Err(st) => assert_eq!(st.code(), tonic::Code::ResourceExhausted),
+        }
     }
-    assert!(read < total, "the stream ended with answers untaken ({read} of {total} read)");
+    // What was queued for the body; the rest was dropped with the stream.
+    assert!(read <= ANSWERS_QUEUED, "{read} answers of {total}");
     assert!(tx.unbounded_send(msg(vec![get(0, "ok")], vec![])).is_err(), "and stopped reading");
 }
 
@@ -235,4 +250,48 @@ async fn the_shim_going_away_stops_its_running_gets() {
     drop(answers);
     eventually("both stopped", || script.dropped.load(SeqCst) == 2).await;
     drop(tx);
+}
+
+#[tokio::test]
+async fn a_get_that_panics_is_answered_and_frees_its_place() {
+    let script = Arc::new(Script::default());
+    let (tx, mut answers) = open(&script, None);
+    tx.unbounded_send(msg(vec![get(4, "panic")], vec![])).unwrap();
+    assert_eq!(next_item(&mut answers).await, (4, Err(ErrorCode::Internal as i32)));
+    // Its index is free again.
+    tx.unbounded_send(msg(vec![get(4, "ok")], vec![])).unwrap();
+    assert_eq!(next_item(&mut answers).await, (4, Ok("r4-ok".into())));
+}
+
+#[tokio::test]
+async fn the_shims_side_failing_or_the_stop_signal_going_stops_the_stream() {
+    let script = Arc::new(Script::default());
+    let (tx, mut answers) = open(&script, None);
+    tx.unbounded_send(msg(vec![get(1, "hold")], vec![])).unwrap();
+    eventually("started", || script.started.load(SeqCst) == 1).await;
+    tx.unbounded_send(Err(Status::cancelled("the shim's side broke"))).unwrap();
+    assert!(next(&mut answers).await.is_none());
+    eventually("its GET stopped", || script.dropped.load(SeqCst) == 1).await;
+
+    // The agent's stop signal dropped (its run gone): a stop, and with
+    // nothing running the stream ends at once, its side still open.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (tx, mut answers) = open(&script, Some(stop_rx));
+    drop(stop_tx);
+    assert!(next(&mut answers).await.is_none());
+    assert!(tx.unbounded_send(msg(vec![get(2, "ok")], vec![])).is_err(), "no longer read");
+}
+
+#[tokio::test]
+async fn only_the_get_now_under_an_index_answers_for_it() {
+    let script = Arc::new(Script::default());
+    let (answers, _rx) = mpsc::channel(1);
+    let mut driver = Driver::new(runner(&script), answers);
+    let task = tokio::spawn(std::future::pending::<()>());
+    driver.running.insert(3, Running { generation: 2, task: task.abort_handle() });
+    assert!(!driver.finished(3, 1), "a stopped GET's late answer");
+    assert!(!driver.finished(4, 2), "an index not running");
+    assert!(driver.finished(3, 2));
+    assert!(driver.running.is_empty());
+    task.abort();
 }

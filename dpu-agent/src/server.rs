@@ -100,8 +100,12 @@ fn doca_memory(_cfg: &AgentConfig) -> Result<Arc<dyn HostMemory>, ServeError> {
     ))
 }
 
-/// Longest the agent waits at shutdown for its calls to finish.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the agent waits at shutdown for its calls to finish: the
+/// longest request deadline of any namespace, and a margin for answers.
+fn shutdown_grace(cfg: &AgentConfig) -> std::time::Duration {
+    let longest = cfg.tenants.iter().flat_map(|t| &t.namespaces).map(|n| n.request_timeout_ms).max().unwrap_or(0);
+    std::time::Duration::from_millis(longest) + std::time::Duration::from_secs(10)
+}
 
 /// Runs the agent until `shutdown` resolves. With `config_path` (the file
 /// `cfg` came from), SIGHUP re-reads it and applies the tenants' QoS limits.
@@ -216,11 +220,13 @@ pub async fn run(
     }
     info!("agent shutting down");
     let _ = stop_tx.send(true);
-    // Calls in flight finish within their deadlines; a peer that keeps a
-    // call open past them does not keep the agent from stopping.
-    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async { while servers.join_next().await.is_some() {} }).await;
+    // Calls in flight finish within their deadlines (the longest of any
+    // namespace); a peer that keeps a call open past them (one that stops
+    // reading its answers) does not keep the agent from stopping.
+    let grace = shutdown_grace(&cfg);
+    let drained = tokio::time::timeout(grace, async { while servers.join_next().await.is_some() {} }).await;
     if drained.is_err() {
-        warn!(grace = ?SHUTDOWN_GRACE, "calls still open at shutdown; ending them");
+        warn!(?grace, "calls still open past every deadline at shutdown; ending them");
         servers.abort_all();
     }
     let _ = std::fs::remove_file(&cfg.memory_socket);

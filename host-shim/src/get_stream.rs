@@ -38,6 +38,12 @@ const GETS_PER_MESSAGE: usize = 64;
 /// and refuses more at once (`dpu-agent/src/get_stream.rs`); past this
 /// budget the shim uses another stream, or a call of its own.
 pub const STREAM_BUDGET: usize = 256;
+/// Most messages queued for a stream whose call has not taken them (a
+/// stalled stream): past it, GETs go elsewhere.
+const MAX_QUEUED: usize = 4096;
+/// Longest request id a GET on a stream may have (the agent's limit,
+/// `dpu-agent/src/get_stream.rs`); GETs with longer ones go as calls.
+const MAX_REQUEST_ID: usize = 256;
 
 type Answer = Result<apb::GetReply, tonic::Status>;
 
@@ -59,6 +65,27 @@ struct Waiting {
 struct Link {
     to_agent: mpsc::UnboundedSender<Outbound>,
     waiting: Mutex<Waiting>,
+    /// Messages queued for the agent and not yet taken by the call's body
+    /// (a stalled stream takes no more GETs past [`MAX_QUEUED`]).
+    queued: AtomicUsize,
+}
+
+/// Ends the link when its task ends, however it ends (a panic included):
+/// no GET waits on a link nobody answers.
+struct EndOnDrop(Arc<Link>, Option<tonic::Status>);
+
+impl EndOnDrop {
+    fn finish(mut self, status: tonic::Status) {
+        self.1 = Some(status);
+    }
+}
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        let status =
+            self.1.take().unwrap_or_else(|| tonic::Status::internal("the GET stream's task ended unexpectedly"));
+        self.0.end(&status);
+    }
 }
 
 impl Link {
@@ -67,22 +94,30 @@ impl Link {
     }
 
     /// Opens the call on `agent`, in a task of its own that answers each
-    /// GET as the agent does.
-    fn open(mut agent: AgentClient<Channel>) -> Arc<Self> {
+    /// GET as the agent does. An agent that refuses the call itself as
+    /// UNIMPLEMENTED sets `off`.
+    fn open(mut agent: AgentClient<Channel>, off: Arc<AtomicBool>) -> Arc<Self> {
         let (to_agent, outbound) = mpsc::unbounded::<Outbound>();
-        let link = Arc::new(Self { to_agent, waiting: Mutex::new(Waiting::default()) });
+        let link = Arc::new(Self { to_agent, waiting: Mutex::new(Waiting::default()), queued: AtomicUsize::new(0) });
         let weak = Arc::downgrade(&link);
         let body = outbound
             .ready_chunks(GETS_PER_MESSAGE)
             .map(move |chunk| message(chunk, weak.upgrade().as_deref()))
             .filter(|m| std::future::ready(!m.gets.is_empty() || !m.cancel.is_empty()));
-        let answering = link.clone();
+        let ending = EndOnDrop(link.clone(), None);
         tokio::spawn(async move {
             let status = match agent.get_stream(body).await {
-                Err(status) => status,
-                Ok(reply) => answering.answer_all(reply.into_inner()).await,
+                Err(status) => {
+                    // Only the call's own refusal says so: a GET's answer
+                    // may be UNIMPLEMENTED too (UNSUPPORTED, one GET's).
+                    if status.code() == tonic::Code::Unimplemented && !off.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(%status, "the agent does not serve GetStream; single GETs go as calls");
+                    }
+                    status
+                }
+                Ok(reply) => ending.0.answer_all(reply.into_inner()).await,
             };
-            answering.end(&status);
+            ending.finish(status);
         });
         link
     }
@@ -129,7 +164,8 @@ impl Link {
         let (tx, rx) = oneshot::channel();
         let index = {
             let mut w = self.waiting();
-            if w.ended || w.answers.len() >= STREAM_BUDGET {
+            let stalled = self.queued.load(Ordering::Relaxed) >= MAX_QUEUED;
+            if w.ended || w.answers.len() >= STREAM_BUDGET || stalled || req.request_id.len() > MAX_REQUEST_ID {
                 return Sent::No(req);
             }
             let mut index = w.next_index;
@@ -144,14 +180,25 @@ impl Link {
         let get = apb::StreamedGet { index, session_id, item: Some(crate::coalesce::item_of(req)) };
         let pending = Pending { link: self.clone(), index, answered: false };
         // A closed channel: the stream has just ended, and `end` answers it.
-        let _ = self.to_agent.unbounded_send(Outbound::Get(get));
+        self.queue(Outbound::Get(get));
         Sent::Yes(pending, rx)
+    }
+
+    fn queue(&self, o: Outbound) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+        if self.to_agent.unbounded_send(o).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 }
 
 /// One message of what queued: a GET whose caller has gone meanwhile is
 /// not sent (nor its cancel), so the agent never starts it.
 fn message(chunk: Vec<Outbound>, link: Option<&Link>) -> apb::GetStreamRequest {
+    if let Some(l) = link {
+        // Each was counted before it was queued.
+        l.queued.fetch_sub(chunk.len(), Ordering::Relaxed);
+    }
     let mut msg = apb::GetStreamRequest::default();
     let waiting = link.map(Link::waiting);
     let mut unsent = Vec::new();
@@ -187,7 +234,7 @@ struct Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if !self.answered && self.link.waiting().answers.remove(&self.index).is_some() {
-            let _ = self.link.to_agent.unbounded_send(Outbound::Cancel(self.index));
+            self.link.queue(Outbound::Cancel(self.index));
         }
     }
 }
@@ -201,13 +248,13 @@ pub struct GetStreams {
     /// GETs sent on a stream.
     streamed: prometheus::IntCounter,
     /// Streams turned out not to be served: every GET goes as a call.
-    off: AtomicBool,
+    off: Arc<AtomicBool>,
 }
 
 impl GetStreams {
     pub fn new(channels: Vec<AgentClient<Channel>>, streamed: prometheus::IntCounter) -> Arc<Self> {
         let links = channels.iter().map(|_| Mutex::new(None)).collect();
-        Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed, off: AtomicBool::new(false) })
+        Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed, off: Arc::new(AtomicBool::new(false)) })
     }
 
     /// The stream on connection `i`: the open one, or a new one if none is
@@ -217,7 +264,7 @@ impl GetStreams {
         match slot.as_ref() {
             Some(link) if !link.waiting().ended => link.clone(),
             _ => {
-                let link = Link::open(self.channels[i].clone());
+                let link = Link::open(self.channels[i].clone(), self.off.clone());
                 *slot = Some(link.clone());
                 link
             }
@@ -249,15 +296,7 @@ impl GetStreams {
     async fn wait(&self, mut pending: Pending, rx: oneshot::Receiver<Answer>) -> Answer {
         let answer = rx.await;
         pending.answered = true;
-        let answer = answer.unwrap_or_else(|_| Err(tonic::Status::unavailable("the GET stream to the agent ended")));
-        if let Err(status) = &answer {
-            if status.code() == tonic::Code::Unimplemented && !self.off.swap(true, Ordering::Relaxed) {
-                // A peer that said it serves streams but does not (a proxy
-                // in between): single GETs go as calls from now on.
-                tracing::warn!(%status, "the agent does not serve GetStream; single GETs go as calls of their own");
-            }
-        }
-        answer
+        answer.unwrap_or_else(|_| Err(tonic::Status::unavailable("the GET stream to the agent ended")))
     }
 }
 
@@ -405,12 +444,53 @@ mod tests {
     #[test]
     fn a_get_whose_caller_went_before_it_was_sent_is_not_sent() {
         let (tx, _rx) = oneshot::channel();
-        let link = Link { to_agent: mpsc::unbounded().0, waiting: Mutex::new(Waiting::default()) };
+        let link = Link {
+            to_agent: mpsc::unbounded().0,
+            waiting: Mutex::new(Waiting::default()),
+            queued: AtomicUsize::new(4),
+        };
         link.waiting().answers.insert(6, tx);
         let sg = |index| apb::StreamedGet { index, session_id: "s".into(), item: None };
         let chunk = vec![Outbound::Get(sg(5)), Outbound::Cancel(5), Outbound::Get(sg(6)), Outbound::Cancel(7)];
         let m = message(chunk, Some(&link));
+        assert_eq!(link.queued.load(Ordering::Relaxed), 0, "all four taken");
         assert_eq!(m.gets.iter().map(|g| g.index).collect::<Vec<_>>(), vec![6]);
         assert_eq!(m.cancel, vec![7], "no cancel for a GET never sent; others' go");
+    }
+
+    #[tokio::test]
+    async fn only_the_calls_own_unimplemented_turns_streams_off() {
+        // A GET's UNSUPPORTED (UNIMPLEMENTED once a status) is that GET's.
+        let fake = Fake { stream_unsupported: true, ..Default::default() };
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent.clone()], counter());
+        for n in 0..3 {
+            let a = streams.get(agent.clone(), get("s", n)).await;
+            assert_eq!(a.unwrap_err().code(), tonic::Code::Unimplemented);
+        }
+        assert_eq!((fake.streams_opened.load(SeqCst), fake.unary.load(SeqCst)), (1, 0), "still on the stream");
+        // An agent that refuses the call itself: calls from then on.
+        let fake = Fake { stream_refused: true, ..Default::default() };
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let first = streams.get(agent.clone(), get("s", 0)).await;
+        assert_eq!(first.unwrap_err().code(), tonic::Code::Unimplemented, "the GET in flight fails with the call");
+        for n in 1..4 {
+            let a = streams.get(agent.clone(), get("s", n)).await;
+            assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()));
+        }
+        assert_eq!((fake.streams_opened.load(SeqCst), fake.unary.load(SeqCst)), (1, 3));
+    }
+
+    #[tokio::test]
+    async fn gets_with_request_ids_longer_than_a_stream_takes_go_as_calls() {
+        let fake = Fake::default();
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let mut req = get("s", 0);
+        req.request_id = "x".repeat(MAX_REQUEST_ID + 1);
+        let a = streams.get(agent.clone(), req).await;
+        assert_eq!(request_id(&a).map(|id| id.len()), Some(MAX_REQUEST_ID + 1));
+        assert_eq!((fake.streams_opened.load(SeqCst), fake.unary.load(SeqCst)), (1, 1));
     }
 }

@@ -23,6 +23,10 @@ pub struct Fake {
     pub dropped: Arc<std::sync::atomic::AtomicBool>,
     pub stream_hold: bool,
     pub stream_end_after: Option<usize>,
+    /// Every streamed GET answered UNSUPPORTED.
+    pub stream_unsupported: bool,
+    /// GetStream itself refused, UNIMPLEMENTED.
+    pub stream_refused: bool,
     pub streams_opened: Arc<std::sync::atomic::AtomicUsize>,
     /// (index, session, request id) of every streamed GET.
     pub streamed: Arc<Mutex<Vec<(u32, String, String)>>>,
@@ -51,6 +55,9 @@ impl sluice_proto::agent::agent_server::Agent for Fake {
     type GetStreamStream = Items;
     async fn get_stream(&self, req: tonic::Request<tonic::Streaming<apb::GetStreamRequest>>) -> Res<Items> {
         self.streams_opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.stream_refused {
+            return Err(tonic::Status::unimplemented("no GetStream here"));
+        }
         let mut inbound = req.into_inner();
         let (tx, rx) = futures::channel::mpsc::unbounded();
         let me = self.clone();
@@ -64,7 +71,17 @@ impl sluice_proto::agent::agent_server::Agent for Fake {
                     seen += 1;
                     let id = g.item.map(|i| i.request_id).unwrap_or_default();
                     me.streamed.lock().unwrap().push((g.index, g.session_id, id.clone()));
-                    if !me.stream_hold {
+                    if me.stream_unsupported {
+                        let d = sluice_proto::common::ErrorDetail {
+                            code: sluice_proto::common::ErrorCode::Unsupported as i32,
+                            message: "not here".into(),
+                            needed_bytes: 0,
+                        };
+                        answers.push(Ok(apb::GetManyItem {
+                            index: g.index,
+                            result: Some(apb::get_many_item::Result::Error(d)),
+                        }));
+                    } else if !me.stream_hold {
                         answers.push(ok_item(g.index, &id));
                     }
                     if Some(seen) == me.stream_end_after {

@@ -10,12 +10,29 @@ use std::time::{Duration, Instant};
 
 use sluice_tests::{Options, Stack};
 
-/// `GET path` on `addr`: (status, body).
+/// `GET path` on `addr`: (status, body). A daemon binds its operations
+/// listener as it starts, so an exchange that fails (refused, or cut while
+/// the daemon comes up) is tried again for a while: the stack is up when
+/// its sockets are, not necessarily this listener.
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    let t0 = Instant::now();
+    let out = loop {
+        let exchange = || -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect(addr)?;
+            write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out)
+        };
+        match exchange() {
+            Ok(out) if !out.is_empty() => break out,
+            other if t0.elapsed() < Duration::from_secs(20) => {
+                eprintln!("{addr}{path}: {other:?}; trying again");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => panic!("{addr}{path}: {other:?}"),
+        }
+    };
     let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     (status, body)
