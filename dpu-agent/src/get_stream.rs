@@ -10,7 +10,7 @@
 //! The checks are those of a `Get` call: every GET names its session,
 //! which is looked up against where the stream was opened from (the same
 //! connection, so the same origin a call on it would have), renewed, and
-//! authorised per namespace inside [`Agent::get`]. Each GET keeps its own
+//! authorised per namespace inside `Agent::get`. Each GET keeps its own
 //! request id and deadline, and runs in a task of its own, as a unary call
 //! does.
 //!
@@ -48,12 +48,10 @@ use sluice_proto::agent as pb;
 use sluice_proto::common::{ErrorCode, ErrorDetail};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Status, Streaming};
+use tonic::Status;
 
-use crate::agent::Agent;
 use crate::error::AgentError;
-use crate::identity::ShimOrigin;
-use crate::requests::{GetObject, RequestCtx};
+use crate::requests::RequestCtx;
 
 /// Most GETs of one stream running at once (the shim keeps its own budget
 /// below this: `host-shim/src/get_stream.rs`).
@@ -71,40 +69,18 @@ const ANSWERS_QUEUED: usize = 256;
 /// How long the stream's own error waits for room behind its answers.
 const FINAL_STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-type Answer = Result<pb::GetManyItem, Status>;
+pub type Answer = Result<pb::GetManyItem, Status>;
 
-/// Runs one GET: (session id, item, context) -> its result.
-type RunGet = Arc<dyn Fn(String, pb::GetItem, RequestCtx) -> BoxFuture<'static, GetResult> + Send + Sync>;
-type GetResult = pb::get_many_item::Result;
+/// Runs one GET: (session id, item, context) -> its result. The gRPC
+/// service makes it (`grpc.rs`: the session looked up against the stream's
+/// origin, then `Agent::get`), so this module knows nothing of either.
+pub type RunGet = Arc<dyn Fn(String, pb::GetItem, RequestCtx) -> BoxFuture<'static, GetResult> + Send + Sync>;
+pub type GetResult = pb::get_many_item::Result;
 
-/// The answer stream of one `GetStream` call: its GETs run in a driver task
-/// (see the module docs).
-pub fn serve(
-    agent: Arc<Agent>,
-    origin: ShimOrigin,
-    inbound: Streaming<pb::GetStreamRequest>,
-    stop: Option<watch::Receiver<bool>>,
-) -> ReceiverStream<Answer> {
-    let run: RunGet = Arc::new(move |session_id, item, ctx| {
-        let (agent, origin) = (agent.clone(), origin.clone());
-        Box::pin(async move {
-            // Looked up per GET, as a call of its own would be: it renews
-            // the session, and fails once it is closed.
-            let res = match agent.scoped(&session_id, &origin) {
-                Ok(s) => agent.get(&s, &GetObject::from(item), &ctx).await,
-                Err(e) => Err(e),
-            };
-            match res {
-                Ok(out) => pb::get_many_item::Result::Ok(crate::grpc::get_reply(&ctx.request_id, out)),
-                Err(e) => pb::get_many_item::Result::Error(e.detail()),
-            }
-        })
-    });
-    start(run, inbound, stop)
-}
-
-/// The driver task over `inbound`, with GETs run by `run`; the answers.
-fn start<S>(run: RunGet, inbound: S, stop: Option<watch::Receiver<bool>>) -> ReceiverStream<Answer>
+/// The answer stream of one `GetStream` call over `inbound`, each GET run
+/// by `run` in a task of its own under a driver task (see the module
+/// docs); `stop` becoming true is the agent stopping.
+pub fn start<S>(run: RunGet, inbound: S, stop: Option<watch::Receiver<bool>>) -> ReceiverStream<Answer>
 where
     S: Stream<Item = Result<pb::GetStreamRequest, Status>> + Unpin + Send + 'static,
 {

@@ -191,7 +191,7 @@ fn info(m: ObjectMeta) -> ObjectInfo {
     }
 }
 
-pub(crate) fn get_reply(request_id: &str, out: agent::TransferSummary) -> pb::GetReply {
+fn get_reply(request_id: &str, out: agent::TransferSummary) -> pb::GetReply {
     pb::GetReply { report: Some(report(request_id, &out)), object_size: out.object_size, etag: out.etag }
 }
 
@@ -242,7 +242,23 @@ impl AgentRpc for GrpcService {
     ) -> Result<Response<Self::GetStreamStream>, Status> {
         // Every GET on it is checked against this call's origin.
         let origin = self.origin_of(&req);
-        Ok(Response::new(crate::get_stream::serve(self.agent.clone(), origin, req.into_inner(), self.stop.clone())))
+        let agent = self.agent.clone();
+        let run: crate::get_stream::RunGet = Arc::new(move |session_id, item, ctx| {
+            let (agent, origin) = (agent.clone(), origin.clone());
+            Box::pin(async move {
+                // Looked up per GET, as a call of its own would be: it
+                // renews the session, and fails once it is closed.
+                let res = match agent.scoped(&session_id, &origin) {
+                    Ok(s) => agent.get(&s, &GetObject::from(item), &ctx).await,
+                    Err(e) => Err(e),
+                };
+                match res {
+                    Ok(out) => pb::get_many_item::Result::Ok(get_reply(&ctx.request_id, out)),
+                    Err(e) => pb::get_many_item::Result::Error(e.detail()),
+                }
+            })
+        });
+        Ok(Response::new(crate::get_stream::start(run, req.into_inner(), self.stop.clone())))
     }
 
     async fn get_epoch(&self, _req: Request<pb::GetEpochRequest>) -> Result<Response<pb::GetEpochReply>, Status> {
