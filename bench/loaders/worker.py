@@ -501,6 +501,7 @@ PY_WRITERS: Dict[str, Callable[[Dict[str, Any]], Writer]] = {
 PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
     "sluice-py (http)": lambda cfg: SluicePy(cfg, cfg["namespace"], "http"),
     "sluice-py (rdma/tcp)": lambda cfg: SluicePy(cfg, cfg["namespace"] + "-rdma", "rdma"),
+    "sluice-py (http) (python)": lambda cfg: _pure(SluicePy)(cfg, cfg["namespace"], "http"),
     "sluice-py batch->region": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", True),
     "sluice-py batch->bytes": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", False),
     "sluice-py get_bytes": lambda cfg: SluicePyBytes(cfg, cfg["namespace"], "http"),

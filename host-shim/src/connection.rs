@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,7 +27,7 @@ use crate::config::{ShimConfig, ShimLimits};
 use crate::error::ShimError;
 use crate::metrics::ShimMetrics;
 use crate::requests::RequestCtx;
-use crate::session::{Session, SessionContext};
+use crate::session::{Peer, Session, SessionContext};
 
 /// Extra time past a client's deadline for the agent's own DEADLINE_EXCEEDED
 /// answer to come back before the shim gives up waiting.
@@ -51,11 +52,13 @@ pub struct ConnectionContext {
     sessions: Arc<SessionContext>,
     counts: ConnectionCounts,
     metrics: Arc<ShimMetrics>,
+    /// Numbers connections (which one registered a region).
+    next_conn: AtomicU64,
 }
 
 impl ConnectionContext {
     pub fn new(config: Arc<ShimConfig>, sessions: Arc<SessionContext>, metrics: Arc<ShimMetrics>) -> Self {
-        Self { config, sessions, counts: ConnectionCounts::default(), metrics }
+        Self { config, sessions, counts: ConnectionCounts::default(), metrics, next_conn: AtomicU64::new(1) }
     }
 
     /// Open connections, per uid.
@@ -67,10 +70,11 @@ impl ConnectionContext {
 /// Who is on the other end of a connection.
 enum Caller {
     /// Before Hello: only Hello is served.
-    Unbound { uid: u32, gid: u32 },
+    Unbound(Peer),
     /// After Hello: the session opened for the tenant the caller's uid/gid
-    /// map to. Every later request of the connection runs in it.
-    Bound(Arc<Session>),
+    /// map to, or joined (`joined`: opened by another connection of the
+    /// same process). Every later request of the connection runs in it.
+    Bound { session: Arc<Session>, joined: bool },
 }
 
 impl Caller {
@@ -78,8 +82,8 @@ impl Caller {
     /// passes, and the only way a handler gets a session.
     fn session(&self, config: &ShimConfig) -> Result<Arc<Session>, ShimError> {
         match self {
-            Self::Bound(s) => Ok(s.clone()),
-            Self::Unbound { uid, gid } => Err(if config.tenant_for(*uid, *gid).is_none() {
+            Self::Bound { session, .. } => Ok(session.clone()),
+            Self::Unbound(Peer { uid, gid, .. }) => Err(if config.tenant_for(*uid, *gid).is_none() {
                 ShimError::UnknownCaller { uid: *uid, gid: *gid }
             } else {
                 ShimError::Protocol("send Hello first".into())
@@ -152,7 +156,7 @@ fn new_request_id() -> String {
 /// Serves one client until it disconnects, then releases everything it held.
 pub async fn serve(ctx: Arc<ConnectionContext>, stream: UnixStream) {
     let (uid, gid, pid) = match stream.peer_cred() {
-        Ok(c) => (c.uid(), c.gid(), c.pid().unwrap_or(0)),
+        Ok(c) => (c.uid(), c.gid(), c.pid().unwrap_or(-1)),
         Err(e) => {
             warn!(error = %e, "SO_PEERCRED failed; dropping connection");
             return;
@@ -215,10 +219,14 @@ pub async fn serve(ctx: Arc<ConnectionContext>, stream: UnixStream) {
         }
     });
 
-    let span = tracing::info_span!("client", uid, gid, pid);
-    let caller = read_loop(&ctx, stream, tx, uid, gid).instrument(span.clone()).await;
-    if let Caller::Bound(s) = caller {
-        s.close().instrument(span).await;
+    let conn = ctx.next_conn.fetch_add(1, Ordering::Relaxed);
+    let span = tracing::info_span!("client", uid, gid, pid, conn);
+    let peer = Peer { uid, gid, pid };
+    let caller = read_loop(&ctx, stream, tx, peer, conn).instrument(span.clone()).await;
+    match caller {
+        Caller::Bound { session, joined: false } => session.close().instrument(span).await,
+        Caller::Bound { session, joined: true } => session.leave(conn).instrument(span).await,
+        Caller::Unbound(_) => {}
     }
     let _ = writer.await;
 }
@@ -246,19 +254,29 @@ async fn read_loop(
     ctx: &Arc<ConnectionContext>,
     stream: Arc<UnixStream>,
     tx: mpsc::Sender<Outgoing>,
-    uid: u32,
-    gid: u32,
+    peer: Peer,
+    conn: u64,
 ) -> Caller {
     let limits = &ctx.config.limits;
     let mut reader = FrameReader::new(stream, MAX_FRAME_LEN);
-    let mut caller = Caller::Unbound { uid, gid };
+    let mut caller = Caller::Unbound(peer);
+    // A joined connection ends with the connection that opened its session.
+    let mut ended: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> = Box::pin(std::future::pending());
     let permits = Arc::new(Semaphore::new(limits.max_in_flight_per_connection));
     let hello_by = Instant::now() + Duration::from_millis(limits.hello_timeout_ms);
     loop {
         // Until Hello succeeds the connection is on a clock: an idle or
         // trickling peer cannot hold a slot (and an fd) for long.
-        let next = if matches!(caller, Caller::Bound(_)) {
-            reader.next_frame().await
+        let next = if matches!(caller, Caller::Bound { .. }) {
+            tokio::select! {
+                next = reader.next_frame() => next,
+                () = &mut ended => {
+                    let e = ShimError::Refused("the connection whose session this one joined has closed".into());
+                    debug!(error = %e, "closing connection");
+                    let _ = tx.send(error_frame(0, String::new(), &e)).await;
+                    break;
+                }
+            }
         } else {
             match tokio::time::timeout_at(hello_by, reader.next_frame()).await {
                 Ok(r) => r,
@@ -322,10 +340,15 @@ async fn read_loop(
 
         if let Op::Hello(h) = op {
             let out = match hello(ctx, &mut caller, h).await {
-                Ok(ok) => Outgoing {
-                    frame: encode_frame(&pb::Response { id, request_id, result: Some(Res::Hello(ok)), item: 0 }),
-                    fd: None,
-                },
+                Ok(ok) => {
+                    if let Caller::Bound { session, joined: true } = &caller {
+                        ended = Box::pin(session.ended());
+                    }
+                    Outgoing {
+                        frame: encode_frame(&pb::Response { id, request_id, result: Some(Res::Hello(ok)), item: 0 }),
+                        fd: None,
+                    }
+                }
                 Err(e) => error_frame(id, request_id, &e),
             };
             let _ = tx.send(out).await;
@@ -361,6 +384,7 @@ async fn read_loop(
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
         let served = Served {
             id,
+            conn,
             req: RequestCtx { request_id, timeout_ms },
             limit,
             op: crate::metrics::op_label(&op),
@@ -384,6 +408,8 @@ async fn read_loop(
 struct Served {
     /// The client's frame id.
     id: u64,
+    /// Which connection (regions it registers are its own).
+    conn: u64,
     req: RequestCtx,
     /// When the shim stops waiting for the agent.
     limit: Duration,
@@ -414,7 +440,7 @@ impl Served {
             }
             return;
         }
-        let work = crate::handlers::handle(s, op, fd, &self.req);
+        let work = crate::handlers::handle(s, self.conn, op, fd, &self.req);
         let result = match tokio::time::timeout(self.limit, work).await {
             Ok(r) => r,
             Err(_) => Err(ShimError::DeadlineExceeded(self.limit)),
@@ -437,22 +463,36 @@ impl Served {
 }
 
 /// Hello: checks the version, maps the caller to a tenant and opens its
-/// session, which binds the connection (`Caller::Bound`) for good.
+/// session (or joins the session `join` names, of the same process), which
+/// binds the connection (`Caller::Bound`) for good.
 async fn hello(ctx: &ConnectionContext, caller: &mut Caller, h: pb::Hello) -> Result<pb::HelloOk, ShimError> {
     if h.version != SHIM_PROTOCOL_VERSION {
         return Err(ShimError::Version { got: h.version, want: SHIM_PROTOCOL_VERSION });
     }
-    let &mut Caller::Unbound { uid, gid } = caller else {
+    let &mut Caller::Unbound(peer) = caller else {
         return Err(ShimError::Protocol("Hello was already sent on this connection".into()));
     };
+    let Peer { uid, gid, .. } = peer;
     let tenant = ctx.config.tenant_for(uid, gid).ok_or(ShimError::UnknownCaller { uid, gid })?.to_owned();
     if !ctx.sessions.serves(&tenant) {
         return Err(ShimError::UnknownCaller { uid, gid });
     }
-    let (s, namespaces, caps) = tokio::time::timeout(OPEN_TIMEOUT, Session::open(&ctx.sessions, &tenant))
-        .await
-        .map_err(|_| ShimError::AgentUnavailable("the agent did not open a session in time".into()))??;
-    tracing::info!(tenant = %tenant, client = %h.client, "client connected");
-    *caller = Caller::Bound(s);
-    Ok(pb::HelloOk { version: SHIM_PROTOCOL_VERSION, tenant, namespaces, capabilities: Some((*caps).clone()) })
+    let joined = !h.join.is_empty();
+    let (s, namespaces, caps) = if joined {
+        Session::join(&ctx.sessions, &h.join, peer)?
+    } else {
+        tokio::time::timeout(OPEN_TIMEOUT, Session::open(&ctx.sessions, &tenant, peer))
+            .await
+            .map_err(|_| ShimError::AgentUnavailable("the agent did not open a session in time".into()))??
+    };
+    tracing::info!(tenant = %tenant, client = %h.client, joined, "client connected");
+    let join_token = s.join_token().to_owned();
+    *caller = Caller::Bound { session: s, joined };
+    Ok(pb::HelloOk {
+        version: SHIM_PROTOCOL_VERSION,
+        tenant: tenant.clone(),
+        namespaces,
+        capabilities: Some((*caps).clone()),
+        join_token,
+    })
 }

@@ -17,16 +17,18 @@ use crate::error::ShimError;
 use crate::requests::{GetObject, ListObjects, ObjectKey, PutObject, RequestCtx};
 use crate::session::Session;
 
-/// Serves one request after the handshake, in the caller's session `s`.
+/// Serves one request after the handshake, in the caller's session `s`, for
+/// connection `conn` (a region registered belongs to it).
 pub async fn handle(
     s: &Session,
+    conn: u64,
     op: Op,
     fd: Option<OwnedFd>,
     ctx: &RequestCtx,
 ) -> Result<(Res, Option<OwnedFd>), ShimError> {
     let res = match op {
         Op::Hello(_) => return Err(ShimError::Protocol("Hello was already sent on this connection".into())),
-        Op::Register(r) => return register(s, r, fd).await,
+        Op::Register(r) => return register(s, conn, r, fd).await,
         // Served by `batch::get_batch` (its answers are many frames).
         Op::GetBatch(_) => return Err(ShimError::Protocol("a GetBatch cannot be served here".into())),
         Op::Release(r) => {
@@ -122,7 +124,12 @@ pub async fn handle(
 /// passed back), a client's memfd (only if it is sealed against shrinking:
 /// the agent maps it, and a truncated mapping would crash whoever touches
 /// it), or a GPU dma-buf.
-async fn register(s: &Session, r: pb::Register, fd: Option<OwnedFd>) -> Result<(Res, Option<OwnedFd>), ShimError> {
+async fn register(
+    s: &Session,
+    conn: u64,
+    r: pb::Register,
+    fd: Option<OwnedFd>,
+) -> Result<(Res, Option<OwnedFd>), ShimError> {
     if r.length == 0 {
         return Err(ShimError::BadRequest("region length must be > 0".into()));
     }
@@ -172,7 +179,7 @@ async fn register(s: &Session, r: pb::Register, fd: Option<OwnedFd>) -> Result<(
         let (source, guard) = memory.prepare_shared(fd, r.length)?;
         (source, guard, give_back)
     };
-    let region_id = s.register(r.length, source, guard).await?;
+    let region_id = s.register(conn, r.length, source, guard).await?;
     let res = Res::Registered(pb::Registered { region_id, length: r.length, fd_attached: give_back.is_some() });
     Ok((res, give_back))
 }

@@ -105,6 +105,9 @@ enum AgentRegion {
 
 struct Region {
     len: u64,
+    /// The connection that registered it (released when that connection
+    /// ends, if it joined the session; with the session otherwise).
+    conn: u64,
     /// The agent's id for it in the current agent session.
     agent_id: AgentRegion,
     source: Arc<RegionSource>,
@@ -129,13 +132,34 @@ struct Inner {
     closed: bool,
 }
 
-/// One client connection's session.
+/// A session bound to a connection at Hello: the session, the tenant's
+/// namespaces and what the session can do.
+pub type Bound = (Arc<Session>, Vec<String>, Arc<Capabilities>);
+
+/// Who opened a session: only the same process may join it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: i32,
+}
+
+/// One client connection's session (and the session of the connections of
+/// the same process that joined it: `Hello.join`).
 pub struct Session {
     pub tenant: String,
     ctx: Arc<SessionContext>,
     inner: Mutex<Inner>,
     /// One re-establishment at a time.
     reopen: tokio::sync::Mutex<()>,
+    /// The process of the connection that opened it.
+    owner: Peer,
+    /// What a connection of `owner` names to join it (hex of 16 random bytes).
+    join_token: String,
+    /// Set when the opening connection ends: joined connections close too.
+    ended: tokio::sync::watch::Sender<bool>,
+    /// The tenant's namespaces, as the agent answered at open.
+    namespaces: Vec<String>,
 }
 
 /// The agent-side names a call needs, taken together so they belong to the
@@ -264,10 +288,7 @@ async fn try_open_agent_session(ctx: &SessionContext, tenant: &str) -> Result<Ag
 impl Session {
     /// Opens the agent session for a client that completed Hello; returns
     /// the tenant's namespaces and what the session can do.
-    pub async fn open(
-        ctx: &Arc<SessionContext>,
-        tenant: &str,
-    ) -> Result<(Arc<Self>, Vec<String>, Arc<Capabilities>), ShimError> {
+    pub async fn open(ctx: &Arc<SessionContext>, tenant: &str, owner: Peer) -> Result<Bound, ShimError> {
         let opened = open_agent_session(ctx, tenant).await?;
         let s = Arc::new(Self {
             tenant: tenant.to_owned(),
@@ -282,9 +303,51 @@ impl Session {
                 closed: false,
             }),
             reopen: tokio::sync::Mutex::new(()),
+            owner,
+            join_token: random_id(),
+            ended: tokio::sync::watch::channel(false).0,
+            namespaces: opened.namespaces.clone(),
         });
         ctx.registry.add(&s);
         Ok((s, opened.namespaces, opened.capabilities))
+    }
+
+    /// What a connection of the same process names to join this session.
+    pub fn join_token(&self) -> &str {
+        &self.join_token
+    }
+
+    /// The open session `token` names, for a connection of `peer`: only
+    /// the process that opened it may join it, and only while the
+    /// connection that opened it is open. Every refusal reads the same
+    /// (nothing tells another process that a session exists).
+    pub fn join(ctx: &SessionContext, token: &str, peer: Peer) -> Result<Bound, ShimError> {
+        let found = ctx.registry.live().into_iter().map(|(s, _, _)| s).find(|s| {
+            // Constant time in the token: it is the one secret here.
+            let (a, b) = (s.join_token.as_bytes(), token.as_bytes());
+            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        });
+        match found {
+            // A peer whose pid the kernel did not say never matches.
+            Some(s) if s.owner == peer && peer.pid > 0 => {
+                let caps = s.capabilities();
+                let namespaces = s.namespaces.clone();
+                Ok((s, namespaces, caps))
+            }
+            _ => Err(ShimError::BadRequest(
+                "Hello.join names no open session of this process (its connection closed, or the token is wrong)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Resolves when the connection that opened the session has ended
+    /// (a joined connection then closes too).
+    pub fn ended(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.ended.subscribe();
+        async move {
+            let _ = rx.wait_for(|ended| *ended).await;
+        }
     }
 
     /// How regions are exported to the agent (a handler prepares a region
@@ -322,8 +385,9 @@ impl Session {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn region_count(&self) -> usize {
-        self.inner().regions.len()
+    /// Regions registered through connection `conn`.
+    pub fn region_count(&self, conn: u64) -> usize {
+        self.inner().regions.values().filter(|r| r.conn == conn).count()
     }
 
     /// The current agent session and, if `region` is given, the agent's id
@@ -392,10 +456,17 @@ impl Session {
         }
     }
 
-    /// Registers a region with the agent and returns the shim's id for it.
-    pub async fn register(&self, len: u64, source: RegionSource, guard: ExportGuard) -> Result<String, ShimError> {
+    /// Registers a region with the agent for connection `conn` and returns
+    /// the shim's id for it.
+    pub async fn register(
+        &self,
+        conn: u64,
+        len: u64,
+        source: RegionSource,
+        guard: ExportGuard,
+    ) -> Result<String, ShimError> {
         let max = self.limits().max_regions_per_connection;
-        if self.region_count() >= max {
+        if self.region_count(conn) >= max {
             return Err(ShimError::Limit(format!("{max} regions per connection (max_regions_per_connection)")));
         }
         let source = Arc::new(source);
@@ -410,7 +481,7 @@ impl Session {
                     if inner.generation == snap.generation && !inner.closed {
                         let id = random_id();
                         let agent_id = AgentRegion::Id(reply.into_inner().region_id);
-                        inner.regions.insert(id.clone(), Region { len, agent_id, source, _guard: guard });
+                        inner.regions.insert(id.clone(), Region { len, conn, agent_id, source, _guard: guard });
                         return Ok(id);
                     }
                     // Registered in a session that has just been replaced.
@@ -499,6 +570,7 @@ impl Session {
             inner.closed = true;
             inner.agent_session.clone()
         };
+        self.ended.send_replace(true);
         let req = apb::CloseSessionRequest { session_id };
         let mut agent = self.agent();
         match tokio::time::timeout(Duration::from_secs(60), agent.close_session(req)).await {
@@ -510,6 +582,21 @@ impl Session {
         }
         let n = std::mem::take(&mut self.inner().regions).len();
         info!(tenant = %self.tenant, released_regions = n, "client disconnected");
+    }
+
+    /// A joined connection `conn` ended: releases the regions it
+    /// registered (the session stays with the connection that opened it).
+    pub async fn leave(&self, conn: u64) {
+        let ids: Vec<String> =
+            self.inner().regions.iter().filter(|(_, r)| r.conn == conn).map(|(id, _)| id.clone()).collect();
+        for id in ids {
+            if let Err(e) = self.release(&id).await {
+                // The region is forgotten here either way; the agent drops
+                // it with the session at the latest.
+                debug!(tenant = %self.tenant, region = %id, error = %e, "releasing a joined connection's region");
+                self.inner().regions.remove(&id);
+            }
+        }
     }
 }
 

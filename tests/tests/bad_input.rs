@@ -113,7 +113,7 @@ async fn raw_hello(sock: &std::path::Path) -> UnixStream {
     let mut s = UnixStream::connect(sock).await.unwrap();
     let hello = pb::Request {
         id: 1,
-        op: Some(pb::request::Op::Hello(pb::Hello { version: 1, client: "raw".into() })),
+        op: Some(pb::request::Op::Hello(pb::Hello { version: 1, client: "raw".into(), join: String::new() })),
         ..Default::default()
     };
     s.write_all(&encode_frame(&hello)).await.unwrap();
@@ -149,7 +149,7 @@ async fn malformed_frames_do_not_hurt_the_shim() {
     assert_eq!(error_code(&read_frame(&mut s).await.unwrap()), Code::Protocol);
     let bad_version = pb::Request {
         id: 6,
-        op: Some(pb::request::Op::Hello(pb::Hello { version: 99, client: "x".into() })),
+        op: Some(pb::request::Op::Hello(pb::Hello { version: 99, client: "x".into(), join: String::new() })),
         ..Default::default()
     };
     s.write_all(&encode_frame(&bad_version)).await.unwrap();

@@ -142,6 +142,8 @@ fn request(rng: &mut Rng, id: u64, regions: &[String]) -> (pb::Request, bool) {
         0 => Op::Hello(pb::Hello {
             version: if rng.chance(80) { 1 } else { rng.below(5) as u32 },
             client: "fuzz".into(),
+            // Now and then a join token: made up, never one of a session.
+            join: if rng.chance(20) { format!("{:032x}", rng.next()) } else { String::new() },
         }),
         1 | 2 => {
             wants_fd = rng.chance(50);
@@ -259,7 +261,7 @@ async fn connection(seed: u64, stack_socket: std::path::PathBuf, dir: std::path:
         id += 1;
         let hello = pb::Request {
             id,
-            op: Some(Op::Hello(pb::Hello { version: 1, client: "fuzz".into() })),
+            op: Some(Op::Hello(pb::Hello { version: 1, client: "fuzz".into(), join: String::new() })),
             ..Default::default()
         };
         let _ = sluice_shm::send_with_fds(&s, &encode_frame(&hello), &[]).await;

@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+mod error;
 mod gpu;
 mod gpu_ops;
 
@@ -40,67 +41,10 @@ pub use sluice_proto::common::ErrorCode as Code;
 pub use sluice_proto::common::ObjectInfo as Object;
 pub use sluice_proto::common::{Capabilities, MemoryKind, NamespaceCapabilities};
 
+pub use error::ClientError;
 pub use gpu::{GpuBatchGet, GpuOptions, GpuRegion, GpuTransfer, PinRegions, DEFAULT_LANE_BYTES, DEFAULT_STAGING_BYTES};
 /// The CUDA layer the GPU calls use (its driver, host model and types).
 pub use sluice_cuda as cuda;
-
-/// Errors from the client.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// The shim (or the agent behind it) refused or failed the request.
-    #[error("{message} [{code:?}, request {request_id}]")]
-    Shim {
-        code: ErrorCode,
-        message: String,
-        request_id: String,
-        /// `REGION_TOO_SMALL`: the bytes the data needs (0: unknown).
-        needed_bytes: u64,
-    },
-    #[error("connecting to the shim at {path}: {source}")]
-    Connect { path: String, source: std::io::Error },
-    #[error("shim connection: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("the shim closed the connection")]
-    Disconnected,
-    #[error("protocol error: {0}")]
-    Protocol(String),
-    #[error("shared memory: {0}")]
-    Memory(#[from] sluice_shm::ShmError),
-    /// No answer within the client's timeout (the shim and agent were told
-    /// the same deadline and stop the request too).
-    #[error("no answer from the shim within {0:?}")]
-    Timeout(std::time::Duration),
-    /// A transfer to or from GPU memory refused or failed in this process
-    /// (e.g. `RegionTooSmall` before any byte reached the GPU).
-    #[error("{message} [{code:?}{}]", if request_id.is_empty() { String::new() } else { format!(", request {request_id}") })]
-    Gpu { code: ErrorCode, message: String, request_id: String },
-    /// CUDA refused: no driver or device here (`UNSUPPORTED`), or memory
-    /// that is not this process's GPU memory (`BAD_REQUEST`).
-    #[error(transparent)]
-    Cuda(#[from] sluice_cuda::CudaError),
-}
-
-impl ClientError {
-    /// The typed code, for errors the shim reported.
-    pub fn code(&self) -> Option<ErrorCode> {
-        match self {
-            Self::Shim { code, .. } | Self::Gpu { code, .. } => Some(*code),
-            Self::Cuda(e) if e.is_bad_request() => Some(ErrorCode::BadRequest),
-            Self::Cuda(_) => Some(ErrorCode::Unsupported),
-            _ => None,
-        }
-    }
-
-    /// `REGION_TOO_SMALL`: how many bytes the data needs, as the shim said
-    /// (0 when it could not say, and for every other error).
-    pub fn needed_bytes(&self) -> u64 {
-        match self {
-            Self::Shim { needed_bytes, .. } => *needed_bytes,
-            _ => 0,
-        }
-    }
-}
 
 tokio::task_local! {
     /// A deadline for the requests sent inside [`with_timeout`], in ms (0:
@@ -281,6 +225,9 @@ pub struct Client {
     tenant: String,
     namespaces: Vec<String>,
     capabilities: Capabilities,
+    /// What another connection of this process names to join this one's
+    /// session (empty from a shim older than joining).
+    join_token: String,
     gpu: gpu::GpuState,
     orphans: Arc<Orphans>,
     reader: tokio::task::JoinHandle<()>,
@@ -301,6 +248,17 @@ impl Client {
     /// As [`Client::connect`], with GPU settings (the CUDA driver, staging,
     /// pinning of host regions).
     pub async fn connect_with(path: impl AsRef<Path>, gpu: GpuOptions) -> Result<Self, ClientError> {
+        Self::connect_joining(path, gpu, "").await
+    }
+
+    /// As [`Client::connect_with`], joining the session of another
+    /// connection of this process: `join` is its [`Client::join_token`]
+    /// (empty: open a session of its own). This connection then names the
+    /// other's regions by id ([`Client::get_by_id`]); the regions it
+    /// registers itself are released when it closes, and the shim closes it
+    /// when the other connection closes. A shim refuses a token of another
+    /// process, or of a connection that has closed (`BAD_REQUEST`).
+    pub async fn connect_joining(path: impl AsRef<Path>, gpu: GpuOptions, join: &str) -> Result<Self, ClientError> {
         let path = path.as_ref();
         let stream = UnixStream::connect(path)
             .await
@@ -318,6 +276,7 @@ impl Client {
             tenant: String::new(),
             namespaces: Vec::new(),
             capabilities: Capabilities::default(),
+            join_token: String::new(),
             gpu: gpu::GpuState::new(gpu),
             orphans,
             reader,
@@ -325,12 +284,14 @@ impl Client {
         let hello = Op::Hello(pb::Hello {
             version: SHIM_PROTOCOL_VERSION,
             client: format!("sluice-client/{}", env!("CARGO_PKG_VERSION")),
+            join: join.to_owned(),
         });
         match client.call(hello, None, "").await?.resp.result {
             Some(Res::Hello(ok)) => {
                 client.tenant = ok.tenant;
                 client.namespaces = ok.namespaces;
                 client.capabilities = ok.capabilities.unwrap_or_default();
+                client.join_token = ok.join_token;
                 Ok(client)
             }
             other => Err(unexpected(other)),
@@ -362,6 +323,13 @@ impl Client {
     /// Requests outside it fail with UNSUPPORTED before any byte moves.
     pub fn capabilities(&self) -> &Capabilities {
         &self.capabilities
+    }
+
+    /// What another connection of this process passes to
+    /// [`Client::connect_joining`] to share this one's session and regions
+    /// (empty: the shim does not offer joining).
+    pub fn join_token(&self) -> &str {
+        &self.join_token
     }
 
     async fn call(

@@ -145,6 +145,135 @@ def test_stats_count_the_native_connection_and_close_ends_it(stack, prefix):
         c.get_many([f"{prefix}/s"])
 
 
+def test_gets_into_regions_go_native_and_answer_as_the_python_path(stack, prefix):
+    """``get(path, into=region)`` on the native reader, which joined the
+    Python connection's session (one session, counted once): the same
+    bytes, reports and typed errors as the Python path, for whole objects,
+    ranges, offsets, region ids and ETag pins."""
+    nat, py = _pair(stack)
+    with nat, py:
+        blobs = {f"{prefix}/g{n}": payload(n, ("g", n)) for n in (0, 1, 4096, 300_000, 3 << 20)}
+        for k, v in blobs.items():
+            py.put(k, v)
+        nr, pr = nat.register(4 << 20), py.register(4 << 20)
+        before = nat.stats()
+        for k, v in blobs.items():
+            ta = nat.get(k, into=nr, offset=64)
+            tb = py.get(k, into=pr, offset=64)
+            _same_transfer(ta, tb)
+            assert nr.read(64, len(v)) == v
+        reader = nat._native._reader
+        assert reader is not None and reader.joined, "the native reader should have joined the session"
+        after = nat.stats()
+        # one session: the native reads are counted once, in it
+        assert after.requests - before.requests == len(blobs)
+        assert after.bytes_read - before.bytes_read == sum(map(len, blobs.values()))
+        big = blobs[f"{prefix}/g300000"]
+        t = nat.get(f"{prefix}/g300000", into=nr.id, offset=7, range=(1000, 50))
+        assert t.bytes == 50 and nr.read(7, 50) == big[1000:1050]
+        t = nat.get(f"{prefix}/g300000", into=nr, range=(299_990, None), if_match=t.etag)
+        assert t.bytes == 10 and nr.read(0, 10) == big[-10:]
+        for c, r in ((nat, nr), (py, pr)):
+            with pytest.raises(sluice.RegionTooSmall) as e:
+                c.get(f"{prefix}/g{3 << 20}", into=r, offset=2 << 20)
+            assert e.value.needed_bytes == 3 << 20
+            with pytest.raises(sluice.NoSuchKey):
+                c.get(f"{prefix}/missing", into=r)
+            with pytest.raises(sluice.PreconditionFailed):
+                c.get(f"{prefix}/g4096", into=r, if_match='"not-the-etag"')
+            with pytest.raises(sluice.UnknownRegion):
+                c.get(f"{prefix}/g1", into="0" * 32)
+            with pytest.raises(ValueError):
+                c.get(f"{prefix}/g1", into=r, offset=-1)
+            with pytest.raises(TypeError):
+                c.get(f"{prefix}/g1", into=r, if_match=5)  # type: ignore[arg-type]
+        # another connection's region is not this session's, natively too
+        with pytest.raises(sluice.UnknownRegion):
+            nat.get(f"{prefix}/g1", into=pr.id)
+        nr.release()
+        with pytest.raises(sluice.UnknownRegion):
+            nat.get(f"{prefix}/g1", into=nr.id)
+        # still good after each of them
+        with nat.register(4096) as r2:
+            assert nat.get(f"{prefix}/g4096", into=r2).bytes == 4096 and r2.read(0, 4096) == blobs[f"{prefix}/g4096"]
+
+
+def test_the_native_reader_ends_with_the_python_connection(stack, prefix):
+    """The shim closes a joined connection when the one that opened the
+    session closes, and releases what the joined one registered when it
+    closes itself; the session's regions stay with the Python connection."""
+    c = sluice.Client(stack.socket, timeout=60, native=True)
+    c.put(f"{prefix}/e", b"x" * 5000)
+    region = c.register(1 << 20)
+    assert c.get(f"{prefix}/e", into=region).bytes == 5000
+    own = c.stats().regions  # the region, and the Python path's scratch for the put
+    assert c.get_bytes(f"{prefix}/e") == b"x" * 5000  # native scratch, in the same session
+    assert c.stats().regions == own + 1
+    reader = c._native._reader
+    reader.close()  # the joined connection goes: its scratch is released, the region stays
+    deadline = time.monotonic() + 10
+    while c.stats().regions != own and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert c.stats().regions == own
+    assert c.get(f"{prefix}/e", into=region).bytes == 5000  # a new reader joined
+    assert c._native._reader is not reader and c._native._reader.joined
+    # the Python connection ends: the shim ends the joined one with it
+    joined = c._native._reader
+    c._sock.shutdown(socketlib.SHUT_RDWR)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            joined.get_into(f"{prefix}/e", region.id)
+        except _native_reads._native.NativeError as e:
+            if e.args[0] in ("disconnected", "closed"):
+                break
+            assert e.args[0] == "shim" and e.args[1] == sluice.ErrorCode.UNKNOWN_REGION, e.args
+        assert time.monotonic() < deadline, "the joined connection outlived its session"
+        time.sleep(0.05)
+    c.close()
+
+
+def test_a_join_token_is_good_only_in_the_process_that_got_it(stack, prefix):
+    """Another process (or a made-up token) cannot join a session: the
+    shim refuses with BAD_REQUEST and the session's regions stay out of
+    reach."""
+    with sluice.Client(stack.socket, timeout=60, native=False) as c:
+        token = c._join_token
+        assert len(token) == 32
+        region = c.register(4096)
+        with pytest.raises(_native_reads._native.NativeError) as e:
+            _native_reads._native.Reader(stack.socket, 10.0, 1 << 20, 1 << 20, "0" * 32)
+        assert e.value.args[:2] == ("shim", sluice.ErrorCode.BAD_REQUEST)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os.close(r)
+            code = b"?"
+            try:
+                _native_reads._native.Reader(stack.socket, 10.0, 1 << 20, 1 << 20, token)
+                code = b"joined"
+            except _native_reads._native.NativeError as err:
+                code = str(err.args[1]).encode()
+            except BaseException:
+                code = b"other"
+            os.write(w, code)
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 64)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert got == str(int(sluice.ErrorCode.BAD_REQUEST)).encode(), got
+        # in this process it joins, and names the region
+        reader = _native_reads._native.Reader(stack.socket, 10.0, 1 << 20, 1 << 20, token)
+        try:
+            assert reader.joined
+            c.put(f"{prefix}/j", b"joined")
+            t = reader.get_into(f"{prefix}/j", region.id)
+            assert t[1] == 6 and region.read(0, 6) == b"joined"
+        finally:
+            reader.close()
+
+
 def test_the_native_path_is_off_when_asked_and_for_calls_it_does_not_serve(stack, prefix, monkeypatch):
     with sluice.Client(stack.socket, native=False) as c:
         assert c._native is None

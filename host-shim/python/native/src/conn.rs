@@ -46,6 +46,8 @@ pub struct Conn {
     size_guess: AtomicU64,
     /// The process that made the runtime: a forked child must not touch it.
     pub pid: u32,
+    /// Releases sent by tasks not yet driven to their end ([`Conn::settle`]).
+    releasing: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Drop for Conn {
@@ -96,6 +98,7 @@ impl Conn {
             batch_bytes: batch_bytes.max(1),
             size_guess: AtomicU64::new(FIRST_SIZE_GUESS),
             pid: std::process::id(),
+            releasing: Mutex::new(Vec::new()),
         }
     }
 
@@ -201,11 +204,25 @@ impl Conn {
             let id = region.id().to_owned();
             drop(region);
             let client = Arc::clone(client);
-            rt.spawn(async move {
+            let task = rt.spawn(async move {
                 // A failure only means the connection is gone, which
                 // releases the region too.
                 let _ = client.release_id(&id).await;
             });
+            let mut releasing = self.releasing.lock().unwrap_or_else(|p| p.into_inner());
+            releasing.retain(|t| !t.is_finished());
+            releasing.push(task);
+        }
+    }
+
+    /// Waits for the releases sent so far (inside `block_on`): the
+    /// session's counters then show them.
+    pub fn settle(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let tasks = std::mem::take(&mut *self.releasing.lock().unwrap_or_else(|p| p.into_inner()));
+        async move {
+            for t in tasks {
+                let _ = t.await;
+            }
         }
     }
 

@@ -151,6 +151,8 @@ fn bytes_of<'py>(py: Python<'py>, region: &Region, offset: u64, len: u64) -> PyR
 #[pyclass(frozen, module = "sluice._native")]
 struct Reader {
     conn: RwLock<Option<Arc<Conn>>>,
+    /// Made with a join token: in the Python connection's session.
+    joined: bool,
 }
 
 impl Reader {
@@ -200,10 +202,10 @@ impl Reader {
         t: &Transfer,
     ) -> PyResult<Bound<'py, PyAny>> {
         if t.bytes > room {
-            return Ok(failed(
+            return failed(
                 py,
                 &ClientError::Protocol(format!("the shim reported {} bytes for a slot of {room}", t.bytes)),
-            )?);
+            );
         }
         Ok((true, bytes_of(py, region, offset, t.bytes)?, transfer_tuple(t)).into_pyobject(py)?.into_any())
     }
@@ -216,15 +218,18 @@ fn failed<'py>(py: Python<'py>, e: &ClientError) -> PyResult<Bound<'py, PyAny>> 
 
 #[pymethods]
 impl Reader {
-    /// Connects to the shim at `socket` and says hello.
+    /// Connects to the shim at `socket` and says hello; with `join` (the
+    /// Python connection's join token), in that connection's session, so
+    /// its regions can be named here (`get_into`).
     #[new]
-    #[pyo3(signature = (socket, connect_timeout=30.0, scratch_bytes=256 << 20, batch_bytes=256 << 20))]
+    #[pyo3(signature = (socket, connect_timeout=30.0, scratch_bytes=256 << 20, batch_bytes=256 << 20, join=String::new()))]
     fn new(
         py: Python<'_>,
         socket: String,
         connect_timeout: Option<f64>,
         scratch_bytes: u64,
         batch_bytes: u64,
+        join: String,
     ) -> PyResult<Self> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -235,15 +240,62 @@ impl Reader {
         let options = GpuOptions { pin_regions: PinRegions::Never, ..GpuOptions::default() };
         let connect = async {
             match timeout_of(connect_timeout) {
-                Some(t) => tokio::time::timeout(t, Client::connect_with(&socket, options))
+                Some(t) => tokio::time::timeout(t, Client::connect_joining(&socket, options, &join))
                     .await
                     .unwrap_or(Err(ClientError::Timeout(t))),
-                None => Client::connect_with(&socket, options).await,
+                None => Client::connect_joining(&socket, options, &join).await,
             }
         };
         let client = py.detach(|| rt.block_on(connect)).map_err(|e| raise(&e))?;
         let conn = Conn::new(rt, client, scratch_bytes, batch_bytes);
-        Ok(Self { conn: RwLock::new(Some(Arc::new(conn))) })
+        Ok(Self { conn: RwLock::new(Some(Arc::new(conn))), joined: !join.is_empty() })
+    }
+
+    /// Reads `path` (or `length` bytes of it from `start`; `length` None:
+    /// to the end) into the region `region_id` of the session this reader
+    /// joined, at `offset`; returns the transfer tuple. As
+    /// `Client.get(path, into=region)` of the Python path, with the same
+    /// errors (the shim checks the region, the span and the offset).
+    #[pyo3(signature = (path, region_id, offset=0, start=None, length=None, timeout=None, if_match=String::new()))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    fn get_into(
+        &self,
+        py: Python<'_>,
+        path: &str,
+        region_id: &str,
+        offset: u64,
+        start: Option<u64>,
+        length: Option<u64>,
+        timeout: Option<f64>,
+        if_match: String,
+    ) -> PyResult<TransferTuple> {
+        let conn = self.conn()?;
+        let client = Arc::clone(conn.client().ok_or_else(|| native_error("closed", "the native reader is closed"))?);
+        let range = start.map(|s| (s, length));
+        let got = self.run(
+            py,
+            &conn,
+            sluice_client::with_timeout(timeout_of(timeout), async move {
+                client.get_pinned(path, region_id, offset, range, &if_match).await
+            }),
+        )?;
+        got.map(|t| transfer_tuple(&t)).map_err(|e| raise(&e))
+    }
+
+    /// Waits for the scratch releases this reader has sent (they are
+    /// driven by its calls): a joined reader's counters are the session's,
+    /// which the Python connection then reads settled.
+    fn settle(&self, py: Python<'_>) -> PyResult<()> {
+        let conn = self.conn()?;
+        let settled = conn.settle();
+        self.run(py, &conn, settled)
+    }
+
+    /// Whether this reader joined the Python connection's session (its
+    /// regions and counters are that session's).
+    #[getter]
+    fn joined(&self) -> bool {
+        self.joined
     }
 
     /// Reads `path` whole; returns `(bytes, transfer_tuple)`, or only the

@@ -370,6 +370,9 @@ class CoreClient(GpuOps):
         self.tenant = r.body["tenant"]
         self.namespaces = list(r.body["namespaces"])
         self.capabilities = Capabilities._from_wire(r.body["capabilities"])
+        # What the native reader names to share this connection's session
+        # (and so its regions); "" from a shim older than joining.
+        self._join_token: str = r.body["join_token"]
 
     def _register_dmabuf_op(self, fd: int, nbytes: int, offset: int, gpu_address: int) -> "Op[str]":
         body = {

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _malloc
 from .errors import Disconnected, ProtocolError, ShimConnectionError, SluiceError, Timeout, from_detail
@@ -88,8 +88,18 @@ class NativeReads:
     call interrupted by a signal ended its connection (as the Python path
     does, a connection that may hold half a request is not trusted)."""
 
-    def __init__(self, socket_path: str, connect_timeout: Optional[float], scratch_bytes: int, batch_bytes: int):
+    def __init__(
+        self,
+        socket_path: str,
+        connect_timeout: Optional[float],
+        scratch_bytes: int,
+        batch_bytes: int,
+        join: str = "",
+    ):
         self._args = (socket_path, connect_timeout, scratch_bytes, batch_bytes)
+        #: The Python connection's join token ("": the shim does not offer
+        #: joining, and the reader opens a session of its own).
+        self._join = join
         self._lock = threading.Lock()
         self._reader: Any = None
         #: Why the native path is off for this client ("" while it is on).
@@ -111,7 +121,9 @@ class NativeReads:
             # its own answer.
             limits = [t for t in (connect_timeout, call_timeout) if t is not None and t > 0]
             try:
-                self._reader = _native.Reader(socket_path, min(limits) if limits else None, scratch, batch)  # type: ignore[union-attr]
+                self._reader = _native.Reader(  # type: ignore[union-attr]
+                    socket_path, min(limits) if limits else None, scratch, batch, self._join
+                )
             except _native.NativeError as e:  # type: ignore[union-attr]
                 self.off = str(_error(*e.args))
                 log.warning("sluice: the native read path is off for this client (%s); reading in Python", self.off)
@@ -121,6 +133,29 @@ class NativeReads:
     def ready(self, call_timeout: Optional[float]) -> bool:
         """Whether calls can go the native way (connecting if need be)."""
         return self._get(call_timeout) is not None
+
+    def joined(self, call_timeout: Optional[float]) -> bool:
+        """Whether calls into the Python connection's regions can go the
+        native way: the reader is up and joined that connection's session."""
+        r = self._get(call_timeout)
+        return r is not None and bool(r.joined)
+
+    def get_into(
+        self,
+        path: str,
+        region_id: str,
+        offset: int,
+        span: Optional[Dict[str, Any]],
+        timeout: Optional[float],
+        if_match: str,
+    ) -> Transfer:
+        reader = self._reader_or_closed(timeout)
+        start, length = (None, None) if span is None else (span["start"], span["length"])
+        try:
+            t = reader.get_into(path, region_id, offset, start, length, timeout, if_match)
+        except _native.NativeError as e:  # type: ignore[union-attr]
+            raise _error(*e.args) from None
+        return _transfer(t)
 
     def _reader_or_closed(self, call_timeout: Optional[float]) -> Any:
         r = self._get(call_timeout)
@@ -171,6 +206,14 @@ class NativeReads:
         that ended has none to add)."""
         r = self._reader
         if r is None or r.closed:
+            return None
+        if r.joined:
+            # Counted in the Python connection's session already; its
+            # scratch releases are settled first, so they show there.
+            try:
+                r.settle()
+            except _native.NativeError:  # type: ignore[union-attr]
+                pass
             return None
         try:
             return tuple(r.stats())

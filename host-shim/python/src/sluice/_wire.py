@@ -96,7 +96,7 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         18: ("deleted", "Deleted", "oneof:result"),
         19: ("stats", "StatsResult", "oneof:result"),
     },
-    "Hello": {1: ("version", "u32", ""), 2: ("client", "string", "")},
+    "Hello": {1: ("version", "u32", ""), 2: ("client", "string", ""), 3: ("join", "string", "")},
     "Capabilities": {
         1: ("agent_memory", "enum", "repeated"),
         2: ("shim_memory", "enum", "repeated"),
@@ -127,6 +127,7 @@ SCHEMA: Dict[str, Dict[int, Tuple[str, str, str]]] = {
         2: ("tenant", "string", ""),
         3: ("namespaces", "string", "repeated"),
         4: ("capabilities", "Capabilities", ""),
+        5: ("join_token", "string", ""),
     },
     "Register": {
         1: ("length", "u64", ""),

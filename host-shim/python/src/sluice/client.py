@@ -14,7 +14,7 @@ from collections import deque
 from typing import Any, Deque, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _core, _gpu_ops, _native_reads
-from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, _u64, call_timeout, close_fd, drive_step
+from ._core import DEFAULT_TIMEOUT, Call, CoreClient, Op, Outcome, _range, _u64, call_timeout, close_fd, drive_step
 from ._native_reads import NativeReads
 from ._turns import Answer, ReadTurn
 from .errors import Disconnected, RegionReleased, ShimConnectionError, SluiceError, Timeout
@@ -225,7 +225,9 @@ class Client(CoreClient):
             self.timeout = saved
         self._native: Optional[NativeReads] = None
         if _native_reads.wanted(native):
-            self._native = NativeReads(self.socket_path, connect_timeout, scratch_bytes, get_many_batch_bytes)
+            self._native = NativeReads(
+                self.socket_path, connect_timeout, scratch_bytes, get_many_batch_bytes, self._join_token
+            )
 
     # --------------------------------------------------------- lifecycle --
     def __enter__(self) -> "Client":
@@ -587,6 +589,19 @@ class Client(CoreClient):
         ``etag`` gave it; "" = any): another version raises
         :class:`~sluice.PreconditionFailed`, writing nothing. Reading one
         object in several ranged GETs, pin them all to the first one's."""
+        if self._native is not None and not request_id and type(path) is str and type(into) in (Region, str):
+            # Into a host region of this connection: the native reader, if
+            # it joined this connection's session, sends it without the
+            # interpreter lock (sluice._native_reads).
+            self._check_usable()
+            t = self._timeout_of(timeout)
+            if not isinstance(if_match, str):
+                raise TypeError("if_match must be a str (an ETag as a Transfer returned it)")
+            offset = _u64("offset", offset)
+            span = _range(range)
+            if self._native.joined(t):
+                region_id = into if type(into) is str else into.id  # type: ignore[union-attr]
+                return self._native.get_into(path, region_id, offset, span, t, if_match)
         with call_timeout(timeout):
             return self._run(self._get_op(path, into, offset, range, request_id, if_match))
 
@@ -690,6 +705,8 @@ class Client(CoreClient):
         """This client's session counters: its connection's, plus its native
         reader's connection's once that is open (``sluice._native_reads``)."""
         own = self._run(self._stats_op())
+        # A native reader that joined this connection's session is counted
+        # in it already.
         native = self._native.stats() if self._native is not None else None
         if native is None:
             return own
