@@ -27,7 +27,7 @@ use crate::config::{ShimConfig, ShimLimits};
 use crate::error::ShimError;
 use crate::metrics::ShimMetrics;
 use crate::requests::RequestCtx;
-use crate::session::{Peer, Session, SessionContext};
+use crate::session::{ConnectionTag, Peer, Session, SessionContext};
 
 /// Extra time past a client's deadline for the agent's own DEADLINE_EXCEEDED
 /// answer to come back before the shim gives up waiting.
@@ -219,13 +219,13 @@ pub async fn serve(ctx: Arc<ConnectionContext>, stream: UnixStream) {
         }
     });
 
-    let conn = ctx.next_conn.fetch_add(1, Ordering::Relaxed);
-    let span = tracing::info_span!("client", uid, gid, pid, conn);
+    let conn = Arc::new(ConnectionTag::new(ctx.next_conn.fetch_add(1, Ordering::Relaxed)));
+    let span = tracing::info_span!("client", uid, gid, pid, conn = conn.id);
     let peer = Peer { uid, gid, pid };
-    let caller = read_loop(&ctx, stream, tx, peer, conn).instrument(span.clone()).await;
+    let caller = read_loop(&ctx, stream, tx, peer, &conn).instrument(span.clone()).await;
     match caller {
         Caller::Bound { session, joined: false } => session.close().instrument(span).await,
-        Caller::Bound { session, joined: true } => session.leave(conn).instrument(span).await,
+        Caller::Bound { session, joined: true } => session.leave(&conn).instrument(span).await,
         Caller::Unbound(_) => {}
     }
     let _ = writer.await;
@@ -255,7 +255,7 @@ async fn read_loop(
     stream: Arc<UnixStream>,
     tx: mpsc::Sender<Outgoing>,
     peer: Peer,
-    conn: u64,
+    conn: &Arc<ConnectionTag>,
 ) -> Caller {
     let limits = &ctx.config.limits;
     let mut reader = FrameReader::new(stream, MAX_FRAME_LEN);
@@ -339,6 +339,7 @@ async fn read_loop(
         }
 
         if let Op::Hello(h) = op {
+            let joining = !h.join.is_empty();
             let out = match hello(ctx, &mut caller, h).await {
                 Ok(ok) => {
                     if let Caller::Bound { session, joined: true } = &caller {
@@ -348,6 +349,12 @@ async fn read_loop(
                         frame: encode_frame(&pb::Response { id, request_id, result: Some(Res::Hello(ok)), item: 0 }),
                         fd: None,
                     }
+                }
+                Err(e) if joining => {
+                    // A wrong token costs a connection: guessing is not a
+                    // loop of frames on one.
+                    let _ = tx.send(error_frame(id, request_id, &e)).await;
+                    break;
                 }
                 Err(e) => error_frame(id, request_id, &e),
             };
@@ -384,7 +391,7 @@ async fn read_loop(
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
         let served = Served {
             id,
-            conn,
+            conn: conn.clone(),
             req: RequestCtx { request_id, timeout_ms },
             limit,
             op: crate::metrics::op_label(&op),
@@ -409,7 +416,7 @@ struct Served {
     /// The client's frame id.
     id: u64,
     /// Which connection (regions it registers are its own).
-    conn: u64,
+    conn: Arc<ConnectionTag>,
     req: RequestCtx,
     /// When the shim stops waiting for the agent.
     limit: Duration,
@@ -440,7 +447,7 @@ impl Served {
             }
             return;
         }
-        let work = crate::handlers::handle(s, self.conn, op, fd, &self.req);
+        let work = crate::handlers::handle(s, &self.conn, op, fd, &self.req);
         let result = match tokio::time::timeout(self.limit, work).await {
             Ok(r) => r,
             Err(_) => Err(ShimError::DeadlineExceeded(self.limit)),
@@ -479,7 +486,7 @@ async fn hello(ctx: &ConnectionContext, caller: &mut Caller, h: pb::Hello) -> Re
     }
     let joined = !h.join.is_empty();
     let (s, namespaces, caps) = if joined {
-        Session::join(&ctx.sessions, &h.join, peer)?
+        Session::join(&ctx.sessions, &h.join, &tenant, peer)?
     } else {
         tokio::time::timeout(OPEN_TIMEOUT, Session::open(&ctx.sessions, &tenant, peer))
             .await

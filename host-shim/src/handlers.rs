@@ -15,13 +15,13 @@ use sluice_proto::shim::{self as pb, request::Op, response::Result as Res};
 
 use crate::error::ShimError;
 use crate::requests::{GetObject, ListObjects, ObjectKey, PutObject, RequestCtx};
-use crate::session::Session;
+use crate::session::{ConnectionTag, Session};
 
 /// Serves one request after the handshake, in the caller's session `s`, for
 /// connection `conn` (a region registered belongs to it).
 pub async fn handle(
     s: &Session,
-    conn: u64,
+    conn: &ConnectionTag,
     op: Op,
     fd: Option<OwnedFd>,
     ctx: &RequestCtx,
@@ -126,7 +126,7 @@ pub async fn handle(
 /// it), or a GPU dma-buf.
 async fn register(
     s: &Session,
-    conn: u64,
+    conn: &ConnectionTag,
     r: pb::Register,
     fd: Option<OwnedFd>,
 ) -> Result<(Res, Option<OwnedFd>), ShimError> {

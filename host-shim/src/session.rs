@@ -136,6 +136,26 @@ struct Inner {
 /// namespaces and what the session can do.
 pub type Bound = (Arc<Session>, Vec<String>, Arc<Capabilities>);
 
+/// One client connection, as the session knows it: which regions are its
+/// own, and whether it has ended (a region registered after that is not
+/// kept).
+#[derive(Debug)]
+pub struct ConnectionTag {
+    pub id: u64,
+    /// Set (under the session's lock) when a joined connection leaves.
+    gone: std::sync::atomic::AtomicBool,
+}
+
+impl ConnectionTag {
+    pub fn new(id: u64) -> Self {
+        Self { id, gone: std::sync::atomic::AtomicBool::new(false) }
+    }
+}
+
+/// Longest the shim waits for the agent to release a connection's regions
+/// (all of a joined connection's together, or a whole session's).
+const RELEASE_WAIT: Duration = Duration::from_secs(60);
+
 /// Who opened a session: only the same process may join it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peer {
@@ -321,15 +341,13 @@ impl Session {
     /// the process that opened it may join it, and only while the
     /// connection that opened it is open. Every refusal reads the same
     /// (nothing tells another process that a session exists).
-    pub fn join(ctx: &SessionContext, token: &str, peer: Peer) -> Result<Bound, ShimError> {
-        let found = ctx.registry.live().into_iter().map(|(s, _, _)| s).find(|s| {
-            // Constant time in the token: it is the one secret here.
-            let (a, b) = (s.join_token.as_bytes(), token.as_bytes());
-            a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-        });
+    pub fn join(ctx: &SessionContext, token: &str, tenant: &str, peer: Peer) -> Result<Bound, ShimError> {
+        // (A hash map's lookup time says nothing useful about a 128-bit
+        // random token: its hasher is keyed at random.)
+        let found = ctx.registry.by_token(token).filter(|s| !s.inner().closed);
         match found {
             // A peer whose pid the kernel did not say never matches.
-            Some(s) if s.owner == peer && peer.pid > 0 => {
+            Some(s) if s.owner == peer && peer.pid > 0 && s.tenant == tenant => {
                 let caps = s.capabilities();
                 let namespaces = s.namespaces.clone();
                 Ok((s, namespaces, caps))
@@ -460,13 +478,13 @@ impl Session {
     /// the shim's id for it.
     pub async fn register(
         &self,
-        conn: u64,
+        conn: &ConnectionTag,
         len: u64,
         source: RegionSource,
         guard: ExportGuard,
     ) -> Result<String, ShimError> {
         let max = self.limits().max_regions_per_connection;
-        if self.region_count(conn) >= max {
+        if self.region_count(conn.id) >= max {
             return Err(ShimError::Limit(format!("{max} regions per connection (max_regions_per_connection)")));
         }
         let source = Arc::new(source);
@@ -474,17 +492,37 @@ impl Session {
         for _ in 0..2 {
             let snap = self.snapshot(None)?;
             let export = self.ctx.memory.export_again(&self.ctx.agent, &source).await?;
+            let session_id = snap.session_id.clone();
             let req = apb::RegisterRegionRequest { session_id: snap.session_id, length: len, export: Some(export) };
             match self.agent().register_region(req).await {
                 Ok(reply) => {
-                    let mut inner = self.inner();
-                    if inner.generation == snap.generation && !inner.closed {
-                        let id = random_id();
-                        let agent_id = AgentRegion::Id(reply.into_inner().region_id);
-                        inner.regions.insert(id.clone(), Region { len, conn, agent_id, source, _guard: guard });
-                        return Ok(id);
+                    let region_id = reply.into_inner().region_id;
+                    let kept = {
+                        let mut inner = self.inner();
+                        if inner.generation != snap.generation || inner.closed {
+                            None // registered in a session that has just been replaced
+                        } else if conn.gone.load(Ordering::Relaxed) {
+                            Some(None)
+                        } else {
+                            let id = random_id();
+                            let agent_id = AgentRegion::Id(region_id.clone());
+                            let region =
+                                Region { len, conn: conn.id, agent_id, source: source.clone(), _guard: guard.clone() };
+                            inner.regions.insert(id.clone(), region);
+                            Some(Some(id))
+                        }
+                    };
+                    match kept {
+                        Some(Some(id)) => return Ok(id),
+                        Some(None) => {
+                            // A joined connection that ended while this was
+                            // on its way: nobody would ever release it.
+                            let req = apb::ReleaseRegionRequest { session_id, region_id };
+                            let _ = tokio::time::timeout(RELEASE_WAIT, self.agent().release_region(req)).await;
+                            return Err(ShimError::Refused("the connection ended while registering".into()));
+                        }
+                        None => {}
                     }
-                    // Registered in a session that has just been replaced.
                 }
                 Err(status) if session_gone(&status) => self.reestablish(snap.generation).await?,
                 Err(status) => return Err(status.into()),
@@ -571,9 +609,10 @@ impl Session {
             inner.agent_session.clone()
         };
         self.ended.send_replace(true);
+        self.ctx.registry.forget(&self.join_token);
         let req = apb::CloseSessionRequest { session_id };
         let mut agent = self.agent();
-        match tokio::time::timeout(Duration::from_secs(60), agent.close_session(req)).await {
+        match tokio::time::timeout(RELEASE_WAIT, agent.close_session(req)).await {
             Ok(Ok(_)) => {}
             // A session the agent already forgot (restart, expiry) is closed.
             Ok(Err(status)) if session_gone(&status) => {}
@@ -584,17 +623,33 @@ impl Session {
         info!(tenant = %self.tenant, released_regions = n, "client disconnected");
     }
 
-    /// A joined connection `conn` ended: releases the regions it
-    /// registered (the session stays with the connection that opened it).
-    pub async fn leave(&self, conn: u64) {
-        let ids: Vec<String> =
-            self.inner().regions.iter().filter(|(_, r)| r.conn == conn).map(|(id, _)| id.clone()).collect();
-        for id in ids {
-            if let Err(e) = self.release(&id).await {
-                // The region is forgotten here either way; the agent drops
-                // it with the session at the latest.
-                debug!(tenant = %self.tenant, region = %id, error = %e, "releasing a joined connection's region");
-                self.inner().regions.remove(&id);
+    /// A joined connection ended: releases the regions it registered,
+    /// together, for at most `RELEASE_WAIT` (the session stays with the
+    /// connection that opened it). One it registers from now on is not
+    /// kept. A region the agent did not release in time stays until the
+    /// session closes (the agent may still be writing into it).
+    pub async fn leave(&self, conn: &ConnectionTag) {
+        let (ids, closed) = {
+            let inner = self.inner();
+            conn.gone.store(true, Ordering::Relaxed);
+            let ids: Vec<String> =
+                inner.regions.iter().filter(|(_, r)| r.conn == conn.id).map(|(id, _)| id.clone()).collect();
+            (ids, inner.closed)
+        };
+        if closed || ids.is_empty() {
+            return; // a closed session released everything
+        }
+        let releases = futures::future::join_all(ids.iter().map(|id| self.release(id)));
+        match tokio::time::timeout(RELEASE_WAIT, releases).await {
+            Ok(results) => {
+                for (id, r) in ids.iter().zip(results) {
+                    if let Err(e) = r {
+                        debug!(tenant = %self.tenant, region = %id, error = %e, "releasing a joined connection's region");
+                    }
+                }
+            }
+            Err(_) => {
+                warn!(tenant = %self.tenant, "releasing a joined connection's regions timed out; they go with the session")
             }
         }
     }
@@ -603,19 +658,31 @@ impl Session {
 /// Every live session of this shim, renewed with the agent in one call.
 struct Registry {
     sessions: Mutex<Vec<Weak<Session>>>,
+    /// Open sessions by join token (a join is one lookup, whatever the
+    /// number of sessions).
+    by_token: Mutex<HashMap<String, Weak<Session>>>,
     /// The agent's session lease, learned at each session open.
     lease_ms: AtomicU64,
 }
 
 impl Default for Registry {
     fn default() -> Self {
-        Self { sessions: Mutex::default(), lease_ms: AtomicU64::new(15_000) }
+        Self { sessions: Mutex::default(), by_token: Mutex::default(), lease_ms: AtomicU64::new(15_000) }
     }
 }
 
 impl Registry {
     fn add(&self, s: &Arc<Session>) {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(s));
+        self.by_token.lock().unwrap_or_else(|p| p.into_inner()).insert(s.join_token.clone(), Arc::downgrade(s));
+    }
+
+    fn forget(&self, token: &str) {
+        self.by_token.lock().unwrap_or_else(|p| p.into_inner()).remove(token);
+    }
+
+    fn by_token(&self, token: &str) -> Option<Arc<Session>> {
+        self.by_token.lock().unwrap_or_else(|p| p.into_inner()).get(token).and_then(Weak::upgrade)
     }
 
     /// Live sessions with their current agent ids and generations.

@@ -11,7 +11,11 @@
 use std::time::{Duration, Instant};
 
 use sluice_client::{Client, ClientError, Code, GpuOptions};
+use sluice_proto::shim as pb;
+use sluice_proto::{encode_frame, Message};
 use sluice_tests::{pattern, Stack};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 
 fn code(e: ClientError) -> Code {
     e.code().unwrap_or_else(|| panic!("expected a typed error, got {e}"))
@@ -29,6 +33,29 @@ async fn eventually<F: AsyncFnMut() -> bool>(what: &str, mut f: F) {
         assert!(Instant::now() < until, "{what}: not within 10 s");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test]
+async fn a_wrong_token_costs_the_connection() {
+    let stack = Stack::start();
+    let mut s = UnixStream::connect(&stack.socket).await.unwrap();
+    let hello = |id, join: &str| pb::Request {
+        id,
+        op: Some(pb::request::Op::Hello(pb::Hello { version: 1, client: "raw".into(), join: join.into() })),
+        ..Default::default()
+    };
+    s.write_all(&encode_frame(&hello(1, &"f".repeat(32)))).await.unwrap();
+    // One answer, then the end of the stream: no second guess on this connection.
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all)).await.expect("closed, not silent").unwrap();
+    let len = u32::from_be_bytes(all[..4].try_into().unwrap()) as usize;
+    assert_eq!(all.len(), 4 + len, "one frame, then the end");
+    match pb::Response::decode(&all[4..]).unwrap().result {
+        Some(pb::response::Result::Error(e)) => assert_eq!(Code::try_from(e.code).unwrap(), Code::BadRequest),
+        other => panic!("expected BAD_REQUEST, got {other:?}"),
+    }
+    // An ordinary client is served as before.
+    assert!(!stack.client().await.join_token().is_empty());
 }
 
 #[tokio::test]

@@ -247,8 +247,11 @@ impl Reader {
             }
         };
         let client = py.detach(|| rt.block_on(connect)).map_err(|e| raise(&e))?;
+        // Joined only if the shim answered with the same session's token (a
+        // shim that ignored `join` opened a session of its own).
+        let joined = !join.is_empty() && client.join_token() == join;
         let conn = Conn::new(rt, client, scratch_bytes, batch_bytes);
-        Ok(Self { conn: RwLock::new(Some(Arc::new(conn))), joined: !join.is_empty() })
+        Ok(Self { conn: RwLock::new(Some(Arc::new(conn))), joined })
     }
 
     /// Reads `path` (or `length` bytes of it from `start`; `length` None:

@@ -137,6 +137,8 @@ class NativeReads:
     def joined(self, call_timeout: Optional[float]) -> bool:
         """Whether calls into the Python connection's regions can go the
         native way: the reader is up and joined that connection's session."""
+        if not self._join:  # a shim older than joining: no reader is opened for this
+            return False
         r = self._get(call_timeout)
         return r is not None and bool(r.joined)
 

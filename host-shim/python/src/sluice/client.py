@@ -589,16 +589,22 @@ class Client(CoreClient):
         ``etag`` gave it; "" = any): another version raises
         :class:`~sluice.PreconditionFailed`, writing nothing. Reading one
         object in several ranged GETs, pin them all to the first one's."""
-        if self._native is not None and not request_id and type(path) is str and type(into) in (Region, str):
+        if (
+            self._native is not None
+            and not request_id
+            and type(path) is str
+            and (type(into) is str or (type(into) is Region and not into.released))
+        ):
             # Into a host region of this connection: the native reader, if
             # it joined this connection's session, sends it without the
-            # interpreter lock (sluice._native_reads).
+            # interpreter lock (sluice._native_reads). Arguments are checked
+            # in the Python path's order, with its errors.
             self._check_usable()
             t = self._timeout_of(timeout)
             if not isinstance(if_match, str):
                 raise TypeError("if_match must be a str (an ETag as a Transfer returned it)")
-            offset = _u64("offset", offset)
             span = _range(range)
+            offset = _u64("offset", offset)
             if self._native.joined(t):
                 region_id = into if type(into) is str else into.id  # type: ignore[union-attr]
                 return self._native.get_into(path, region_id, offset, span, t, if_match)
@@ -704,10 +710,11 @@ class Client(CoreClient):
     def stats(self) -> Stats:
         """This client's session counters: its connection's, plus its native
         reader's connection's once that is open (``sluice._native_reads``)."""
-        own = self._run(self._stats_op())
-        # A native reader that joined this connection's session is counted
-        # in it already.
+        # Asked first: a native reader that joined this connection's session
+        # is counted in it already, and settles its scratch releases here so
+        # the session's counters below show them.
         native = self._native.stats() if self._native is not None else None
+        own = self._run(self._stats_op())
         if native is None:
             return own
         return Stats(*(a + b for a, b in zip(dataclasses.astuple(own), native)))
