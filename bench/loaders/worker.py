@@ -503,6 +503,7 @@ PY_READERS: Dict[str, Callable[[Dict[str, Any]], Reader]] = {
     "sluice-py (rdma/tcp)": lambda cfg: SluicePy(cfg, cfg["namespace"] + "-rdma", "rdma"),
     "sluice-py (http) (python)": lambda cfg: _pure(SluicePy)(cfg, cfg["namespace"], "http"),
     "sluice-py batch->region": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", True),
+    "sluice-py batch->region (python)": lambda cfg: _pure(SluicePyBatch)(cfg, cfg["namespace"], "http", True),
     "sluice-py batch->bytes": lambda cfg: SluicePyBatch(cfg, cfg["namespace"], "http", False),
     "sluice-py get_bytes": lambda cfg: SluicePyBytes(cfg, cfg["namespace"], "http"),
     "sluice-py get_bytes (python)": lambda cfg: _pure(SluicePyBytes)(cfg, cfg["namespace"], "http"),

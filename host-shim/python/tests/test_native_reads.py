@@ -212,6 +212,70 @@ def test_gets_into_regions_go_native_and_answer_as_the_python_path(stack, prefix
             assert nat.get(f"{prefix}/g1", into=r3, request_id="rid-1").request_id == "rid-1"
 
 
+def test_get_many_into_regions_goes_native_and_matches_item_by_item(stack, prefix, monkeypatch):
+    """``get_many`` of GetSpecs into host regions on the native reader: the
+    same per-item reports and typed errors as the Python path (sizes,
+    ranges, offsets, region ids, ETag pins, missing keys, too-small slots,
+    unknown regions), more items than one GetBatch takes, and bad
+    arguments refused before anything is sent."""
+    nat, py = _pair(stack)
+    with nat, py:
+        sizes = [0, 1, 4096, 70_000, 1 << 20]
+        for n in sizes:
+            py.put(f"{prefix}/b{n}", payload(n, ("b", n)))
+        etag = py.head(f"{prefix}/b4096").etag
+        nr, pr = nat.register(8 << 20), py.register(8 << 20)
+
+        def specs(r, rid):
+            out = [sluice.GetSpec(f"{prefix}/b{n}", into=r, offset=i << 20) for i, n in enumerate(sizes)]
+            out += [
+                sluice.GetSpec(f"{prefix}/b70000", into=rid, offset=6 << 20, range=(100, 1000)),
+                sluice.GetSpec(f"{prefix}/b4096", into=r, offset=7 << 20, if_match=etag),
+                sluice.GetSpec(f"{prefix}/b4096", into=r, offset=7 << 20, if_match='"other"'),
+                sluice.GetSpec(f"{prefix}/missing", into=r),
+                sluice.GetSpec(f"{prefix}/b{1 << 20}", into=r, offset=(8 << 20) - 10),
+                sluice.GetSpec(f"{prefix}/b1", into="0" * 32),
+            ]
+            return out
+
+        def not_here(*args, **kwargs):
+            raise AssertionError("get_many into host regions went the Python way")
+
+        monkeypatch.setattr(nat, "_get_many_op", not_here)
+        a = nat.get_many(specs(nr, nr.id))
+        b = py.get_many(specs(pr, pr.id))
+        assert len(a) == len(b) == 11
+        for ra, rb in zip(a, b):
+            assert (ra.path, ra.index, ra.ok, ra.nbytes, ra.data) == (rb.path, rb.index, rb.ok, rb.nbytes, rb.data)
+            assert type(ra.error) is type(rb.error), (ra.error, rb.error)
+            if ra.ok:
+                _same_transfer(ra.transfer, rb.transfer)
+        assert [type(r.error).__name__ for r in a[7:]] == [
+            "PreconditionFailed",
+            "NoSuchKey",
+            "RegionTooSmall",
+            "UnknownRegion",
+        ]
+        assert nr.read(0, 8 << 20) == pr.read(0, 8 << 20)
+        # more items than one GetBatch takes (1,024): every one answered
+        many = [sluice.GetSpec(f"{prefix}/b4096", into=nr, offset=(i % 2000) * 4096) for i in range(1500)]
+        got = nat.get_many(many)
+        assert len(got) == 1500 and all(r.ok and r.nbytes == 4096 for r in got)
+        assert [r.index for r in got] == list(range(1500))
+        # bad arguments: refused before anything is sent, as in Python
+        for c, r in ((nat, nr), (py, pr)):
+            with pytest.raises(ValueError):
+                c.get_many([sluice.GetSpec(f"{prefix}/b1", into=r), sluice.GetSpec(f"{prefix}/b1", into=r, offset=-1)])
+            with pytest.raises(TypeError):
+                c.get_many([sluice.GetSpec(f"{prefix}/b1", into=r, if_match=3)])  # type: ignore[arg-type]
+            with pytest.raises(TypeError):
+                c.get_many([sluice.GetSpec(f"{prefix}/b1", into=r, range="x")])  # type: ignore[arg-type]
+        monkeypatch.undo()
+        # mixed lists (a path and a region item) go the Python way, and work
+        mixed = nat.get_many([f"{prefix}/b1", sluice.GetSpec(f"{prefix}/b1", into=nr)])
+        assert mixed[0].data == payload(1, ("b", 1)) and mixed[1].ok
+
+
 def test_the_native_reader_ends_with_the_python_connection(stack, prefix):
     """The shim closes a joined connection when the one that opened the
     session closes, and releases what the joined one registered when it
@@ -304,15 +368,17 @@ def test_the_native_path_is_off_when_asked_and_for_calls_it_does_not_serve(stack
     with sluice.Client(stack.socket, timeout=60) as c:
         assert c._native is not None
         c.put(f"{prefix}/r", b"0123456789")
-        # a range, copy=False and caller regions go the Python way (and work)
+        # a range and copy=False go the Python way (and work)
         assert c.get_bytes(f"{prefix}/r", range=(2, 3)) == b"234"
         v = c.get_bytes(f"{prefix}/r", copy=False)
         assert bytes(v) == b"0123456789"
         v.release()
+        assert c._native._reader is None  # nothing above needed it
+        # items into the caller's regions go native (the reader joins)
         with c.register(1 << 20) as region:
             (res,) = c.get_many([sluice.GetSpec(f"{prefix}/r", into=region)])
             assert res.ok and region.read(0, 10) == b"0123456789"
-        assert c._native._reader is None  # nothing above needed it
+        assert c._native._reader is not None and c._native._reader.joined
 
 
 def test_a_forked_child_is_refused_and_the_parent_goes_on(stack, prefix):

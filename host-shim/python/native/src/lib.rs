@@ -23,7 +23,7 @@ use conn::{slot, Conn, Stopped, MAX_BATCH_ITEMS};
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use sluice_client::{Client, ClientError, Code, GpuOptions, PinRegions, Region, Transfer};
+use sluice_client::{BatchGet, Client, ClientError, Code, GpuOptions, PinRegions, Region, Transfer};
 
 pyo3::create_exception!(
     _native,
@@ -283,6 +283,61 @@ impl Reader {
             }),
         )?;
         got.map(|t| transfer_tuple(&t)).map_err(|e| raise(&e))
+    }
+
+    /// Reads every item into a region of the session this reader joined,
+    /// in GetBatch requests of at most 1,024 items; never raises for one
+    /// item's failure. Items are `(path, region_id, offset, start, length,
+    /// if_match)` (`start` None: the whole object; `length` None: to the
+    /// end). Returns one tuple per item: `(True, transfer_tuple)` or
+    /// `(False, kind, code, message, request_id, needed_bytes)`. As
+    /// `Client.get_many(specs)` of the Python path.
+    #[pyo3(signature = (items, timeout=None))]
+    #[allow(clippy::type_complexity)] // Python's tuples
+    fn get_many_into<'py>(
+        &self,
+        py: Python<'py>,
+        items: Vec<(String, String, u64, Option<u64>, Option<u64>, String)>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let conn = self.conn()?;
+        let client = Arc::clone(conn.client().ok_or_else(|| native_error("closed", "the native reader is closed"))?);
+        let within = timeout_of(timeout);
+        let mut out: Vec<Bound<'py, PyAny>> = Vec::with_capacity(items.len());
+        for chunk in items.chunks(MAX_BATCH_ITEMS) {
+            let batch: Vec<BatchGet> = chunk
+                .iter()
+                .map(|(path, region_id, offset, start, length, if_match)| BatchGet {
+                    path: path.clone(),
+                    region_id: region_id.clone(),
+                    offset: *offset,
+                    range: start.map(|s| (s, *length)),
+                    max_bytes: 0,
+                    if_match: if_match.clone(),
+                })
+                .collect();
+            let c = Arc::clone(&client);
+            let got =
+                self.run(py, &conn, sluice_client::with_timeout(within, async move { c.get_many(&batch).await }))?;
+            match got {
+                Ok(results) => {
+                    for r in results {
+                        out.push(match r {
+                            Ok(t) => (true, transfer_tuple(&t)).into_pyobject(py)?.into_any(),
+                            Err(e) => failed(py, &e)?,
+                        });
+                    }
+                }
+                // Refused as a whole: each item's failure, as in Python.
+                Err(e @ ClientError::Shim { .. }) => {
+                    for _ in chunk {
+                        out.push(failed(py, &e)?);
+                    }
+                }
+                Err(e) => return Err(raise(&e)),
+            }
+        }
+        PyList::new(py, out)
     }
 
     /// Waits for the scratch releases this reader has sent (they are

@@ -27,8 +27,10 @@ import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _malloc
+from ._core import _path, _range, _u64
 from .errors import Disconnected, ProtocolError, ShimConnectionError, SluiceError, Timeout, from_detail
-from .types import ItemResult, Transfer
+from .region import Region
+from .types import GetSpec, ItemResult, Transfer
 
 try:  # the extension is optional: without it everything runs in Python
     from . import _native  # type: ignore[attr-defined]
@@ -159,6 +161,25 @@ class NativeReads:
             raise _error(*e.args) from None
         return _transfer(t)
 
+    def get_many_into(self, items: List[Tuple[Any, ...]], timeout: Optional[float]) -> List[ItemResult]:
+        """``items``: from :func:`checked_items`."""
+        paths = [i[0] for i in items]
+        reader = self._reader_or_closed(timeout)
+        try:
+            outs = reader.get_many_into(items, timeout)
+        except _native.NativeError as e:  # type: ignore[union-attr]
+            raise _error(*e.args) from None
+        results = []
+        for i, (path, out) in enumerate(zip(paths, outs)):
+            res = ItemResult(path, i)
+            if out[0]:
+                t = _transfer(out[1])
+                res.ok, res.transfer, res.nbytes = True, t, t.bytes
+            else:
+                res.error = _error(*out[1:])
+            results.append(res)
+        return results
+
     def _reader_or_closed(self, call_timeout: Optional[float]) -> Any:
         r = self._get(call_timeout)
         if r is None:  # closed since the caller checked
@@ -239,6 +260,31 @@ class NativeReads:
         r, self._reader = self._reader, None
         if r is not None:
             r.abandon()
+
+
+def into_host_region(item: Any) -> bool:
+    """Whether a ``get_many`` item is one the native reader serves: a
+    :class:`GetSpec` into a live host :class:`Region` (or a region id)."""
+    if type(item) is not GetSpec:
+        return False
+    into = item.into
+    return type(into) is str or (type(into) is Region and not into.released)
+
+
+def checked_items(specs: Sequence[GetSpec]) -> List[Tuple[Any, ...]]:
+    """Every item checked before any is sent, in the Python path's order
+    and with its errors: ``(path, region_id, offset, start, length,
+    if_match)`` each."""
+    out = []
+    for s in specs:
+        if not isinstance(s.if_match, str):
+            raise TypeError("if_match must be a str (an ETag as a Transfer returned it)")
+        path, span = _path(s.path), _range(s.range)
+        region_id = s.into if type(s.into) is str else s.into.id
+        offset = _u64("offset", s.offset)
+        start, length = (None, None) if span is None else (span["start"], span["length"])
+        out.append((path, region_id, offset, start, length, s.if_match))
+    return out
 
 
 _LIVE: "weakref.WeakSet[NativeReads]" = weakref.WeakSet()

@@ -747,6 +747,14 @@ class Client(CoreClient):
             t = self._timeout_of(timeout)
             if self._native.ready(t):
                 return self._native.get_many(items, t)  # type: ignore[arg-type]
+        if self._native is not None and items and all(_native_reads.into_host_region(i) for i in items):
+            # Every item into a host region of this connection: the native
+            # reader, if it joined this connection's session.
+            self._check_usable()
+            t = self._timeout_of(timeout)
+            checked = _native_reads.checked_items(items)  # type: ignore[arg-type]
+            if self._native.joined(t):
+                return self._native.get_many_into(checked, t)
         with call_timeout(timeout):
             return self._run(self._get_many_op(items, copy=copy))
 
