@@ -24,20 +24,11 @@ const WAITING_PER_CORE: usize = 64;
 
 pub type ServerResult = Result<(), tonic::transport::Error>;
 
-/// Most calls open at once on one connection. Each call is a task (a
-/// `GetStream` a driver and up to 512 GETs), and tonic sets no bound of its
-/// own, so one peer could otherwise open calls without end. A shim's
-/// client waits for a free stream past it (HTTP/2's SETTINGS), so a busy
-/// shim is slowed, not refused.
-pub const MAX_CALLS_PER_CONNECTION: u32 = 1024;
-
 /// The gRPC server settings shared by the TCP and Unix listeners: HTTP/2
 /// pings find peers that vanished without closing (a partitioned DPU link)
-/// so their connections do not linger; their sessions then expire. Calls
-/// per connection are bounded ([`MAX_CALLS_PER_CONNECTION`]).
+/// so their connections do not linger; their sessions then expire.
 fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
-        .max_concurrent_streams(Some(MAX_CALLS_PER_CONNECTION))
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_keepalive(Some(Duration::from_secs(30)))

@@ -516,9 +516,14 @@ impl Session {
                         Some(Some(id)) => return Ok(id),
                         Some(None) => {
                             // A joined connection that ended while this was
-                            // on its way: nobody would ever release it.
+                            // on its way: nobody would ever release it. In a
+                            // task of its own, so the request's deadline
+                            // cannot cut it short.
                             let req = apb::ReleaseRegionRequest { session_id, region_id };
-                            let _ = tokio::time::timeout(RELEASE_WAIT, self.agent().release_region(req)).await;
+                            let mut agent = self.agent();
+                            tokio::spawn(async move {
+                                let _ = tokio::time::timeout(RELEASE_WAIT, agent.release_region(req)).await;
+                            });
                             return Err(ShimError::Refused("the connection ended while registering".into()));
                         }
                         None => {}

@@ -246,10 +246,14 @@ def test_get_many_into_regions_goes_native_and_matches_item_by_item(stack, prefi
         b = py.get_many(specs(pr, pr.id))
         assert len(a) == len(b) == 11
         for ra, rb in zip(a, b):
-            assert (ra.path, ra.index, ra.ok, ra.nbytes, ra.data) == (rb.path, rb.index, rb.ok, rb.nbytes, rb.data)
+            assert (ra.path, ra.index, ra.ok, ra.nbytes) == (rb.path, rb.index, rb.ok, rb.nbytes)
+            assert ra.data is None and rb.data is None  # into regions: no bytes returned
             assert type(ra.error) is type(rb.error), (ra.error, rb.error)
             if ra.ok:
                 _same_transfer(ra.transfer, rb.transfer)
+            else:
+                assert ra.error.code == rb.error.code
+                assert getattr(ra.error, "needed_bytes", None) == getattr(rb.error, "needed_bytes", None)
         assert [type(r.error).__name__ for r in a[7:]] == [
             "PreconditionFailed",
             "NoSuchKey",
@@ -262,14 +266,19 @@ def test_get_many_into_regions_goes_native_and_matches_item_by_item(stack, prefi
         got = nat.get_many(many)
         assert len(got) == 1500 and all(r.ok and r.nbytes == 4096 for r in got)
         assert [r.index for r in got] == list(range(1500))
-        # bad arguments: refused before anything is sent, as in Python
+        # bad arguments: refused before anything is sent, as in Python (the
+        # good first item is not read: the region keeps its sentinel)
         for c, r in ((nat, nr), (py, pr)):
+            r.write(b"\x5a" * 16, 0)
             with pytest.raises(ValueError):
                 c.get_many([sluice.GetSpec(f"{prefix}/b1", into=r), sluice.GetSpec(f"{prefix}/b1", into=r, offset=-1)])
             with pytest.raises(TypeError):
                 c.get_many([sluice.GetSpec(f"{prefix}/b1", into=r, if_match=3)])  # type: ignore[arg-type]
             with pytest.raises(TypeError):
                 c.get_many([sluice.GetSpec(f"{prefix}/b1", into=r, range="x")])  # type: ignore[arg-type]
+            with pytest.raises(TypeError):  # every path is checked first, as in Python
+                c.get_many([sluice.GetSpec(f"{prefix}/b1", into=r, offset=-1), sluice.GetSpec(5, into=r)])  # type: ignore[arg-type]
+            assert r.read(0, 16) == b"\x5a" * 16
         monkeypatch.undo()
         # mixed lists (a path and a region item) go the Python way, and work
         mixed = nat.get_many([f"{prefix}/b1", sluice.GetSpec(f"{prefix}/b1", into=nr)])

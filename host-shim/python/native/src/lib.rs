@@ -304,7 +304,16 @@ impl Reader {
         let client = Arc::clone(conn.client().ok_or_else(|| native_error("closed", "the native reader is closed"))?);
         let within = timeout_of(timeout);
         let mut out: Vec<Bound<'py, PyAny>> = Vec::with_capacity(items.len());
+        // A connection that failed: every item not answered gets its error,
+        // as on the Python path (only a timeout is raised).
+        let mut broken: Option<ClientError> = None;
         for chunk in items.chunks(MAX_BATCH_ITEMS) {
+            if let Some(e) = &broken {
+                for _ in chunk {
+                    out.push(failed(py, e)?);
+                }
+                continue;
+            }
             let batch: Vec<BatchGet> = chunk
                 .iter()
                 .map(|(path, region_id, offset, start, length, if_match)| BatchGet {
@@ -328,13 +337,17 @@ impl Reader {
                         });
                     }
                 }
-                // Refused as a whole: each item's failure, as in Python.
-                Err(e @ ClientError::Shim { .. }) => {
+                Err(e @ ClientError::Timeout(_)) => return Err(raise(&e)),
+                // Refused as a whole, or the connection failed: each
+                // item's failure, as in Python.
+                Err(e) => {
                     for _ in chunk {
                         out.push(failed(py, &e)?);
                     }
+                    if !matches!(e, ClientError::Shim { .. }) {
+                        broken = Some(e);
+                    }
                 }
-                Err(e) => return Err(raise(&e)),
             }
         }
         PyList::new(py, out)

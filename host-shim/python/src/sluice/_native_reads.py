@@ -275,11 +275,12 @@ def checked_items(specs: Sequence[GetSpec]) -> List[Tuple[Any, ...]]:
     """Every item checked before any is sent, in the Python path's order
     and with its errors: ``(path, region_id, offset, start, length,
     if_match)`` each."""
+    paths = [_path(s.path) for s in specs]  # every path first, as in Python
     out = []
-    for s in specs:
+    for s, path in zip(specs, paths):
         if not isinstance(s.if_match, str):
             raise TypeError("if_match must be a str (an ETag as a Transfer returned it)")
-        path, span = _path(s.path), _range(s.range)
+        span = _range(s.range)
         region_id = s.into if type(s.into) is str else s.into.id
         offset = _u64("offset", s.offset)
         start, length = (None, None) if span is None else (span["start"], span["length"])

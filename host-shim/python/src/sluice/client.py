@@ -749,8 +749,8 @@ class Client(CoreClient):
                 return self._native.get_many(items, t)  # type: ignore[arg-type]
         if self._native is not None and items and all(_native_reads.into_host_region(i) for i in items):
             # Every item into a host region of this connection: the native
-            # reader, if it joined this connection's session.
-            self._check_usable()
+            # reader, if it joined this connection's session. (A closed or
+            # forked client goes the Python way: its errors come per item.)
             t = self._timeout_of(timeout)
             checked = _native_reads.checked_items(items)  # type: ignore[arg-type]
             if self._native.joined(t):
