@@ -14,6 +14,16 @@ pub const BYTES_HEADER: &str = "x-amz-rdma-bytes-transferred";
 pub const OLD_BYTES_HEADER: &str = "x-amz-rdma-bytes";
 /// The request header naming a non-standard transport (signed with SigV4).
 pub const TRANSPORT_HEADER: &str = "x-sluice-rdma-transport";
+/// Request header (Sluice's gateway only): a GET's bytes move only if the
+/// whole object is at most this many bytes; otherwise nothing moves and
+/// the reply says so in [`FITS_HEADER`]. It lets a reader that must write
+/// nothing unless the object fits its slot skip the HEAD it would need to
+/// learn the size first.
+pub const OBJECT_MAX_HEADER: &str = "x-sluice-rdma-object-max";
+/// Reply header to [`OBJECT_MAX_HEADER`]: `yes` (the object fits, the bytes
+/// moved) or `no` (nothing moved; Content-Range has the object's size). A
+/// store that does not send it did not check.
+pub const FITS_HEADER: &str = "x-sluice-rdma-fits";
 
 /// Error code: the token could not be parsed or is not allowed.
 pub const INVALID_TOKEN: &str = "InvalidRDMAToken";

@@ -17,7 +17,8 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use s3s::dto::*;
 use s3s::{S3Error, S3Response, S3Result, S3};
 use sluice_dataplane::s3_names::{
-    BYTES_HEADER, INVALID_TOKEN, OLD_BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER, TRANSFER_FAILED, TRANSPORT_HEADER,
+    BYTES_HEADER, FITS_HEADER, INVALID_TOKEN, OBJECT_MAX_HEADER, OLD_BYTES_HEADER, REPLY_HEADER, TOKEN_HEADER,
+    TRANSFER_FAILED, TRANSPORT_HEADER,
 };
 use sluice_dataplane::tcp::TcpRemote;
 use sluice_dataplane::verbs::VerbsRemote;
@@ -75,6 +76,8 @@ fn signed_headers(headers: &HeaderMap, uri: &http::Uri) -> Vec<String> {
 pub(crate) struct RdmaAsk {
     token: Token,
     kind: TransportKind,
+    /// `x-sluice-rdma-object-max`: a GET moves nothing for a larger object.
+    object_max: Option<u64>,
 }
 
 impl<S: S3> Front<S> {
@@ -148,8 +151,14 @@ impl<S: S3> Front<S> {
                 )));
             }
         };
+        let object_max = match headers.get(OBJECT_MAX_HEADER) {
+            None => None,
+            Some(v) => Some(v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(|| {
+                error("InvalidArgument", StatusCode::BAD_REQUEST, format!("{OBJECT_MAX_HEADER} must be a byte count"))
+            })?),
+        };
         self.check_owner(&token)?;
-        Ok(Some(RdmaAsk { token, kind }))
+        Ok(Some(RdmaAsk { token, kind, object_max }))
     }
 
     fn tcp(&self) -> &TcpRemote {
@@ -173,6 +182,20 @@ impl<S: S3> Front<S> {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let out = &mut resp.output;
         let len = out.content_length.unwrap_or(0).max(0) as u64;
+        if let Some(max) = ask.object_max {
+            // The whole object's size: a ranged reply's total, else its length.
+            let total = out.content_range.as_deref().and_then(range_total).unwrap_or(len);
+            if total > max {
+                // Nothing moves; the reply (Content-Range, ETag) says how big
+                // the object is, so the reader can say what it needs.
+                out.body = None;
+                out.content_length = Some(0);
+                resp.headers.extend(Self::reply_headers(if out.content_range.is_some() { 206 } else { 200 }, 0));
+                resp.headers.insert(FITS_HEADER, HeaderValue::from_static("no"));
+                return Ok(resp);
+            }
+            resp.headers.insert(FITS_HEADER, HeaderValue::from_static("yes"));
+        }
         // Never more than the client's window; a short window makes this a
         // partial transfer, said in bytes-transferred and Content-Range.
         let n = len.min(ask.token.size);
@@ -215,12 +238,7 @@ impl<S: S3> Front<S> {
         let partial = out.content_range.is_some() || moved < len;
         if moved < len {
             let start = out.content_range.as_deref().and_then(parse_range_start).unwrap_or(0);
-            let total = out
-                .content_range
-                .as_deref()
-                .and_then(|r| r.rsplit('/').next())
-                .and_then(|t| t.parse::<u64>().ok())
-                .unwrap_or(len);
+            let total = out.content_range.as_deref().and_then(range_total).unwrap_or(len);
             out.content_range = Some(format!("bytes {start}-{}/{total}", start + moved.max(1) - 1));
         }
         out.content_length = Some(0);
@@ -369,6 +387,11 @@ impl<S: S3> Front<S> {
 
 fn parse_range_start(cr: &str) -> Option<u64> {
     cr.strip_prefix("bytes ")?.split('-').next()?.parse().ok()
+}
+
+/// The object size of a `Content-Range: bytes a-b/total`.
+fn range_total(cr: &str) -> Option<u64> {
+    cr.rsplit('/').next()?.parse().ok()
 }
 
 #[cfg(test)]

@@ -88,15 +88,20 @@ fn tcp(token: &Token) -> Vec<(&'static str, String)> {
     vec![("x-amz-rdma-token", token.to_string()), ("x-sluice-rdma-transport", "tcp".into())]
 }
 
+/// Stores `data` as `key` in bucket `data` through the gateway (boto3).
+fn put_object(stack: &Stack, key: &str, data: Vec<u8>) -> Vec<u8> {
+    let src = stack.dir.path().join("obj");
+    std::fs::write(&src, &data).unwrap();
+    boto3(stack.gateway_addr.unwrap(), &["put", "data", key, src.to_str().unwrap()]);
+    data
+}
+
 #[tokio::test]
 async fn gateway_speaks_the_protocol() {
     let stack = Stack::start();
     let p = Probe::new(&stack);
     let (o, mem) = owner().await;
-    let obj = pattern(5000, 1);
-    let src = stack.dir.path().join("obj");
-    std::fs::write(&src, &obj).unwrap();
-    boto3(stack.gateway_addr.unwrap(), &["put", "data", "proto/obj", src.to_str().unwrap()]);
+    let obj = put_object(&stack, "proto/obj", pattern(5000, 1));
     let untouched = |mem: &SharedRegion, from: usize, to: usize| mem.0.as_slice()[from..to].iter().all(|&b| b == 0);
 
     // A good GET: the object lands in the window, the body is empty.
@@ -173,6 +178,42 @@ async fn gateway_speaks_the_protocol() {
     let r = p.send("PUT", "/data/proto/dc-put", &std_token, &[], vec![]).await;
     assert_eq!(h(&r, "x-amz-rdma-reply").as_deref(), Some("501"));
     assert!(!stack.stored_file("data", "proto/dc-put").exists(), "a declined PUT stores nothing");
+}
+
+/// `x-sluice-rdma-object-max`: the gateway moves nothing for a bigger
+/// object and says so (`x-sluice-rdma-fits: no`, its size in
+/// Content-Range), so an agent needs no HEAD to keep "nothing is written
+/// unless it fits"; a bad value is refused.
+#[tokio::test]
+async fn gateway_moves_nothing_for_an_object_over_the_size_asked() {
+    let stack = Stack::start();
+    let p = Probe::new(&stack);
+    let (o, mem) = owner().await;
+    let obj = put_object(&stack, "fit/obj", pattern(5000, 2));
+    let exp = o.expose(grant(&mem, 0, 4096, Access::RemoteWrite)).unwrap();
+    let ask = |max: &str| {
+        let mut signed = tcp(&exp.token);
+        signed.push(("range", "bytes=0-4095".into()));
+        signed.push(("x-sluice-rdma-object-max", max.to_owned()));
+        signed
+    };
+    let r = p.send("GET", "/data/fit/obj", &ask("4999"), &[], vec![]).await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(h(&r, "x-sluice-rdma-fits").as_deref(), Some("no"));
+    assert_eq!(h(&r, "x-amz-rdma-bytes-transferred").as_deref(), Some("0"));
+    assert_eq!(h(&r, "content-range").as_deref(), Some("bytes 0-4095/5000"));
+    assert!(h(&r, "etag").is_some());
+    assert!(mem.0.as_slice().iter().all(|&b| b == 0), "nothing was written");
+
+    let r = p.send("GET", "/data/fit/obj", &ask("5000"), &[], vec![]).await;
+    assert_eq!(r.status(), 206);
+    assert_eq!(h(&r, "x-sluice-rdma-fits").as_deref(), Some("yes"));
+    assert_eq!(h(&r, "x-amz-rdma-bytes-transferred").as_deref(), Some("4096"));
+    assert_eq!(&mem.0.as_slice()[..4096], &obj[..4096]);
+
+    let r = p.send("GET", "/data/fit/obj", &ask("lots"), &[], vec![]).await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("InvalidArgument"));
 }
 
 #[tokio::test]

@@ -107,4 +107,115 @@ mod tests {
         let got = received.await.unwrap();
         assert_eq!(got.len(), wire::HEADER_LEN, "only the header reached the other service");
     }
+
+    /// An owner that answers with `features`, recording for every WRITE
+    /// whether it came eager; payload bytes are read and dropped.
+    async fn fake_owner(features: u8) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<bool>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut reply = wire::reply(wire::Status::Ok, 0);
+            reply[1] = features;
+            loop {
+                let mut hb = [0u8; wire::HEADER_LEN];
+                if s.read_exact(&mut hb).await.is_err() {
+                    return;
+                }
+                let h = wire::Header::decode(&hb).unwrap();
+                tx.send(h.eager).unwrap();
+                if !h.eager {
+                    s.write_all(&reply).await.unwrap();
+                }
+                let mut payload = vec![0u8; h.len as usize];
+                s.read_exact(&mut payload).await.unwrap();
+                s.write_all(&reply).await.unwrap();
+            }
+        });
+        (addr, rx)
+    }
+
+    fn token_at(addr: std::net::SocketAddr, size: u32) -> crate::Token {
+        let gid = match addr.ip() {
+            std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            std::net::IpAddr::V6(v6) => v6.octets(),
+        };
+        crate::Token::new(0x1000, size, 7, addr.port(), 9, Some(gid)).unwrap()
+    }
+
+    /// The first WRITE on a connection waits for a go-ahead; later ones on
+    /// the same connection go eager once the owner said it takes them, and
+    /// never when it did not (an owner from before the feature).
+    #[tokio::test]
+    async fn writes_go_eager_only_after_an_owner_said_so() {
+        for (features, want) in [(wire::FEATURE_EAGER, vec![false, true, true]), (0, vec![false, false, false])] {
+            let (addr, mut seen) = fake_owner(features).await;
+            let remote = TcpRemote::new(1 << 20);
+            let token = token_at(addr, 8192);
+            for _ in 0..3 {
+                let body = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![1u8; 4096]))]);
+                assert_eq!(remote.write_stream(&token, 4096, body).await.unwrap(), 4096);
+            }
+            let got: Vec<bool> = (0..3).map(|_| seen.try_recv().unwrap()).collect();
+            assert_eq!(got, want, "features {features}");
+        }
+    }
+
+    /// On a connection that already had answers, an eager WRITE with a
+    /// wrong key, and one past its window, write nothing, and the next
+    /// transfer still works (on a fresh connection).
+    #[tokio::test]
+    async fn a_refused_eager_write_changes_nothing() {
+        let o = owner().await;
+        let mem = region(1 << 16);
+        let remote = TcpRemote::new(1 << 20);
+        let good = o.expose(grant(mem.clone(), 0, 4096, Access::RemoteWrite)).unwrap();
+        let body = |b: u8, n: usize| futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![b; n]))]);
+        remote.write_stream(&good.token, 4096, body(5, 4096)).await.unwrap();
+        // The pooled connection is now eager.
+        let other = o.expose(grant(mem.clone(), 8192, 4096, Access::RemoteWrite)).unwrap();
+        let mut wrong = other.token;
+        wrong.rkey ^= 1;
+        assert!(remote.write_stream(&wrong, 4096, body(6, 4096)).await.is_err());
+        let past = other.token.with_transfer(other.token.addr + 2048, 4096);
+        assert!(remote.write_file(&past, &std::fs::File::open("/dev/zero").unwrap(), 0, 4096).await.is_err());
+        assert!(mem.0.as_slice()[4096..].iter().all(|&b| b == 0), "no refused byte landed");
+        assert!(mem.0.as_slice()[..4096].iter().all(|&b| b == 5));
+        remote.write_stream(&other.token, 4096, body(7, 4096)).await.unwrap();
+        assert!(mem.0.as_slice()[8192..12288].iter().all(|&b| b == 7));
+        assert_eq!(o.table().rejections.total(), 2);
+    }
+
+    /// Eager pieces of a WRITE split into many operations, from a file and
+    /// from a stream of odd-sized chunks, land byte for byte.
+    #[tokio::test]
+    async fn eager_pieces_land_in_order() {
+        use std::io::Write;
+        let o = owner().await;
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        let mut f = tempfile_in_tmp();
+        f.write_all(&data).unwrap();
+        let remote = TcpRemote::new(10_000);
+        for round in 0..2 {
+            let mem = region(1 << 20);
+            let exp = o.expose(grant(mem.clone(), 100, data.len() as u64, Access::RemoteWrite)).unwrap();
+            if round == 0 {
+                let chunks: Vec<Result<Bytes, std::io::Error>> =
+                    data.chunks(3333).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+                remote.write_stream(&exp.token, data.len() as u64, futures::stream::iter(chunks)).await.unwrap();
+            } else {
+                remote.write_file(&exp.token, &f, 0, data.len() as u64).await.unwrap();
+            }
+            assert_eq!(&mem.0.as_slice()[100..100 + data.len()], &data[..], "round {round}");
+        }
+    }
+
+    fn tempfile_in_tmp() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("sluice-tcp-test-{}", std::process::id()));
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        f
+    }
 }

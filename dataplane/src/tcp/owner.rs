@@ -92,8 +92,12 @@ impl TcpOwner {
             let mut left = h.len;
             match h.op {
                 Op::Write => {
-                    // The go-ahead: the remote sends no payload before it.
-                    s.write_all(&wire::reply(Status::Ok, 0)).await?;
+                    // The go-ahead: the remote sends no payload before it,
+                    // unless this connection already had an answer from
+                    // us and the WRITE says its payload follows (eager).
+                    if !h.eager {
+                        s.write_all(&wire::reply(Status::Ok, 0)).await?;
+                    }
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
                         s.readable().await?;

@@ -20,11 +20,23 @@ use crate::transport::TransportError;
 /// Read chunk handed to the PUT body stream.
 const READ_CHUNK: usize = 1 << 20;
 
+/// An eager WRITE of at most this many bytes goes out with its header in
+/// one `write(2)` (one segment, one wake-up of the owner) rather than as a
+/// header and then the payload.
+const ONE_WRITE_MAX: u64 = 256 << 10;
+
+/// A connection to an owner, and whether that owner takes eager WRITEs
+/// (it said so in a reply on this very connection: see `wire`).
+struct Conn {
+    s: TcpStream,
+    eager: bool,
+}
+
 /// Remote-side `tcp` transport with a small connection pool per owner.
 /// Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct TcpRemote {
-    pool: Arc<Mutex<HashMap<SocketAddr, Vec<TcpStream>>>>,
+    pool: Arc<Mutex<HashMap<SocketAddr, Vec<Conn>>>>,
     /// Largest single operation; transfers are split into pieces this size.
     max_op: u64,
 }
@@ -39,20 +51,21 @@ impl TcpRemote {
         self.max_op
     }
 
-    async fn conn(&self, addr: SocketAddr) -> Result<TcpStream, TransportError> {
-        if let Some(s) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&addr).and_then(Vec::pop) {
-            return Ok(s);
+    async fn conn(&self, addr: SocketAddr) -> Result<Conn, TransportError> {
+        if let Some(c) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&addr).and_then(Vec::pop) {
+            return Ok(c);
         }
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
-        Ok(s)
+        // Nothing has answered on it yet: its first WRITE waits for a go-ahead.
+        Ok(Conn { s, eager: false })
     }
 
-    fn give_back(&self, addr: SocketAddr, s: TcpStream) {
+    fn give_back(&self, addr: SocketAddr, c: Conn) {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         let v = pool.entry(addr).or_default();
         if v.len() < 16 {
-            v.push(s);
+            v.push(c);
         }
     }
 
@@ -62,23 +75,37 @@ impl TcpRemote {
         Ok((addr, Key { rkey: token.rkey, dct: token.dct }))
     }
 
-    /// Reads an owner's reply; on error, the owner's message.
-    async fn reply(s: &mut TcpStream) -> Result<u64, TransportError> {
+    /// Reads an owner's reply; on error, the owner's message. A good reply
+    /// that advertises eager WRITEs marks the connection for them.
+    async fn reply(c: &mut Conn) -> Result<u64, TransportError> {
         let mut rb = [0u8; wire::REPLY_LEN];
-        s.read_exact(&mut rb).await?;
-        let (status, len) = wire::decode_reply(&rb);
-        if status == 0 {
-            return Ok(len);
+        c.s.read_exact(&mut rb).await?;
+        let r = wire::decode_reply(&rb);
+        if r.status == 0 {
+            c.eager = r.features & wire::FEATURE_EAGER != 0;
+            return Ok(r.len);
         }
-        let mut msg = vec![0u8; len.min(4096) as usize];
-        let _ = s.read_exact(&mut msg).await;
+        let mut msg = vec![0u8; r.len.min(4096) as usize];
+        let _ = c.s.read_exact(&mut msg).await;
         Err(TransportError::Rejected(String::from_utf8_lossy(&msg).into_owned()))
+    }
+
+    /// Starts a WRITE of `piece` bytes at `addr`: its header, then (unless
+    /// the owner already answered on this connection and takes eager
+    /// WRITEs) the owner's go-ahead. No payload byte leaves before then.
+    async fn start_write(c: &mut Conn, key: Key, addr: u64, piece: u64) -> Result<(), TransportError> {
+        let eager = c.eager;
+        c.s.write_all(&Header { op: Op::Write, key, addr, len: piece, eager }.encode()).await?;
+        if !eager {
+            Self::go_ahead(c).await?;
+        }
+        Ok(())
     }
 
     /// Waits for the owner's go-ahead to a WRITE header (see `wire`): no
     /// payload byte leaves before an owner has accepted the descriptor.
-    async fn go_ahead(s: &mut TcpStream) -> Result<(), TransportError> {
-        match Self::reply(s).await {
+    async fn go_ahead(c: &mut Conn) -> Result<(), TransportError> {
+        match Self::reply(c).await {
             Ok(0) => Ok(()),
             Ok(n) => Err(TransportError::Protocol(format!("the owner answered a WRITE header with {n} bytes"))),
             Err(e) => Err(e),
@@ -97,42 +124,47 @@ impl TcpRemote {
             return Err(TransportError::Rejected(format!("{len} bytes do not fit the {}-byte window", token.size)));
         }
         let (addr, key) = Self::target(token)?;
-        let mut s = self.conn(addr).await?;
+        let mut c = self.conn(addr).await?;
         let mut body = body;
         let mut pending = Bytes::new();
         let mut done = 0u64;
         while done < len {
             let piece = (len - done).min(self.max_op);
-            s.write_all(&Header { op: Op::Write, key, addr: token.addr + done, len: piece }.encode()).await?;
-            Self::go_ahead(&mut s).await?;
             let mut left = piece;
-            while left > 0 {
-                if pending.is_empty() {
-                    pending = match body.next().await {
-                        Some(Ok(b)) => b,
-                        Some(Err(e)) => return Err(TransportError::Protocol(format!("source failed: {e}"))),
-                        None => {
-                            return Err(TransportError::Protocol(format!(
-                                "source ended after {} of {len} bytes",
-                                done + piece - left
-                            )))
-                        }
-                    };
+            if c.eager && piece <= ONE_WRITE_MAX {
+                // Header and payload in one write: gather the piece first.
+                let h = Header { op: Op::Write, key, addr: token.addr + done, len: piece, eager: true };
+                let mut buf = BytesMut::with_capacity(wire::HEADER_LEN + piece as usize);
+                buf.extend_from_slice(&h.encode());
+                while left > 0 {
+                    let mut chunk = next_chunk(&mut body, &mut pending, done + piece - left, len).await?;
+                    let take = (chunk.len() as u64).min(left) as usize;
+                    buf.extend_from_slice(&chunk.split_to(take));
+                    pending = chunk;
+                    left -= take as u64;
                 }
-                let take = (pending.len() as u64).min(left) as usize;
-                s.write_all(&pending.split_to(take)).await?;
-                left -= take as u64;
+                c.s.write_all(&buf).await?;
+            } else {
+                Self::start_write(&mut c, key, token.addr + done, piece).await?;
+                while left > 0 {
+                    let mut chunk = next_chunk(&mut body, &mut pending, done + piece - left, len).await?;
+                    let take = (chunk.len() as u64).min(left) as usize;
+                    c.s.write_all(&chunk.split_to(take)).await?;
+                    pending = chunk;
+                    left -= take as u64;
+                }
             }
-            Self::reply(&mut s).await?;
+            Self::reply(&mut c).await?;
             done += piece;
         }
-        self.give_back(addr, s);
+        self.give_back(addr, c);
         Ok(done)
     }
 
     /// WRITEs `len` bytes of `file` from `file_offset` into the descriptor's
     /// window with `sendfile(2)`: the bytes go from the page cache to the
-    /// socket without passing through this process.
+    /// socket without passing through this process (a small eager piece is
+    /// read and sent with its header in one write instead).
     pub async fn write_file(
         &self,
         token: &Token,
@@ -141,17 +173,36 @@ impl TcpRemote {
         len: u64,
     ) -> Result<u64, TransportError> {
         use std::os::fd::AsFd;
+        use std::os::unix::fs::FileExt;
         if len > token.size {
             return Err(TransportError::Rejected(format!("{len} bytes do not fit the {}-byte window", token.size)));
         }
         let (addr, key) = Self::target(token)?;
-        let mut s = self.conn(addr).await?;
+        let mut c = self.conn(addr).await?;
         let mut done = 0u64;
         while done < len {
             let piece = (len - done).min(self.max_op);
-            s.write_all(&Header { op: Op::Write, key, addr: token.addr + done, len: piece }.encode()).await?;
-            Self::go_ahead(&mut s).await?;
+            if c.eager && piece <= ONE_WRITE_MAX {
+                let h = Header { op: Op::Write, key, addr: token.addr + done, len: piece, eager: true };
+                let mut buf = vec![0u8; wire::HEADER_LEN + piece as usize];
+                buf[..wire::HEADER_LEN].copy_from_slice(&h.encode());
+                // A page-cache read of at most 256 KiB: no longer than the
+                // copy sendfile would make, and it spares a segment.
+                file.read_exact_at(&mut buf[wire::HEADER_LEN..], file_offset + done).map_err(|e| {
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                        TransportError::Protocol(format!("file ended before {piece} bytes"))
+                    } else {
+                        e.into()
+                    }
+                })?;
+                c.s.write_all(&buf).await?;
+                Self::reply(&mut c).await?;
+                done += piece;
+                continue;
+            }
+            Self::start_write(&mut c, key, token.addr + done, piece).await?;
             let mut left = piece;
+            let s = &c.s;
             while left > 0 {
                 s.writable().await?;
                 let mut off = (file_offset + done + piece - left) as nix::libc::off_t;
@@ -167,10 +218,10 @@ impl TcpRemote {
                     Err(e) => return Err(e.into()),
                 }
             }
-            Self::reply(&mut s).await?;
+            Self::reply(&mut c).await?;
             done += piece;
         }
-        self.give_back(addr, s);
+        self.give_back(addr, c);
         Ok(done)
     }
 
@@ -183,7 +234,7 @@ impl TcpRemote {
     ) -> impl Stream<Item = Result<Bytes, TransportError>> + Send + 'static {
         let this = self.clone();
         struct St {
-            conn: Option<TcpStream>,
+            conn: Option<Conn>,
             addr: Option<SocketAddr>,
             key: Key,
             base: u64,
@@ -223,8 +274,8 @@ impl TcpRemote {
                 };
                 if st.left_in_op == 0 {
                     let piece = (st.len - st.done).min(this.max_op);
-                    c.write_all(&Header { op: Op::Read, key: st.key, addr: st.base + st.done, len: piece }.encode())
-                        .await?;
+                    let h = Header { op: Op::Read, key: st.key, addr: st.base + st.done, len: piece, eager: false };
+                    c.s.write_all(&h.encode()).await?;
                     let n = Self::reply(&mut c).await?;
                     if n != piece {
                         return Err(TransportError::Protocol(format!(
@@ -235,12 +286,29 @@ impl TcpRemote {
                 }
                 let want = st.left_in_op.min(READ_CHUNK as u64) as usize;
                 let mut buf = BytesMut::zeroed(want);
-                c.read_exact(&mut buf).await?;
+                c.s.read_exact(&mut buf).await?;
                 st.left_in_op -= want as u64;
                 st.done += want as u64;
                 st.conn = Some(c);
                 Ok(Some((buf.freeze(), st)))
             }
         })
+    }
+}
+
+/// The next bytes of a WRITE's source: what is left of the last chunk, or
+/// the next chunk. `got`: bytes taken so far (for the error).
+async fn next_chunk<S, E>(body: &mut S, pending: &mut Bytes, got: u64, len: u64) -> Result<Bytes, TransportError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    if !pending.is_empty() {
+        return Ok(std::mem::take(pending));
+    }
+    match body.next().await {
+        Some(Ok(b)) => Ok(b),
+        Some(Err(e)) => Err(TransportError::Protocol(format!("source failed: {e}"))),
+        None => Err(TransportError::Protocol(format!("source ended after {got} of {len} bytes"))),
     }
 }

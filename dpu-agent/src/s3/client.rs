@@ -78,6 +78,9 @@ pub struct RangedGet<'a> {
     /// reply holds the whole object).
     pub checksum_mode: bool,
     pub rdma: Option<RdmaToken>,
+    /// `x-sluice-rdma-object-max` (with `rdma`, Sluice's gateway only): no
+    /// byte moves unless the whole object is at most this big.
+    pub object_max: Option<u64>,
 }
 
 /// What a PUT or UploadPart carries.

@@ -13,6 +13,7 @@ use super::call::{enter, Call, ObjectRead, PartGet, RegionSlice};
 use super::client::{RangedGet, Reply};
 use super::error::S3Error;
 use super::integrity::{self, unverified, Expected};
+use super::rdma_parts::FirstAsk;
 use super::store::ObjectStore;
 use super::token_path::{Fallback, Via};
 use super::version::{parse_content_range, Version};
@@ -130,23 +131,39 @@ impl ObjectStore {
         // also carries the first part. Either reply also carries the
         // checksums a whole object is checked against at the end.
         let rdma_mode = rdma.is_some_and(|r| r.mode == DataPathMode::Rdma);
-        let (object_size, etag, first, expected) = if rdma_mode {
-            let meta = self.head(key, request_id).await?;
-            if start >= meta.size && !(start == 0 && meta.size == 0) {
-                return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
+        let fits = room.min(region.len().saturating_sub(offset));
+        let (object_size, etag, first, expected, landed) = if rdma_mode {
+            // On Sluice's own transport the first part needs no HEAD.
+            let landed = match rdma {
+                Some(r) => {
+                    let _slot = enter(gate, first_part_cost(length, part, fits)).await?;
+                    let ask =
+                        FirstAsk { key, full: &full, start, length, if_match, region, offset, fits, base, request_id };
+                    self.first_part_rdma(r, ask).await?
+                }
+                None => None,
+            };
+            match landed {
+                Some(l) => (l.object_size, l.etag, None, l.expected, l.landed),
+                None => {
+                    let meta = self.head(key, request_id).await?;
+                    if start >= meta.size && !(start == 0 && meta.size == 0) {
+                        return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
+                    }
+                    let expected = Expected { store: meta.crc64nvme, agent: meta.agent_crc64nvme };
+                    (meta.size, meta.etag, None, expected, 0)
+                }
             }
-            let expected = Expected { store: meta.crc64nvme, agent: meta.agent_crc64nvme };
-            (meta.size, meta.etag, None, expected)
         } else {
             // The first part's slot is held until its body has streamed.
-            let cost = first_part_cost(length, part, room.min(region.len().saturating_sub(offset)));
+            let cost = first_part_cost(length, part, fits);
             let slot = enter(gate, cost).await?;
             match self.first_part(key, &full, start, length, base, request_id).await? {
                 First::Part { object_size, etag, part } => {
                     let expected = part.expected;
-                    (object_size, etag, Some((part, slot)), expected)
+                    (object_size, etag, Some((part, slot)), expected, 0)
                 }
-                First::Empty { etag } => (0, etag, None, Expected::default()),
+                First::Empty { etag } => (0, etag, None, Expected::default(), 0),
             }
         };
         // Before any byte of the first part is written (its body is still
@@ -186,6 +203,16 @@ impl ObjectStore {
         };
         let mut futs: Vec<PartFuture<'_>> = Vec::new();
         let mut pos = start;
+        if landed > 0 {
+            // The first part is in already (RDMA, no HEAD).
+            futs.push(Box::pin(std::future::ready(Ok(PartDone {
+                via: Via::Rdma,
+                dst: offset,
+                len: landed,
+                crc: None,
+            }))));
+            pos += landed;
+        }
         if let Some((FirstPart { mut resp, body_start, asked_end, .. }, slot)) = first {
             let cover = asked_end.min(end);
             futs.push(Box::pin(async move {
@@ -295,36 +322,21 @@ impl ObjectStore {
             }
             Err(e) => return Err(e),
         };
-        let headers = &resp.headers;
-        let etag = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        let content_length: Option<u64> =
-            headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
-        let (body_start, object_size) = if resp.status == http::StatusCode::PARTIAL_CONTENT {
-            let cr = headers.get("content-range").and_then(|v| v.to_str().ok()).unwrap_or_default();
-            let (a, _b, total) =
-                parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
-            if a != start {
-                return Err(S3Error::Protocol(format!("asked for bytes from {start}, got from {a}")));
-            }
-            (a, total)
-        } else {
-            // The store ignored Range and sent the whole object.
-            if start != 0 {
-                return Err(S3Error::Protocol("the store ignored the Range header".into()));
-            }
-            let len = content_length.ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
-            (0, len)
-        };
+        let (body_start, object_size, etag) = reply_span(&resp, start)?;
         let whole = body_start == 0 && first_end + 1 >= object_size;
-        let expected = Expected::from_headers(headers, whole);
-        // A whole single-part object the agent stored with a checksum
-        // shows whether the store keeps checksums (a multipart one may
-        // have none even where single PUTs do).
-        if whole && (expected.store.is_some() || (expected.agent.is_some() && integrity::single_part(&etag))) {
-            self.learned.get_reply(endpoint, expected.store.is_some());
-        }
+        let expected = Expected::from_headers(&resp.headers, whole);
+        self.note_checksums(endpoint, whole, &expected, &etag);
         let part = FirstPart { resp, body_start, asked_end: first_end + 1, expected };
         Ok(First::Part { object_size, etag, part })
+    }
+
+    /// A whole single-part object the agent stored with a checksum shows
+    /// whether the store keeps checksums (a multipart one may have none even
+    /// where single PUTs do).
+    pub(super) fn note_checksums(&self, endpoint: &str, whole: bool, expected: &Expected, etag: &str) {
+        if whole && (expected.store.is_some() || (expected.agent.is_some() && integrity::single_part(etag))) {
+            self.learned.get_reply(endpoint, expected.store.is_some());
+        }
     }
 
     /// A ranged GET of `[from, to)`; `If-Match` on the ETag guards against
@@ -361,4 +373,31 @@ pub(super) fn check_if_match(want: Option<&str>, etag: &str) -> Result<(), S3Err
         ))),
         _ => Ok(()),
     }
+}
+
+/// Where the first reply's bytes start, the object's size and its ETag,
+/// from a reply to a ranged GET from `start` (206 with Content-Range, or a
+/// 200 with the whole object from a store that ignored Range).
+pub(super) fn reply_span(resp: &Reply, start: u64) -> Result<(u64, u64, String), S3Error> {
+    let headers = &resp.headers;
+    let etag = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    if resp.status == http::StatusCode::PARTIAL_CONTENT {
+        let cr = headers.get("content-range").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let (a, _b, total) =
+            parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
+        if a != start {
+            return Err(S3Error::Protocol(format!("asked for bytes from {start}, got from {a}")));
+        }
+        return Ok((a, total, etag));
+    }
+    // The store ignored Range and sent the whole object.
+    if start != 0 {
+        return Err(S3Error::Protocol("the store ignored the Range header".into()));
+    }
+    let len = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
+    Ok((0, len, etag))
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::TryStreamExt;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use sluice_dataplane::s3_names::{REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
+use sluice_dataplane::s3_names::{OBJECT_MAX_HEADER, REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
 
 use super::client::{ListQuery, PartOf, PutBody, RangedGet, RdmaToken, Reply, S3Client, S3Future, Target};
 use super::error::S3Error;
@@ -343,6 +343,9 @@ impl S3Client for HttpClient {
             }
             if req.checksum_mode {
                 spec = spec.header("x-amz-checksum-mode", "ENABLED".into());
+            }
+            if let Some(max) = req.object_max {
+                spec = spec.header(OBJECT_MAX_HEADER, max.to_string());
             }
             let spec = spec.token(&req.rdma);
             if let Some(direct) = self.direct_for(at.endpoint) {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use sluice_dataplane::s3_names::{BYTES_HEADER, REPLY_HEADER};
+use sluice_dataplane::s3_names::{BYTES_HEADER, FITS_HEADER, REPLY_HEADER};
 use sluice_dataplane::tcp::TcpRemote;
 use sluice_dataplane::Token;
 
@@ -88,6 +88,9 @@ struct State {
     calls: Vec<Recorded>,
     versions: u64,
     ignore_if_match: bool,
+    /// Moves the bytes whatever `x-sluice-rdma-object-max` says (a store
+    /// other than Sluice's gateway).
+    ignore_object_max: bool,
     rdma: RdmaMode,
     /// See [`MockStore::rgw_like`].
     rgw: bool,
@@ -152,6 +155,7 @@ impl MockStore {
                 calls: Vec::new(),
                 versions: 0,
                 ignore_if_match: false,
+                ignore_object_max: false,
                 rdma: RdmaMode::Decline,
                 rgw: false,
             })),
@@ -208,6 +212,12 @@ impl MockStore {
     /// Makes the store ignore `If-Match` (as some do).
     pub fn ignore_if_match(&self) {
         self.lock().ignore_if_match = true;
+    }
+
+    /// Makes the store ignore `x-sluice-rdma-object-max` (as any store
+    /// but Sluice's gateway does).
+    pub fn ignore_object_max(&self) {
+        self.lock().ignore_object_max = true;
     }
 
     pub fn set_rdma(&self, mode: RdmaMode) {
@@ -330,14 +340,15 @@ impl S3Client for MockStore {
                 rdma: req.rdma.is_some(),
                 headers: Vec::new(),
             });
-            let (o, mode, sums) = {
+            let (o, mode, sums, object_max) = {
                 let st = self.lock();
                 let o = st.objects.get(at.key).cloned().ok_or_else(|| err(404, "NoSuchKey", at.key))?;
                 if req.if_match.is_some_and(|m| m != o.etag) && !st.ignore_if_match {
                     return Err(err(412, "PreconditionFailed", at.key));
                 }
                 let sums = st.checksums(&o.data);
-                (o, st.rdma.clone(), sums)
+                let object_max = req.object_max.filter(|_| !st.ignore_object_max);
+                (o, st.rdma.clone(), sums, object_max)
             };
             let size = o.data.len() as u64;
             if req.first >= size {
@@ -353,6 +364,21 @@ impl S3Client for MockStore {
             }
             let mut body = chunked(data.clone());
             if let Some(token) = &req.rdma {
+                if let Some(max) = object_max.filter(|_| !matches!(mode, RdmaMode::Decline | RdmaMode::Ignore)) {
+                    // As Sluice's gateway does: nothing moves for a bigger object.
+                    if size > max {
+                        h.push((REPLY_HEADER, "206".into()));
+                        h.push((BYTES_HEADER, "0".into()));
+                        h.push((FITS_HEADER, "no".into()));
+                        let headers = headers_of(&h);
+                        return Ok(Reply {
+                            status: http::StatusCode::PARTIAL_CONTENT,
+                            headers,
+                            body: super::client::Body::empty(),
+                        });
+                    }
+                    h.push((FITS_HEADER, "yes".into()));
+                }
                 if let Some(moved) = self.rdma_get(mode, token, data).await? {
                     h.push((REPLY_HEADER, "200".into()));
                     h.push((BYTES_HEADER, moved.to_string()));

@@ -26,6 +26,8 @@ mod integrity_tests;
 pub mod mock;
 pub mod model;
 pub mod put;
+#[cfg(test)]
+mod rdma_first_tests;
 mod rdma_parts;
 pub mod setup;
 mod sigv4;

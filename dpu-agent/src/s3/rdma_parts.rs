@@ -4,16 +4,42 @@
 
 use std::sync::Arc;
 
-use sluice_dataplane::s3_names::REPLY_HEADER;
-use sluice_dataplane::{Access, Grant};
+use sluice_dataplane::s3_names::{FITS_HEADER, REPLY_HEADER};
+use sluice_dataplane::{Access, Grant, TransportKind};
 
 use super::call::{PartGet, PartPut};
-use super::client::{header, PartOf, PutBody};
+use super::client::{header, PartOf, PutBody, RangedGet};
 use super::error::S3Error;
+use super::integrity::Expected;
 use super::store::ObjectStore;
 use super::token_path::*;
 use crate::hostmem::HostRegion;
 use crate::model::Placement;
+
+/// A GET's first part over RDMA, asked without a HEAD first.
+pub(super) struct FirstAsk<'a> {
+    pub key: &'a str,
+    pub full: &'a str,
+    pub start: u64,
+    pub length: Option<u64>,
+    pub if_match: Option<&'a str>,
+    pub region: &'a Arc<dyn HostRegion>,
+    pub offset: u64,
+    /// Room at `offset`: the caller's slot, within the region.
+    pub fits: u64,
+    pub base: usize,
+    pub request_id: &'a str,
+}
+
+/// What that first part learned, and moved.
+pub(super) struct FirstLanded {
+    pub object_size: u64,
+    pub etag: String,
+    pub expected: Expected,
+    /// Bytes written at `offset` (0 when the object did not fit: then
+    /// nothing was written).
+    pub landed: u64,
+}
 
 impl ObjectStore {
     /// GETs `[from, to)` into `region` at `dst` over RDMA. `Ok(None)`: done;
@@ -73,6 +99,107 @@ impl ObjectStore {
             copy(&mem, 0, region, dst, len)?;
         }
         done
+    }
+
+    /// The first part of a GET over Sluice's own one-sided transport, with
+    /// no HEAD before it: the store (Sluice's gateway) is asked to move the
+    /// bytes only if the object fits the caller's slot
+    /// (`x-sluice-rdma-object-max`) and is the version asked for
+    /// (`If-Match`), so a refusal still writes nothing, and the reply's
+    /// Content-Range and ETag say what a HEAD would have. `Ok(None)`: take
+    /// the HEAD way instead (another transport, staged placement, a 0-byte
+    /// or unservable object, or any fallback; the parts then report theirs).
+    pub(super) async fn first_part_rdma(
+        &self,
+        rdma: &TokenPath,
+        ask: FirstAsk<'_>,
+    ) -> Result<Option<FirstLanded>, S3Error> {
+        let FirstAsk { key, full, start, length, if_match, region, offset, fits, base, request_id } = ask;
+        // Only Sluice's gateway serves `tcp`, and only it checks the size.
+        if rdma.kind != TransportKind::Tcp || rdma.placement != Placement::Direct || fits == 0 {
+            return Ok(None);
+        }
+        let len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size).min(fits);
+        // A span that may be longer than the slot: the object must be small
+        // enough that the whole span fits.
+        let object_max = match length {
+            Some(l) if l <= fits => None,
+            _ => Some(start.saturating_add(fits)),
+        };
+        let grant = Grant {
+            memory: region.clone(),
+            offset,
+            len,
+            access: Access::RemoteWrite,
+            tenant: self.tenant.clone(),
+            request_id: request_id.to_owned(),
+        };
+        let Ok(exposure) = rdma.transport.expose(grant) else { return Ok(None) };
+        let req = RangedGet {
+            first: start,
+            last: start + len - 1,
+            if_match,
+            checksum_mode: start == 0,
+            rdma: Some(rdma.token(exposure.token.to_string())),
+            object_max,
+        };
+        let at = self.at(base, 0, full, request_id);
+        let reply = self.client.get(at, req).await;
+        // The descriptor dies with the request, whatever happened.
+        drop(exposure);
+        let resp = match reply {
+            Ok(r) => r,
+            // Maybe a 0-byte object: the HEAD way tells.
+            Err(S3Error::InvalidRange(_)) if start == 0 => return Ok(None),
+            Err(S3Error::PreconditionFailed(_)) if if_match.is_some() => {
+                return Err(S3Error::PreconditionFailed(format!(
+                    "{key:?} is no longer at ETag {:?} as asked (it was replaced since); nothing was returned",
+                    if_match.unwrap_or_default()
+                )))
+            }
+            Err(e) => {
+                let f = classify(e)?;
+                tracing::warn!(kind = f.kind, reason = %f.message, "RDMA first part fell back; asking the size first");
+                return Ok(None);
+            }
+        };
+        if resp.headers.get(REPLY_HEADER).is_none() {
+            return Ok(None);
+        }
+        let (body_start, object_size, etag) = super::get::reply_span(&resp, start)?;
+        let asked_end = start + len;
+        let whole = body_start == 0 && asked_end >= object_size;
+        let mut expected = Expected::from_headers(&resp.headers, whole);
+        let fits_said = header(&resp.headers, FITS_HEADER);
+        if object_max.is_some_and(|max| object_size > max) {
+            if fits_said != "no" {
+                // A store that did not check wrote into the slot all the same.
+                tracing::warn!(
+                    store = at.endpoint,
+                    "the store ignored {}",
+                    sluice_dataplane::s3_names::OBJECT_MAX_HEADER
+                );
+            }
+            // The caller says it does not fit; nothing more moves.
+            return Ok(Some(FirstLanded { object_size, etag, expected, landed: 0 }));
+        }
+        let landed = asked_end.min(object_size).saturating_sub(start);
+        if moved(&resp.headers) != Some(landed) {
+            tracing::warn!(moved = ?moved(&resp.headers), landed, "RDMA first part was short; asking the size first");
+            return Ok(None);
+        }
+        self.note_checksums(at.endpoint, whole, &expected, &etag);
+        let reads_whole = start == 0 && length.is_none_or(|l| l >= object_size);
+        if !whole && reads_whole && self.verify_checksums && !expected.any() {
+            // A whole bigger object without the agent's checksum: the
+            // store's full-object one comes only with a HEAD (as before).
+            let meta = self.head(key, request_id).await?;
+            if meta.etag != etag || meta.size != object_size {
+                return Err(S3Error::PreconditionFailed(format!("{key:?} changed while it was read")));
+            }
+            expected = Expected { store: meta.crc64nvme, agent: expected.agent.or(meta.agent_crc64nvme) };
+        }
+        Ok(Some(FirstLanded { object_size, etag, expected, landed }))
     }
 
     /// PUTs (or, with `part`, UploadParts) `[offset, offset+len)` of `region`
