@@ -90,16 +90,15 @@ impl TcpRemote {
         Err(TransportError::Rejected(String::from_utf8_lossy(&msg).into_owned()))
     }
 
-    /// Starts a WRITE of `piece` bytes at `addr`: its header, then (unless
-    /// the owner already answered on this connection and takes eager
-    /// WRITEs) the owner's go-ahead. No payload byte leaves before then.
+    /// Starts a WRITE of `piece` bytes at `addr` with the handshake: its
+    /// header, then the owner's go-ahead. No payload byte leaves before
+    /// then. (Eager WRITEs are the small ones, sent whole with their header;
+    /// a big one gains nothing from skipping a round trip, and a refusal
+    /// would reset the connection under a payload still being sent, losing
+    /// the owner's reason.)
     async fn start_write(c: &mut Conn, key: Key, addr: u64, piece: u64) -> Result<(), TransportError> {
-        let eager = c.eager;
-        c.s.write_all(&Header { op: Op::Write, key, addr, len: piece, eager }.encode()).await?;
-        if !eager {
-            Self::go_ahead(c).await?;
-        }
-        Ok(())
+        c.s.write_all(&Header { op: Op::Write, key, addr, len: piece, eager: false }.encode()).await?;
+        Self::go_ahead(c).await
     }
 
     /// Waits for the owner's go-ahead to a WRITE header (see `wire`): no

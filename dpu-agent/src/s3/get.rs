@@ -13,7 +13,7 @@ use super::call::{enter, Call, ObjectRead, PartGet, RegionSlice};
 use super::client::{RangedGet, Reply};
 use super::error::S3Error;
 use super::integrity::{self, unverified, Expected};
-use super::rdma_parts::FirstAsk;
+use super::rdma_parts::{FirstAsk, FirstTry};
 use super::store::ObjectStore;
 use super::token_path::{Fallback, Via};
 use super::version::{parse_content_range, Version};
@@ -132,20 +132,24 @@ impl ObjectStore {
         // checksums a whole object is checked against at the end.
         let rdma_mode = rdma.is_some_and(|r| r.mode == DataPathMode::Rdma);
         let fits = room.min(region.len().saturating_sub(offset));
+        // A first part without a HEAD that fell back is reported with the
+        // request's other fallbacks.
+        let mut first_fallback = None;
         let (object_size, etag, first, expected, landed) = if rdma_mode {
             // On Sluice's own transport the first part needs no HEAD.
-            let landed = match rdma {
+            let tried = match rdma {
                 Some(r) => {
                     let _slot = enter(gate, first_part_cost(length, part, fits)).await?;
                     let ask =
                         FirstAsk { key, full: &full, start, length, if_match, region, offset, fits, base, request_id };
                     self.first_part_rdma(r, ask).await?
                 }
-                None => None,
+                None => FirstTry::HeadWay(None),
             };
-            match landed {
-                Some(l) => (l.object_size, l.etag, None, l.expected, l.landed),
-                None => {
+            match tried {
+                FirstTry::Landed(l) => (l.object_size, l.etag, None, l.expected, l.landed),
+                FirstTry::HeadWay(fell_back) => {
+                    first_fallback = fell_back;
                     let meta = self.head(key, request_id).await?;
                     if start >= meta.size && !(start == 0 && meta.size == 0) {
                         return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
@@ -213,6 +217,7 @@ impl ObjectStore {
             }))));
             pos += landed;
         }
+        let first_sent = first.is_some() || landed > 0;
         if let Some((FirstPart { mut resp, body_start, asked_end, .. }, slot)) = first {
             let cover = asked_end.min(end);
             futs.push(Box::pin(async move {
@@ -230,7 +235,11 @@ impl ObjectStore {
             }));
             pos = cover;
         }
-        let mut i = 1usize;
+        // Parts go round the endpoints from the one the first request used;
+        // after a HEAD (no first part), the first part goes to the endpoint
+        // a HEAD-less first part would have used, so that endpoint shows
+        // whether it checks the size (`first_part_rdma`).
+        let mut i = usize::from(first_sent);
         while pos < end {
             let stop = pos.saturating_add(part).min(end);
             let use_rdma = rdma.filter(|r| r.mode == DataPathMode::Rdma || stop - pos >= r.min_bytes);
@@ -278,14 +287,22 @@ impl ObjectStore {
             for p in &done {
                 let c = match p.crc {
                     Some(c) => c,
-                    None => super::token_path::crc64nvme_of(region, p.dst, p.len).await?,
+                    None => {
+                        let c = super::token_path::crc64nvme_of(region, p.dst, p.len).await?;
+                        // Small parts are summed on this task: many of them
+                        // in a row must still let other tasks run.
+                        tokio::task::consume_budget().await;
+                        c
+                    }
                 };
                 got = Some(integrity::combine(got, c, p.len));
             }
             expected.check(got.unwrap_or(0))?;
         }
         let vias = done.into_iter().map(|p| p.via).collect();
-        Ok(GetOutcome::from_parts(needed, object_size, etag.clone(), vias, unverified))
+        let mut out = GetOutcome::from_parts(needed, object_size, etag.clone(), vias, unverified);
+        out.fallbacks.splice(0..0, first_fallback);
+        Ok(out)
     }
 
     /// The first ranged GET. `Ok(Err(etag))` for an empty object (whose

@@ -64,6 +64,9 @@ struct Facts {
     part: AtomicU8,
     /// A whole-object GET of an object stored with a checksum returned it.
     get: AtomicU8,
+    /// A one-sided GET with `x-sluice-rdma-object-max` was answered with
+    /// `x-sluice-rdma-fits` (Sluice's gateway checks the size first).
+    size_check: AtomicU8,
 }
 
 /// Which upload request a reply answered.
@@ -89,7 +92,7 @@ impl Learned {
         let Some(f) = self.endpoints.get(endpoint) else { return };
         let new = if yes { YES } else { NO };
         if cell(f).swap(new, Ordering::Relaxed) != new {
-            tracing::info!(endpoint, what, yes, "learned what the store does with checksums");
+            tracing::info!(endpoint, what, yes, "learned what the store does");
         }
     }
 
@@ -105,6 +108,17 @@ impl Learned {
     /// the store returned it.
     pub fn get_reply(&self, endpoint: &str, returned: bool) {
         self.set(endpoint, "returns x-amz-checksum-crc64nvme on GET", returned, |f| &f.get);
+    }
+
+    /// A one-sided GET that asked for the size check: whether the reply
+    /// showed it was made.
+    pub fn size_check_reply(&self, endpoint: &str, checked: bool) {
+        self.set(endpoint, "checks x-sluice-rdma-object-max before moving bytes", checked, |f| &f.size_check);
+    }
+
+    /// `endpoint` was last seen to check the size before moving bytes.
+    pub fn checks_size(&self, endpoint: &str) -> bool {
+        self.endpoints.get(endpoint).is_some_and(|f| f.size_check.load(Ordering::Relaxed) == YES)
     }
 
     /// Every endpoint has shown that it checks the CRC64NVME of a `kind`

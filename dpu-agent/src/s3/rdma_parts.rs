@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use sluice_dataplane::s3_names::{FITS_HEADER, REPLY_HEADER};
+use sluice_dataplane::s3_names::{self, FITS_HEADER, REPLY_HEADER};
 use sluice_dataplane::{Access, Grant, TransportKind};
 
 use super::call::{PartGet, PartPut};
@@ -29,6 +29,13 @@ pub(super) struct FirstAsk<'a> {
     pub fits: u64,
     pub base: usize,
     pub request_id: &'a str,
+}
+
+/// How the first part without a HEAD went.
+pub(super) enum FirstTry {
+    Landed(FirstLanded),
+    /// Ask the size with a HEAD; the fallback, if this try fell back.
+    HeadWay(Option<Fallback>),
 }
 
 /// What that first part learned, and moved.
@@ -71,7 +78,18 @@ impl ObjectStore {
         };
         let mut req = Self::part_get(from, to, version.etag);
         req.rdma = Some(rdma.token(exposure.token.to_string()));
-        let reply = self.client.get(self.at(base, 0, full, request_id), req).await;
+        // The object is known to be this big: asking the size check costs
+        // nothing, and the reply shows whether this store makes it (so a
+        // later GET may skip the HEAD; see `first_part_rdma`).
+        let learn = rdma.kind == TransportKind::Tcp;
+        req.object_max = learn.then_some(version.size);
+        let at = self.at(base, 0, full, request_id);
+        let reply = self.client.get(at, req).await;
+        if let (true, Ok(r)) = (learn, &reply) {
+            if r.headers.get(REPLY_HEADER).is_some() {
+                self.learned.size_check_reply(at.endpoint, r.headers.get(FITS_HEADER).is_some());
+            }
+        }
         // The descriptor dies with the request, whatever happened.
         let done = async {
             let headers = match reply {
@@ -106,25 +124,41 @@ impl ObjectStore {
     /// bytes only if the object fits the caller's slot
     /// (`x-sluice-rdma-object-max`) and is the version asked for
     /// (`If-Match`), so a refusal still writes nothing, and the reply's
-    /// Content-Range and ETag say what a HEAD would have. `Ok(None)`: take
-    /// the HEAD way instead (another transport, staged placement, a 0-byte
-    /// or unservable object, or any fallback; the parts then report theirs).
-    pub(super) async fn first_part_rdma(
-        &self,
-        rdma: &TokenPath,
-        ask: FirstAsk<'_>,
-    ) -> Result<Option<FirstLanded>, S3Error> {
+    /// Content-Range and ETag say what a HEAD would have. Only to an
+    /// endpoint already seen to make that check (an older gateway would
+    /// write into the slot first). [`FirstTry::HeadWay`]: take the HEAD way
+    /// instead (another transport, staged placement, an endpoint not known
+    /// to check, a 0-byte or unservable object), with the fallback if this
+    /// try fell back (a failed or short transfer may have left bytes in the
+    /// slot; the HEAD way writes the span again).
+    pub(super) async fn first_part_rdma(&self, rdma: &TokenPath, ask: FirstAsk<'_>) -> Result<FirstTry, S3Error> {
         let FirstAsk { key, full, start, length, if_match, region, offset, fits, base, request_id } = ask;
+        let at = self.at(base, 0, full, request_id);
         // Only Sluice's gateway serves `tcp`, and only it checks the size.
-        if rdma.kind != TransportKind::Tcp || rdma.placement != Placement::Direct || fits == 0 {
-            return Ok(None);
+        if rdma.kind != TransportKind::Tcp
+            || rdma.placement != Placement::Direct
+            || fits == 0
+            || !self.learned.checks_size(at.endpoint)
+        {
+            return Ok(FirstTry::HeadWay(None));
         }
+        // A start no Range can name (S3 ranges are signed 64-bit) and an
+        // ETag that is not one (`*`, control characters): the HEAD way
+        // answers them as before.
         let len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size).min(fits);
+        let Some(asked_end) = start.checked_add(len).filter(|e| *e <= i64::MAX as u64) else {
+            return Ok(FirstTry::HeadWay(None));
+        };
+        let if_match = match if_match.map(bare_etag) {
+            None => None,
+            Some(Some(b)) => Some(format!("\"{b}\"")),
+            Some(None) => return Ok(FirstTry::HeadWay(None)),
+        };
         // A span that may be longer than the slot: the object must be small
         // enough that the whole span fits.
         let object_max = match length {
             Some(l) if l <= fits => None,
-            _ => Some(start.saturating_add(fits)),
+            _ => Some(start + fits),
         };
         let grant = Grant {
             memory: region.clone(),
@@ -134,72 +168,69 @@ impl ObjectStore {
             tenant: self.tenant.clone(),
             request_id: request_id.to_owned(),
         };
-        let Ok(exposure) = rdma.transport.expose(grant) else { return Ok(None) };
+        let Ok(exposure) = rdma.transport.expose(grant) else { return Ok(FirstTry::HeadWay(None)) };
         let req = RangedGet {
             first: start,
-            last: start + len - 1,
-            if_match,
+            last: asked_end - 1,
+            if_match: if_match.as_deref(),
             checksum_mode: start == 0,
             rdma: Some(rdma.token(exposure.token.to_string())),
             object_max,
         };
-        let at = self.at(base, 0, full, request_id);
         let reply = self.client.get(at, req).await;
         // The descriptor dies with the request, whatever happened.
         drop(exposure);
+        let fell_back = |f: Fallback| {
+            tracing::warn!(kind = f.kind, reason = %f.message, "RDMA first part fell back; asking the size first");
+            Ok(FirstTry::HeadWay(Some(f)))
+        };
         let resp = match reply {
             Ok(r) => r,
             // Maybe a 0-byte object: the HEAD way tells.
-            Err(S3Error::InvalidRange(_)) if start == 0 => return Ok(None),
+            Err(S3Error::InvalidRange(_)) if start == 0 => return Ok(FirstTry::HeadWay(None)),
             Err(S3Error::PreconditionFailed(_)) if if_match.is_some() => {
                 return Err(S3Error::PreconditionFailed(format!(
-                    "{key:?} is no longer at ETag {:?} as asked (it was replaced since); nothing was returned",
+                    "{key:?} is no longer at ETag {} as asked (it was replaced since); nothing was returned",
                     if_match.unwrap_or_default()
                 )))
             }
-            Err(e) => {
-                let f = classify(e)?;
-                tracing::warn!(kind = f.kind, reason = %f.message, "RDMA first part fell back; asking the size first");
-                return Ok(None);
-            }
+            Err(e) => return fell_back(classify(e)?),
         };
         if resp.headers.get(REPLY_HEADER).is_none() {
-            return Ok(None);
+            return fell_back(Fallback::new("ignored", "the store ignored the token (no x-amz-rdma-reply)"));
+        }
+        let fits_said = header(&resp.headers, FITS_HEADER);
+        if object_max.is_some() {
+            self.learned.size_check_reply(at.endpoint, !fits_said.is_empty());
         }
         let (body_start, object_size, etag) = super::get::reply_span(&resp, start)?;
-        let asked_end = start + len;
         let whole = body_start == 0 && asked_end >= object_size;
         let mut expected = Expected::from_headers(&resp.headers, whole);
-        let fits_said = header(&resp.headers, FITS_HEADER);
         if object_max.is_some_and(|max| object_size > max) {
             if fits_said != "no" {
-                // A store that did not check wrote into the slot all the same.
-                tracing::warn!(
-                    store = at.endpoint,
-                    "the store ignored {}",
-                    sluice_dataplane::s3_names::OBJECT_MAX_HEADER
-                );
+                // It stopped checking (downgraded): the slot may hold bytes.
+                tracing::warn!(store = at.endpoint, "the store ignored {}", s3_names::OBJECT_MAX_HEADER);
             }
             // The caller says it does not fit; nothing more moves.
-            return Ok(Some(FirstLanded { object_size, etag, expected, landed: 0 }));
+            return Ok(FirstTry::Landed(FirstLanded { object_size, etag, expected, landed: 0 }));
         }
         let landed = asked_end.min(object_size).saturating_sub(start);
-        if moved(&resp.headers) != Some(landed) {
-            tracing::warn!(moved = ?moved(&resp.headers), landed, "RDMA first part was short; asking the size first");
-            return Ok(None);
+        let moved = moved(&resp.headers);
+        if moved != Some(landed) {
+            return fell_back(Fallback::new("short", format!("the store reported {moved:?} bytes for {landed}")));
         }
         self.note_checksums(at.endpoint, whole, &expected, &etag);
         let reads_whole = start == 0 && length.is_none_or(|l| l >= object_size);
-        if !whole && reads_whole && self.verify_checksums && !expected.any() {
-            // A whole bigger object without the agent's checksum: the
-            // store's full-object one comes only with a HEAD (as before).
+        if reads_whole && self.verify_checksums && !expected.any() {
+            // No checksum came with the reply: the store's full-object one
+            // comes with a HEAD (as it always did before this way).
             let meta = self.head(key, request_id).await?;
             if meta.etag != etag || meta.size != object_size {
                 return Err(S3Error::PreconditionFailed(format!("{key:?} changed while it was read")));
             }
-            expected = Expected { store: meta.crc64nvme, agent: expected.agent.or(meta.agent_crc64nvme) };
+            expected = Expected { store: meta.crc64nvme, agent: meta.agent_crc64nvme };
         }
-        Ok(Some(FirstLanded { object_size, etag, expected, landed }))
+        Ok(FirstTry::Landed(FirstLanded { object_size, etag, expected, landed }))
     }
 
     /// PUTs (or, with `part`, UploadParts) `[offset, offset+len)` of `region`
@@ -291,4 +322,12 @@ fn copy(
         pos += n as u64;
     }
     Ok(())
+}
+
+/// An ETag as it is compared (quotes and a weak prefix aside); `None` for
+/// one that cannot be sent as one (`*`, empty, not visible ASCII).
+fn bare_etag(e: &str) -> Option<&str> {
+    let b = e.trim().trim_start_matches("W/").trim_matches('"');
+    let ok = !b.is_empty() && b != "*" && b.bytes().all(|c| c.is_ascii_graphic() && c != b'"');
+    ok.then_some(b)
 }
