@@ -543,7 +543,9 @@ impl Agent {
             let read = ObjectRead { key, start, length: len, if_match: if_match.as_deref() };
             let call = Call { request_id: &ctx.request_id, gate: Some(&permit) };
             let out = store.get_into(&read, &into, &call).await?;
-            self.record_fallbacks(s, namespace, "get", &store, &out.fallbacks);
+            // A first try that fell back is counted; the path is the parts'.
+            let counted: Vec<Fallback> = out.fallbacks.iter().chain(&out.first_try).cloned().collect();
+            self.record_fallbacks(s, namespace, "get", &store, &counted);
             let (data_path, fallback_reason) =
                 path_of(out.rdma_parts, &out.fallbacks, store.degraded(), store.placement());
             Ok(TransferSummary {

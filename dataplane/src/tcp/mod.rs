@@ -178,7 +178,9 @@ mod tests {
         let other = o.expose(grant(mem.clone(), 8192, 4096, Access::RemoteWrite)).unwrap();
         let mut wrong = other.token;
         wrong.rkey ^= 1;
-        assert!(remote.write_stream(&wrong, 4096, body(6, 4096)).await.is_err());
+        // The owner's reason comes back, not a reset connection.
+        let e = remote.write_stream(&wrong, 4096, body(6, 4096)).await.unwrap_err();
+        assert!(matches!(e, crate::TransportError::Rejected(_)), "{e}");
         let past = other.token.with_transfer(other.token.addr + 2048, 4096);
         assert!(remote.write_file(&past, &std::fs::File::open("/dev/zero").unwrap(), 0, 4096).await.is_err());
         assert!(mem.0.as_slice()[4096..].iter().all(|&b| b == 0), "no refused byte landed");

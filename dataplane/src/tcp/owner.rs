@@ -20,6 +20,9 @@ use crate::transport::{
 /// Bytes moved per read/write syscall.
 const IO_CHUNK: usize = 4 << 20;
 
+/// How long a refused eager WRITE's payload is waited for before the refusal.
+const DISCARD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The `tcp` provider, owner side.
 pub struct TcpOwner {
     table: Arc<CapabilityTable>,
@@ -85,8 +88,16 @@ impl TcpOwner {
             };
             let checked = match self.table.check(h.key, h.addr, h.len, access) {
                 Ok(c) => c,
-                // The payload of a refused WRITE is never read: close instead.
-                Err(r) => return refuse(&mut s, Status::Rejected, &r.to_string()).await,
+                Err(r) => {
+                    // The payload of a refused WRITE never reaches memory. A
+                    // small eager one is already on its way: it is read and
+                    // dropped (for a short while at most), so the remote
+                    // reads the reason rather than a reset connection.
+                    if h.eager && h.len <= wire::EAGER_MAX_BYTES {
+                        let _ = tokio::time::timeout(DISCARD_WAIT, discard(&mut s, h.len)).await;
+                    }
+                    return refuse(&mut s, Status::Rejected, &r.to_string()).await;
+                }
             };
             let (mem, mut off) = (checked.memory, checked.offset);
             let mut left = h.len;
@@ -129,6 +140,20 @@ impl TcpOwner {
             }
         }
     }
+}
+
+/// Reads and drops `len` bytes through a small buffer (a refused payload
+/// costs no memory of its size).
+async fn discard(s: &mut TcpStream, mut len: u64) -> std::io::Result<()> {
+    let mut sink = [0u8; 4096];
+    while len > 0 {
+        let want = len.min(sink.len() as u64) as usize;
+        match s.read(&mut sink[..want]).await? {
+            0 => return Ok(()),
+            n => len -= n as u64,
+        }
+    }
+    Ok(())
 }
 
 async fn refuse(s: &mut TcpStream, status: Status, msg: &str) -> std::io::Result<()> {

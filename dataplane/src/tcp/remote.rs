@@ -20,10 +20,9 @@ use crate::transport::TransportError;
 /// Read chunk handed to the PUT body stream.
 const READ_CHUNK: usize = 1 << 20;
 
-/// An eager WRITE of at most this many bytes goes out with its header in
-/// one `write(2)` (one segment, one wake-up of the owner) rather than as a
-/// header and then the payload.
-const ONE_WRITE_MAX: u64 = 256 << 10;
+/// An eager WRITE goes out with its header in one `write(2)` (one segment,
+/// one wake-up of the owner); bigger ones keep the handshake.
+const ONE_WRITE_MAX: u64 = wire::EAGER_MAX_BYTES;
 
 /// A connection to an owner, and whether that owner takes eager WRITEs
 /// (it said so in a reply on this very connection: see `wire`).

@@ -20,8 +20,8 @@
 //! with no go-ahead, and the owner answers once. A remote sends one only on
 //! a connection on which this owner has already answered (so the bytes go
 //! nowhere but to a Sluice owner); it saves a round trip per small WRITE.
-//! A refused eager WRITE is answered and the connection closed, its payload
-//! unread, as before. Owners without the feature answer it with zeros, and
+//! A refused eager WRITE (at most [`EAGER_MAX_BYTES`]) has its payload read
+//! and dropped, never written, then is answered and the connection closed. Owners without the feature answer it with zeros, and
 //! remotes keep the handshake with them.
 
 use crate::capability::Key;
@@ -34,6 +34,10 @@ pub const REPLY_LEN: usize = 16;
 pub const FLAG_EAGER: u16 = 1;
 /// Reply feature: this owner takes [`FLAG_EAGER`] WRITEs.
 pub const FEATURE_EAGER: u8 = 1;
+/// The largest WRITE a remote sends eager (with its header, in one write).
+/// An owner that refuses one reads and drops its payload first, so the
+/// refusal's reason reaches the remote instead of a reset connection.
+pub const EAGER_MAX_BYTES: u64 = 256 << 10;
 
 /// A request header that is not one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -35,6 +35,10 @@ pub struct GetOutcome {
     pub fallbacks: Vec<Fallback>,
     /// Why the bytes could not be checked end to end; `None`: they were.
     pub unverified: Option<String>,
+    /// A first part tried without a HEAD that fell back (the span then
+    /// moved the HEAD way, as `parts` and `fallbacks` say): counted as a
+    /// fallback, not as the way the bytes went.
+    pub first_try: Option<Fallback>,
 }
 
 impl GetOutcome {
@@ -49,7 +53,7 @@ impl GetOutcome {
         let fallbacks =
             vias.iter().filter_map(|v| if let Via::Fallback(f) = v { Some(f.clone()) } else { None }).collect();
         let unverified = unverified.map(str::to_owned);
-        Self { bytes, object_size, etag, parts: vias.len() as u32, rdma_parts, fallbacks, unverified }
+        Self { bytes, object_size, etag, parts: vias.len() as u32, rdma_parts, fallbacks, unverified, first_try: None }
     }
 }
 
@@ -150,7 +154,10 @@ impl ObjectStore {
                 FirstTry::Landed(l) => (l.object_size, l.etag, None, l.expected, l.landed),
                 FirstTry::HeadWay(fell_back) => {
                     first_fallback = fell_back;
-                    let meta = self.head(key, request_id).await?;
+                    // Its own base would move the round-robin on by two per
+                    // GET: with an even number of endpoints, some would then
+                    // never take a first part and never learn the size check.
+                    let meta = self.head_from(key, request_id, base + 1).await?;
                     if start >= meta.size && !(start == 0 && meta.size == 0) {
                         return Err(S3Error::InvalidRange(format!("bytes {start}- of a {}-byte object", meta.size)));
                     }
@@ -301,7 +308,7 @@ impl ObjectStore {
         }
         let vias = done.into_iter().map(|p| p.via).collect();
         let mut out = GetOutcome::from_parts(needed, object_size, etag.clone(), vias, unverified);
-        out.fallbacks.splice(0..0, first_fallback);
+        out.first_try = first_fallback;
         Ok(out)
     }
 

@@ -179,20 +179,30 @@ async fn empty_objects_and_fallbacks_take_the_head_way() {
 
     // A store that learned, then declines or ignores the token: the HEAD
     // way, then each part over HTTP; the first try's fallback is reported
-    // with the part's.
+    // apart from the parts' (the bytes went over HTTP because of theirs).
+    // The endpoint is learned again: the next GET tries no first part.
     for (mode, kind) in [(RdmaMode::Decline, "declined"), (RdmaMode::Ignore, "ignored")] {
         let mock = serving();
         let data = pattern(5000, 6);
         mock.insert("t/k", data.clone());
         let s = rdma_store(&mock).await;
         mock.set_rdma(mode);
-        let h0 = heads(&mock);
+        let (h0, g0) = (heads(&mock), mock.count(Op::Get));
         let r = marked(8192);
         let out = get(&s, ObjectRead::whole("k"), &r, 0, 8192).await.unwrap();
         assert_eq!(contents(&r, 0, 5000), data, "{kind}");
-        assert_eq!(heads(&mock) - h0, 1, "{kind}");
-        assert_eq!((out.rdma_parts, out.fallbacks.len()), (0, 2), "{kind}");
-        assert!(out.fallbacks.iter().all(|f| f.kind == kind), "{kind}: {:?}", out.fallbacks);
+        assert_eq!((heads(&mock) - h0, mock.count(Op::Get) - g0), (1, 3), "{kind}: try, RDMA part, HTTP part");
+        assert_eq!((out.rdma_parts, out.fallbacks.len()), (0, 1), "{kind}");
+        assert_eq!(out.fallbacks[0].kind, kind);
+        assert_eq!(out.first_try.as_ref().map(|f| f.kind), Some(kind));
+        // Each endpoint learns it on its own (three here, taken in turn).
+        for _ in 0..2 {
+            get(&s, ObjectRead::whole("k"), &r, 0, 8192).await.unwrap();
+        }
+        for _ in 0..3 {
+            let out = get(&s, ObjectRead::whole("k"), &r, 0, 8192).await.unwrap();
+            assert!(out.first_try.is_none(), "{kind}: learned again, no first try");
+        }
     }
 
     // A missing key is the store's answer, not a fallback.

@@ -158,7 +158,7 @@ impl ObjectStore {
         // enough that the whole span fits.
         let object_max = match length {
             Some(l) if l <= fits => None,
-            _ => Some(start + fits),
+            _ => Some(start.saturating_add(fits)),
         };
         let grant = Grant {
             memory: region.clone(),
@@ -182,6 +182,10 @@ impl ObjectStore {
         drop(exposure);
         let fell_back = |f: Fallback| {
             tracing::warn!(kind = f.kind, reason = %f.message, "RDMA first part fell back; asking the size first");
+            if matches!(f.kind, "declined" | "ignored") {
+                // It no longer serves the token as it did: learn it again.
+                self.learned.size_check_reply(at.endpoint, false);
+            }
             Ok(FirstTry::HeadWay(Some(f)))
         };
         let resp = match reply {

@@ -318,8 +318,14 @@ impl ObjectStore {
         if self.encryption.is_some() {
             return self.head_encrypted(key, request_id).await;
         }
+        self.head_from(key, request_id, self.next_base()).await
+    }
+
+    /// HeadObject starting at endpoint `base` (a GET's HEAD goes next to
+    /// the endpoint of its first part, without taking a base of its own:
+    /// see `first_part_rdma`).
+    pub(super) async fn head_from(&self, key: &str, request_id: &str, base: usize) -> Result<ObjectMeta, S3Error> {
         let full = &self.full_key(key);
-        let base = self.next_base();
         self.retrying(|attempt| async move {
             let headers = self.client.head(self.at(base, attempt, full, request_id)).await?;
             xml::meta_from_headers(key, &headers)
