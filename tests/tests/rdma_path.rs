@@ -59,6 +59,22 @@ async fn direct_placement_get_put_ranges_and_empty_objects() {
         assert!(r.as_slice()[..777].iter().all(|&b| b == 0xEE));
         assert_eq!(r.as_slice()[777 + t.bytes as usize], 0xEE);
     }
+    // The agent learned that the gateway checks the size first, so its GETs
+    // went without a HEAD; a region too small for the object then still
+    // gets REGION_TOO_SMALL with nothing written, and so does another
+    // version.
+    let log = stack.log("sluice-agent");
+    assert!(log.contains("checks x-sluice-rdma-object-max before moving bytes"), "{log}");
+    assert!(!log.contains("first part fell back"), "{log}");
+    let small = c.register(4096).await.unwrap();
+    small.write_at(0, &[0xEE; 4096]).unwrap();
+    for _ in 0..2 {
+        let e = c.get("data/rdma/ranged", &small, 0, None).await.unwrap_err();
+        assert_eq!(e.code(), Some(sluice_client::Code::RegionTooSmall), "{e}");
+        let e = c.get_pinned("data/rdma/obj-4096", small.id(), 0, None, "\"another\"").await.unwrap_err();
+        assert_eq!(e.code(), Some(sluice_client::Code::PreconditionFailed), "{e}");
+    }
+    assert!(small.as_slice().iter().all(|&b| b == 0xEE), "nothing was written");
     // 0-byte objects: nothing to move, no fallback.
     let t = put(&c, "data/rdma/empty", b"").await;
     assert_eq!(t.bytes, 0);

@@ -38,6 +38,11 @@ async fn get_and_put_over_verbs() {
         assert_eq!((g.bytes, g.data_path, g.fallback_reason.as_str()), (n as u64, "rdma", ""), "GET {n}");
         assert_eq!(sha256(&r.as_slice()[..n]), sha256(&data), "GET {n} bytes");
     }
+    // After the first GET the agent knew the gateway checks the size first:
+    // the others went without a HEAD, over verbs, and none fell back.
+    let log = stack.log("sluice-agent");
+    assert!(log.contains("checks x-sluice-rdma-object-max before moving bytes"), "{log}");
+    assert!(!log.contains("first part fell back"), "{log}");
     // A ranged GET lands at its offset.
     let data = pattern((3 << 20) + 5, 702);
     r.write_at(0, &vec![0xAB; 8 << 20]).unwrap();

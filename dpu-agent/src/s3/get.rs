@@ -16,7 +16,7 @@ use super::integrity::{self, unverified, Expected};
 use super::rdma_parts::{FirstAsk, FirstTry};
 use super::store::ObjectStore;
 use super::token_path::{Fallback, Via};
-use super::version::{parse_content_range, Version};
+use super::version::{reply_span, Version};
 use crate::model::DataPathMode;
 
 /// What a GET moved.
@@ -397,31 +397,4 @@ pub(super) fn check_if_match(want: Option<&str>, etag: &str) -> Result<(), S3Err
         ))),
         _ => Ok(()),
     }
-}
-
-/// Where the first reply's bytes start, the object's size and its ETag,
-/// from a reply to a ranged GET from `start` (206 with Content-Range, or a
-/// 200 with the whole object from a store that ignored Range).
-pub(super) fn reply_span(resp: &Reply, start: u64) -> Result<(u64, u64, String), S3Error> {
-    let headers = &resp.headers;
-    let etag = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-    if resp.status == http::StatusCode::PARTIAL_CONTENT {
-        let cr = headers.get("content-range").and_then(|v| v.to_str().ok()).unwrap_or_default();
-        let (a, _b, total) =
-            parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
-        if a != start {
-            return Err(S3Error::Protocol(format!("asked for bytes from {start}, got from {a}")));
-        }
-        return Ok((a, total, etag));
-    }
-    // The store ignored Range and sent the whole object.
-    if start != 0 {
-        return Err(S3Error::Protocol("the store ignored the Range header".into()));
-    }
-    let len = headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
-    Ok((0, len, etag))
 }

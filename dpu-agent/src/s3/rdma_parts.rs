@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sluice_dataplane::s3_names::{self, FITS_HEADER, REPLY_HEADER};
-use sluice_dataplane::{Access, Grant, TransportKind};
+use sluice_dataplane::{Access, Grant};
 
 use super::call::{PartGet, PartPut};
 use super::client::{header, PartOf, PutBody, RangedGet};
@@ -79,13 +79,13 @@ impl ObjectStore {
         let mut req = Self::part_get(from, to, version.etag);
         req.rdma = Some(rdma.token(exposure.token.to_string()));
         // The object is known to be this big: asking the size check costs
-        // nothing, and the reply shows whether this store makes it (so a
-        // later GET may skip the HEAD; see `first_part_rdma`).
-        let learn = rdma.kind == TransportKind::Tcp;
-        req.object_max = learn.then_some(version.size);
+        // nothing (a store other than Sluice's gateway ignores the header),
+        // and the reply shows whether this store makes it (so a later GET
+        // may skip the HEAD; see `first_part_rdma`).
+        req.object_max = Some(version.size);
         let at = self.at(base, 0, full, request_id);
         let reply = self.client.get(at, req).await;
-        if let (true, Ok(r)) = (learn, &reply) {
+        if let Ok(r) = &reply {
             if r.headers.get(REPLY_HEADER).is_some() {
                 self.learned.size_check_reply(at.endpoint, r.headers.get(FITS_HEADER).is_some());
             }
@@ -119,27 +119,24 @@ impl ObjectStore {
         done
     }
 
-    /// The first part of a GET over Sluice's own one-sided transport, with
-    /// no HEAD before it: the store (Sluice's gateway) is asked to move the
+    /// The first part of a one-sided GET (any transport), with no HEAD
+    /// before it: the store (Sluice's gateway) is asked to move the
     /// bytes only if the object fits the caller's slot
     /// (`x-sluice-rdma-object-max`) and is the version asked for
     /// (`If-Match`), so a refusal still writes nothing, and the reply's
     /// Content-Range and ETag say what a HEAD would have. Only to an
     /// endpoint already seen to make that check (an older gateway would
     /// write into the slot first). [`FirstTry::HeadWay`]: take the HEAD way
-    /// instead (another transport, staged placement, an endpoint not known
-    /// to check, a 0-byte or unservable object), with the fallback if this
+    /// instead (staged placement, an endpoint not known to check, a 0-byte
+    /// or unservable object), with the fallback if this
     /// try fell back (a failed or short transfer may have left bytes in the
     /// slot; the HEAD way writes the span again).
     pub(super) async fn first_part_rdma(&self, rdma: &TokenPath, ask: FirstAsk<'_>) -> Result<FirstTry, S3Error> {
         let FirstAsk { key, full, start, length, if_match, region, offset, fits, base, request_id } = ask;
         let at = self.at(base, 0, full, request_id);
-        // Only Sluice's gateway serves `tcp`, and only it checks the size.
-        if rdma.kind != TransportKind::Tcp
-            || rdma.placement != Placement::Direct
-            || fits == 0
-            || !self.learned.checks_size(at.endpoint)
-        {
+        // Only Sluice's gateway checks the size, and only a store seen to
+        // check it is trusted to (whatever the transport).
+        if rdma.placement != Placement::Direct || fits == 0 || !self.learned.checks_size(at.endpoint) {
             return Ok(FirstTry::HeadWay(None));
         }
         // A start no Range can name (S3 ranges are signed 64-bit) and an
@@ -207,7 +204,7 @@ impl ObjectStore {
         if object_max.is_some() {
             self.learned.size_check_reply(at.endpoint, !fits_said.is_empty());
         }
-        let (body_start, object_size, etag) = super::get::reply_span(&resp, start)?;
+        let (body_start, object_size, etag) = super::version::reply_span(&resp, start)?;
         let whole = body_start == 0 && asked_end >= object_size;
         let mut expected = Expected::from_headers(&resp.headers, whole);
         if object_max.is_some_and(|max| object_size > max) {

@@ -1,6 +1,7 @@
 //! The version of an object a read is on: every part of a GET, over HTTP
 //! or RDMA, must come from the object the first part came from.
 
+use super::client::Reply;
 use super::error::S3Error;
 
 /// Parses `Content-Range: bytes a-b/total`.
@@ -9,6 +10,33 @@ pub fn parse_content_range(v: &str) -> Option<(u64, u64, u64)> {
     let (span, total) = rest.split_once('/')?;
     let (a, b) = span.split_once('-')?;
     Some((a.parse().ok()?, b.parse().ok()?, total.parse().ok()?))
+}
+
+/// Where the first reply's bytes start, the object's size and its ETag,
+/// from a reply to a ranged GET from `start` (206 with Content-Range, or a
+/// 200 with the whole object from a store that ignored Range).
+pub(super) fn reply_span(resp: &Reply, start: u64) -> Result<(u64, u64, String), S3Error> {
+    let headers = &resp.headers;
+    let etag = headers.get("etag").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    if resp.status == http::StatusCode::PARTIAL_CONTENT {
+        let cr = headers.get("content-range").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let (a, _b, total) =
+            parse_content_range(cr).ok_or_else(|| S3Error::Protocol(format!("bad Content-Range {cr:?}")))?;
+        if a != start {
+            return Err(S3Error::Protocol(format!("asked for bytes from {start}, got from {a}")));
+        }
+        return Ok((a, total, etag));
+    }
+    // The store ignored Range and sent the whole object.
+    if start != 0 {
+        return Err(S3Error::Protocol("the store ignored the Range header".into()));
+    }
+    let len = headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| S3Error::Protocol("200 without Content-Length".into()))?;
+    Ok((0, len, etag))
 }
 
 /// The version of an object a read started on (from its first reply):
