@@ -153,6 +153,14 @@ impl<S: S3> Front<S> {
         };
         let object_max = match headers.get(OBJECT_MAX_HEADER) {
             None => None,
+            // Signed, like the token: what the client asked is what is checked.
+            Some(_) if !signed.iter().any(|h| h == OBJECT_MAX_HEADER) => {
+                return Err(error(
+                    "AccessDenied",
+                    StatusCode::FORBIDDEN,
+                    format!("{OBJECT_MAX_HEADER} must be signed"),
+                ));
+            }
             Some(v) => Some(v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()).ok_or_else(|| {
                 error("InvalidArgument", StatusCode::BAD_REQUEST, format!("{OBJECT_MAX_HEADER} must be a byte count"))
             })?),

@@ -214,6 +214,11 @@ async fn gateway_moves_nothing_for_an_object_over_the_size_asked() {
     let r = p.send("GET", "/data/fit/obj", &ask("lots"), &[], vec![]).await;
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("InvalidArgument"));
+    // Unsigned, it is refused: what was signed is what is checked.
+    let mut signed = tcp(&exp.token);
+    signed.push(("range", "bytes=0-4095".into()));
+    let r = p.send("GET", "/data/fit/obj", &signed, &[("x-sluice-rdma-object-max", "1".into())], vec![]).await;
+    assert_eq!(r.status(), 403);
 }
 
 #[tokio::test]

@@ -190,6 +190,29 @@ mod tests {
         assert_eq!(o.table().rejections.total(), 2);
     }
 
+    /// A refused eager WRITE whose payload never comes is answered within
+    /// the discard wait, not held open.
+    #[tokio::test]
+    async fn a_refused_eager_write_without_payload_is_answered_in_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let o = owner().await;
+        let addr = o.advertised();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let h = wire::Header {
+            op: wire::Op::Write,
+            key: crate::capability::Key { rkey: 1, dct: 2 },
+            addr: 0x1000,
+            len: 100_000,
+            eager: true,
+        };
+        s.write_all(&h.encode()).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut rb = [0u8; wire::REPLY_LEN];
+        tokio::time::timeout(std::time::Duration::from_secs(10), s.read_exact(&mut rb)).await.unwrap().unwrap();
+        assert_eq!(wire::decode_reply(&rb).status, wire::Status::Rejected as u8);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+
     /// Eager pieces of a WRITE split into many operations, from a file and
     /// from a stream of odd-sized chunks, land byte for byte.
     #[tokio::test]

@@ -179,18 +179,31 @@ impl ObjectStore {
         };
         // Before any byte of the first part is written (its body is still
         // unread): a version other than the one asked for is refused.
-        check_if_match(if_match, &etag)?;
+        // A first try that broke mid-transfer may have left bytes in the
+        // slot: a refusal now must not claim nothing was written.
+        let touched =
+            first_fallback.as_ref().is_some_and(|f| matches!(f.kind, "short" | "transfer_failed" | "transport"));
+        let refused = |e: S3Error| {
+            if !touched {
+                return e;
+            }
+            S3Error::TransferFailed {
+                message: format!("{e}; a first try broke before it and may have left bytes in the slot"),
+                attempts: 1,
+            }
+        };
+        check_if_match(if_match, &etag).map_err(refused)?;
         let end = match length {
             Some(l) => start.saturating_add(l).min(object_size),
             None => object_size,
         };
         let needed = end.saturating_sub(start);
         if region.check(offset, needed).is_err() || offset > region.len() || needed > room {
-            return Err(S3Error::DoesNotFit {
+            return Err(refused(S3Error::DoesNotFit {
                 needed,
                 offset,
                 region_len: region.len().min(offset.saturating_add(room)),
-            });
+            }));
         }
         if needed == 0 {
             // Nothing was read that could be damaged (the size came from the store).

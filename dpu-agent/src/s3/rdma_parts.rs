@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sluice_dataplane::s3_names::{self, FITS_HEADER, REPLY_HEADER};
-use sluice_dataplane::{Access, Grant};
+use sluice_dataplane::{Access, Grant, TransportKind};
 
 use super::call::{PartGet, PartPut};
 use super::client::{header, PartOf, PutBody, RangedGet};
@@ -15,6 +15,11 @@ use super::store::ObjectStore;
 use super::token_path::*;
 use crate::hostmem::HostRegion;
 use crate::model::Placement;
+
+/// The largest first window without a HEAD on a NIC transport (verbs, DC):
+/// most objects read one at a time are smaller, and a window is registered
+/// (its pages pinned) per request there.
+const FIRST_WINDOW_NIC: u64 = 256 << 10;
 
 /// A GET's first part over RDMA, asked without a HEAD first.
 pub(super) struct FirstAsk<'a> {
@@ -142,7 +147,12 @@ impl ObjectStore {
         // A start no Range can name (S3 ranges are signed 64-bit) and an
         // ETag that is not one (`*`, control characters): the HEAD way
         // answers them as before.
-        let len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size).min(fits);
+        // The window is what the object may need, up to a part; the size is
+        // not known yet. A NIC registers every window (pinning its pages),
+        // so there it stays small: a bigger object takes more parts, as
+        // many requests as a HEAD and one part would have been.
+        let cap = if rdma.kind == TransportKind::Tcp { u64::MAX } else { FIRST_WINDOW_NIC };
+        let len = length.unwrap_or(u64::MAX).min(self.tuning.get_part_size).min(fits).min(cap);
         let Some(asked_end) = start.checked_add(len).filter(|e| *e <= i64::MAX as u64) else {
             return Ok(FirstTry::HeadWay(None));
         };
@@ -165,7 +175,14 @@ impl ObjectStore {
             tenant: self.tenant.clone(),
             request_id: request_id.to_owned(),
         };
-        let Ok(exposure) = rdma.transport.expose(grant) else { return Ok(FirstTry::HeadWay(None)) };
+        let exposure = match rdma.transport.expose(grant) {
+            Ok(e) => e,
+            Err(e) => {
+                // The HEAD way's parts try again, and report it if they fail.
+                tracing::debug!(error = %e, "no window for a first part; asking the size first");
+                return Ok(FirstTry::HeadWay(None));
+            }
+        };
         let req = RangedGet {
             first: start,
             last: asked_end - 1,
