@@ -54,6 +54,18 @@ pub(super) struct FirstLanded {
 }
 
 impl ObjectStore {
+    /// One request's window of `memory`, for this tenant.
+    fn grant(&self, memory: &Arc<dyn HostRegion>, offset: u64, len: u64, access: Access, request_id: &str) -> Grant {
+        Grant {
+            memory: memory.clone(),
+            offset,
+            len,
+            access,
+            tenant: self.tenant.clone(),
+            request_id: request_id.to_owned(),
+        }
+    }
+
     /// GETs `[from, to)` into `region` at `dst` over RDMA. `Ok(None)`: done;
     /// `Ok(Some(f))`: fetch it over HTTP instead; `Err`: a real S3 error
     /// (or an RDMA failure into a region HTTP cannot reach).
@@ -69,15 +81,7 @@ impl ObjectStore {
             Ok(t) => t,
             Err(f) => return Ok(Some(f)),
         };
-        let grant = Grant {
-            memory: mem.clone(),
-            offset: off,
-            len,
-            access: Access::RemoteWrite,
-            tenant: self.tenant.clone(),
-            request_id: request_id.to_owned(),
-        };
-        let exposure = match rdma.transport.expose(grant) {
+        let exposure = match rdma.transport.expose(self.grant(&mem, off, len, Access::RemoteWrite, request_id)) {
             Ok(e) => e,
             Err(e) => return Ok(Some(Fallback::new("transport", e.to_string()))),
         };
@@ -167,15 +171,7 @@ impl ObjectStore {
             Some(l) if l <= fits => None,
             _ => Some(start.saturating_add(fits)),
         };
-        let grant = Grant {
-            memory: region.clone(),
-            offset,
-            len,
-            access: Access::RemoteWrite,
-            tenant: self.tenant.clone(),
-            request_id: request_id.to_owned(),
-        };
-        let exposure = match rdma.transport.expose(grant) {
+        let exposure = match rdma.transport.expose(self.grant(region, offset, len, Access::RemoteWrite, request_id)) {
             Ok(e) => e,
             Err(e) => {
                 // The HEAD way's parts try again, and report it if they fail.
@@ -273,15 +269,7 @@ impl ObjectStore {
             Some(c) => super::integrity::b64(c),
             None => crc64nvme_header(&mem, off, len).await?,
         };
-        let grant = Grant {
-            memory: mem.clone(),
-            offset: off,
-            len,
-            access: Access::RemoteRead,
-            tenant: self.tenant.clone(),
-            request_id: request_id.to_owned(),
-        };
-        let exposure = match rdma.transport.expose(grant) {
+        let exposure = match rdma.transport.expose(self.grant(&mem, off, len, Access::RemoteRead, request_id)) {
             Ok(e) => e,
             Err(e) => return Ok(Err(Fallback::new("transport", e.to_string()))),
         };
