@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use ring::rand::{SecureRandom, SystemRandom};
 
+use crate::landing::{Landing, Moving};
 use crate::memory::RegionMemory;
 
 /// Which one-sided operation a grant allows the remote side.
@@ -44,6 +45,7 @@ pub struct Key {
 struct Entry {
     grant: Grant,
     base: u64,
+    landing: Arc<Landing>,
     /// Descriptors are short-lived even if a request hangs: past this, the
     /// grant is refused (and counted) although not yet revoked.
     expires: std::time::Instant,
@@ -111,6 +113,8 @@ pub struct Capability {
     /// Base "address" of the window as the remote sees it.
     pub base: u64,
     pub len: u64,
+    /// The operations the owner served on the window.
+    pub landing: Arc<Landing>,
 }
 
 impl std::fmt::Debug for Capability {
@@ -122,6 +126,9 @@ impl std::fmt::Debug for Capability {
 impl Drop for Capability {
     fn drop(&mut self) {
         self.table.entries.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.key);
+        // An operation already checked copies nothing more, and a copy
+        // under way has ended when this returns.
+        self.landing.revoke();
     }
 }
 
@@ -130,6 +137,8 @@ pub struct Checked {
     pub memory: Arc<dyn RegionMemory>,
     /// Offset within `memory` where the access starts.
     pub offset: u64,
+    /// The access, counted on its window until it is finished or dropped.
+    pub moving: Moving,
 }
 
 impl CapabilityTable {
@@ -167,8 +176,10 @@ impl CapabilityTable {
             if key.rkey == 0 || entries.contains_key(&key) {
                 continue;
             }
-            entries.insert(key, Entry { grant, base, expires: std::time::Instant::now() + self.ttl });
-            return Capability { table: self.clone(), key, base, len };
+            let landing = Landing::new();
+            let expires = std::time::Instant::now() + self.ttl;
+            entries.insert(key, Entry { grant, base, landing: landing.clone(), expires });
+            return Capability { table: self.clone(), key, base, len, landing };
         }
     }
 
@@ -182,13 +193,21 @@ impl CapabilityTable {
             Some(e) => {
                 let inside = addr >= e.base && addr.checked_add(len).is_some_and(|end| end <= e.base + e.grant.len);
                 if inside {
-                    Ok(Checked { memory: e.grant.memory.clone(), offset: e.grant.offset + (addr - e.base) })
+                    Ok(Checked {
+                        memory: e.grant.memory.clone(),
+                        offset: e.grant.offset + (addr - e.base),
+                        moving: e.landing.start(addr - e.base),
+                    })
                 } else {
                     Err(Rejection::OutOfWindow)
                 }
             }
         };
         if let Err(r) = &result {
+            // A requester waiting on that window need not wait longer.
+            if let Some(e) = entries.get(&key) {
+                e.landing.refused();
+            }
             let c = match r {
                 Rejection::UnknownKey => &self.rejections.unknown_key,
                 Rejection::OutOfWindow => &self.rejections.out_of_window,

@@ -139,7 +139,7 @@ impl Transport for DcOwner {
         let w = register_window(&self.pd, &grant)?;
         let token = standard_token(w.addr, grant.len as u32, w.rkey, &self.at)
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        Ok(Exposure { token, guard: w.guard })
+        Ok(Exposure { token, guard: w.guard, landing: None })
     }
 }
 

@@ -8,6 +8,7 @@ pub mod capability;
 pub mod crc64;
 pub mod dc;
 pub mod file;
+pub mod landing;
 pub mod memory;
 pub mod s3_names;
 pub mod tcp;

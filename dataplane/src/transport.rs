@@ -6,7 +6,11 @@
 //! (for a GET) or READ (for a PUT) against that descriptor. Providers: `tcp`
 //! (software, any machine), verbs RC and mlx5 DC (hardware, later).
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::capability::Grant;
+use crate::landing::{Landing, Unsettled};
 use crate::token::Token;
 
 /// Largest single one-sided operation (the protocol's limit); larger
@@ -105,11 +109,28 @@ pub enum TransportError {
 }
 
 /// A window made reachable: the descriptor to send, and the grant behind it
-/// (revoked when this is dropped: a capability-table entry for `tcp`, the
-/// window's own memory registration for verbs).
+/// (revoked when this is dropped: a capability-table entry for
+/// `tcp`, the window's own memory registration for verbs).
 pub struct Exposure {
     pub token: Token,
     pub guard: Box<dyn std::any::Any + Send + Sync>,
+    /// What the owner saw land in the window, where the owner moves the
+    /// bytes itself (`tcp`); `None` where a NIC does (see [`Landing`]).
+    pub landing: Option<Arc<Landing>>,
+}
+
+impl Exposure {
+    /// Waits (at most `wait`) until the first `bytes` of the window, which
+    /// the remote said it wrote, have landed. Where a NIC moves the bytes,
+    /// the remote's word is enough (an RC WRITE completes at the owner
+    /// before the remote sees its completion). Dropping the exposure
+    /// revokes the window: no byte lands after that.
+    pub async fn settle(&self, bytes: u64, wait: Duration) -> Result<(), Unsettled> {
+        match &self.landing {
+            Some(l) => l.settle(bytes, wait).await,
+            None => Ok(()),
+        }
+    }
 }
 
 impl std::fmt::Debug for Exposure {

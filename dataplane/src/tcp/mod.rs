@@ -18,6 +18,8 @@ mod tests {
     use futures::TryStreamExt;
     use std::sync::Arc;
 
+    const WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
     async fn owner() -> Arc<TcpOwner> {
         let (o, l) = TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
         tokio::spawn(o.clone().serve(l));
@@ -43,6 +45,8 @@ mod tests {
             data.chunks(7777).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
         let n = remote.write_stream(&exp.token, data.len() as u64, futures::stream::iter(chunks)).await.unwrap();
         assert_eq!(n, data.len() as u64);
+        // The last piece may be posted: the owner's window says when it is in.
+        exp.settle(n, WAIT).await.unwrap();
         assert_eq!(&mem.0.as_slice()[1000..1000 + data.len()], &data[..]);
         assert_eq!(mem.0.as_slice()[999], 0);
 
@@ -150,7 +154,12 @@ mod tests {
     /// never when it did not (an owner from before the feature).
     #[tokio::test]
     async fn writes_go_eager_only_after_an_owner_said_so() {
-        for (features, want) in [(wire::FEATURE_EAGER, vec![false, true, true]), (0, vec![false, false, false])] {
+        let both = wire::FEATURE_EAGER | wire::FEATURE_POSTED;
+        for (features, want) in [
+            (wire::FEATURE_EAGER, vec![false, true, true]),
+            (both, vec![false, true, true]),
+            (0, vec![false, false, false]),
+        ] {
             let (addr, mut seen) = fake_owner(features).await;
             let remote = TcpRemote::new(1 << 20);
             let token = token_at(addr, 8192);
@@ -158,14 +167,20 @@ mod tests {
                 let body = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![1u8; 4096]))]);
                 assert_eq!(remote.write_stream(&token, 4096, body).await.unwrap(), 4096);
             }
-            let got: Vec<bool> = (0..3).map(|_| seen.try_recv().unwrap()).collect();
+            // A posted WRITE returns before the owner has read it: wait for it.
+            let mut got = Vec::new();
+            for _ in 0..3 {
+                got.push(tokio::time::timeout(WAIT, seen.recv()).await.unwrap().unwrap());
+            }
             assert_eq!(got, want, "features {features}");
         }
     }
 
     /// On a connection that already had answers, an eager WRITE with a
-    /// wrong key, and one past its window, write nothing, and the next
-    /// transfer still works (on a fresh connection).
+    /// wrong key, and one past its window, write nothing. The first is
+    /// posted: the remote cannot know, but the window it aimed at shows
+    /// nothing landed, and the refusal is read (and the connection
+    /// replaced) before the next transfer, which still works.
     #[tokio::test]
     async fn a_refused_eager_write_changes_nothing() {
         let o = owner().await;
@@ -174,20 +189,103 @@ mod tests {
         let good = o.expose(grant(mem.clone(), 0, 4096, Access::RemoteWrite)).unwrap();
         let body = |b: u8, n: usize| futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![b; n]))]);
         remote.write_stream(&good.token, 4096, body(5, 4096)).await.unwrap();
-        // The pooled connection is now eager.
+        good.settle(4096, WAIT).await.unwrap();
+        // The pooled connection is now eager, and posts.
         let other = o.expose(grant(mem.clone(), 8192, 4096, Access::RemoteWrite)).unwrap();
         let mut wrong = other.token;
         wrong.rkey ^= 1;
-        // The owner's reason comes back, not a reset connection.
-        let e = remote.write_stream(&wrong, 4096, body(6, 4096)).await.unwrap_err();
-        assert!(matches!(e, crate::TransportError::Rejected(_)), "{e}");
+        assert_eq!(remote.write_stream(&wrong, 4096, body(6, 4096)).await.unwrap(), 4096);
+        let short = std::time::Duration::from_millis(300);
+        assert!(matches!(
+            other.settle(4096, short).await,
+            Err(crate::landing::Unsettled::Missing { landed: 0, expected: 4096, .. })
+        ));
         let past = other.token.with_transfer(other.token.addr + 2048, 4096);
-        assert!(remote.write_file(&past, &std::fs::File::open("/dev/zero").unwrap(), 0, 4096).await.is_err());
+        let e = remote.write_file(&past, &std::fs::File::open("/dev/zero").unwrap(), 0, 4096).await.unwrap_err();
+        // A fresh connection's WRITE has the handshake: the owner's reason comes back.
+        assert!(matches!(e, crate::TransportError::Rejected(_)), "{e}");
         assert!(mem.0.as_slice()[4096..].iter().all(|&b| b == 0), "no refused byte landed");
         assert!(mem.0.as_slice()[..4096].iter().all(|&b| b == 5));
-        remote.write_stream(&other.token, 4096, body(7, 4096)).await.unwrap();
+        // A window an access was refused on is not trusted to settle.
+        assert_eq!(other.settle(0, short).await, Err(crate::landing::Unsettled::Broke));
+        let third = o.expose(grant(mem.clone(), 8192, 4096, Access::RemoteWrite)).unwrap();
+        remote.write_stream(&third.token, 4096, body(7, 4096)).await.unwrap();
+        third.settle(4096, WAIT).await.unwrap();
         assert!(mem.0.as_slice()[8192..12288].iter().all(|&b| b == 7));
         assert_eq!(o.table().rejections.total(), 2);
+    }
+
+    /// A posted WRITE returns before the owner has answered (its answer is
+    /// still owed on the pooled connection); the bytes are in once the
+    /// window says so, and the answer is read on the connection's next use.
+    #[tokio::test]
+    async fn posted_writes_land_before_the_window_settles() {
+        let o = owner().await;
+        let mem = region(1 << 16);
+        let remote = TcpRemote::new(1 << 20);
+        for i in 0..8u8 {
+            let exp = o.expose(grant(mem.clone(), 4096 * i as u64, 4096, Access::RemoteWrite)).unwrap();
+            let body = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![i + 1; 4096]))]);
+            assert_eq!(remote.write_stream(&exp.token, 4096, body).await.unwrap(), 4096);
+            // The first WRITE on the connection has the handshake and is
+            // answered; the later ones are posted.
+            assert_eq!(remote.owed(), u32::from(i > 0), "write {i}");
+            exp.settle(4096, WAIT).await.unwrap();
+            let at = 4096 * i as usize;
+            assert!(mem.0.as_slice()[at..at + 4096].iter().all(|&b| b == i + 1), "write {i}");
+        }
+        assert_eq!(o.table().live(), 0);
+    }
+
+    /// A remote that stalls mid-WRITE: once the window is dropped (the
+    /// request ended, answered or cancelled), the rest of its payload
+    /// lands nowhere.
+    #[tokio::test]
+    async fn a_dropped_window_takes_no_more_bytes() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let o = owner().await;
+        let mem = region(1 << 16);
+        let exp = o.expose(grant(mem.clone(), 0, 8192, Access::RemoteWrite)).unwrap();
+        let mut s = tokio::net::TcpStream::connect(o.advertised()).await.unwrap();
+        let h = wire::Header { op: wire::Op::Write, key: o_key(&exp), addr: exp.token.addr, len: 8192, eager: false };
+        s.write_all(&h.encode()).await.unwrap();
+        let mut rb = [0u8; wire::REPLY_LEN];
+        s.read_exact(&mut rb).await.unwrap(); // the go-ahead
+        s.write_all(&[9u8; 4096]).await.unwrap();
+        // The first half lands; the remote then stalls.
+        while mem.0.as_slice()[4095] != 9 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let landing = exp.landing.clone().unwrap();
+        assert!(exp.settle(8192, std::time::Duration::from_millis(100)).await.is_err());
+        drop(exp);
+        assert!(landing.is_revoked());
+        // The rest arrives late (or the owner has closed the connection).
+        let _ = s.write_all(&[9u8; 4096]).await;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(mem.0.as_slice()[4096..].iter().all(|&b| b == 0), "nothing landed after the drop");
+        assert_eq!(landing.landed(), 0, "the WRITE never finished");
+    }
+
+    /// A refused access to a live window (past its end) fails a requester
+    /// waiting on it at once, not after its wait.
+    #[tokio::test]
+    async fn a_refused_access_ends_the_wait_on_its_window() {
+        let o = owner().await;
+        let mem = region(1 << 16);
+        let exp = o.expose(grant(mem.clone(), 0, 4096, Access::RemoteWrite)).unwrap();
+        let remote = TcpRemote::new(1 << 20);
+        let past = exp.token.with_transfer(exp.token.addr + 2048, 4096);
+        let body = futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![3u8; 4096]))]);
+        assert!(remote.write_stream(&past, 4096, body).await.is_err());
+        let started = std::time::Instant::now();
+        assert_eq!(exp.settle(4096, WAIT).await, Err(crate::landing::Unsettled::Broke));
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        assert!(mem.0.as_slice().iter().all(|&b| b == 0));
+    }
+
+    fn o_key(exp: &crate::transport::Exposure) -> crate::capability::Key {
+        crate::capability::Key { rkey: exp.token.rkey, dct: exp.token.dct }
     }
 
     /// A refused eager WRITE whose payload never comes is answered within
@@ -233,6 +331,7 @@ mod tests {
             } else {
                 remote.write_file(&exp.token, &f, 0, data.len() as u64).await.unwrap();
             }
+            exp.settle(data.len() as u64, WAIT).await.unwrap();
             assert_eq!(&mem.0.as_slice()[100..100 + data.len()], &data[..], "round {round}");
         }
     }

@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
 
 use super::wire::{self, Header, Op, Status};
-use crate::capability::{Access, CapabilityTable, Grant};
+use crate::capability::{Access, CapabilityTable, Checked, Grant};
 use crate::token::Token;
 use crate::transport::{
     Capabilities, Exposure, Transport, TransportError, TransportKind, MAX_OP_BYTES, MAX_WINDOW_BYTES,
@@ -23,7 +23,10 @@ const IO_CHUNK: usize = 4 << 20;
 /// How long a refused eager WRITE's payload is waited for before the refusal.
 const DISCARD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The `tcp` provider, owner side.
+/// The `tcp` provider, owner side. Its replies advertise posted WRITEs
+/// (`wire::FEATURE_POSTED`): whoever exposes a window through it waits for
+/// the bytes with [`crate::Exposure::settle`] before reading them, not for
+/// the remote's word, and ends with [`crate::Exposure::close`].
 pub struct TcpOwner {
     table: Arc<CapabilityTable>,
     advertised: SocketAddr,
@@ -99,7 +102,7 @@ impl TcpOwner {
                     return refuse(&mut s, Status::Rejected, &r.to_string()).await;
                 }
             };
-            let (mem, mut off) = (checked.memory, checked.offset);
+            let Checked { memory: mem, offset: mut off, moving } = checked;
             let mut left = h.len;
             match h.op {
                 Op::Write => {
@@ -112,6 +115,11 @@ impl TcpOwner {
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
                         s.readable().await?;
+                        // A revoked window takes no more bytes, even from
+                        // a WRITE already under way (its requester ended).
+                        let Some(_copying) = moving.copy() else {
+                            return Err(std::io::Error::other("the window was revoked during a WRITE"));
+                        };
                         let n = match s.try_io(Interest::READABLE, || mem.read_from_fd(off, want, s.as_fd())) {
                             Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                             Ok(n) => n,
@@ -121,6 +129,9 @@ impl TcpOwner {
                         off += n as u64;
                         left -= n as u64;
                     }
+                    // Landed before it is answered: a requester waiting on
+                    // the window (a posted WRITE) is released here.
+                    moving.finished(h.len);
                     s.write_all(&wire::reply(Status::Ok, 0)).await?;
                 }
                 Op::Read => {
@@ -128,6 +139,9 @@ impl TcpOwner {
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
                         s.writable().await?;
+                        let Some(_copying) = moving.copy() else {
+                            return Err(std::io::Error::other("the window was revoked during a READ"));
+                        };
                         let n = match s.try_io(Interest::WRITABLE, || mem.write_to_fd(off, want, s.as_fd())) {
                             Ok(n) => n,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -136,6 +150,7 @@ impl TcpOwner {
                         off += n as u64;
                         left -= n as u64;
                     }
+                    moving.finished(h.len);
                 }
             }
         }
@@ -210,6 +225,7 @@ impl Transport for TcpOwner {
             Some(gid_of(self.advertised)),
         )
         .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        Ok(Exposure { token, guard: Box::new(cap) })
+        let landing = Some(cap.landing.clone());
+        Ok(Exposure { token, guard: Box::new(cap), landing })
     }
 }

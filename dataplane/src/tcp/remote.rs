@@ -24,11 +24,18 @@ const READ_CHUNK: usize = 1 << 20;
 /// one wake-up of the owner); bigger ones keep the handshake.
 const ONE_WRITE_MAX: u64 = wire::EAGER_MAX_BYTES;
 
-/// A connection to an owner, and whether that owner takes eager WRITEs
-/// (it said so in a reply on this very connection: see `wire`).
+/// How long an answer owed for a posted WRITE is waited for when the
+/// connection is next taken (it is usually there already).
+const OWED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A connection to an owner, what that owner takes (it said so in a reply
+/// on this very connection: see `wire`), and how many answers to posted
+/// WRITEs are still to be read on it.
 struct Conn {
     s: TcpStream,
     eager: bool,
+    posted: bool,
+    owed: u32,
 }
 
 /// Remote-side `tcp` transport with a small connection pool per owner.
@@ -51,13 +58,38 @@ impl TcpRemote {
     }
 
     async fn conn(&self, addr: SocketAddr) -> Result<Conn, TransportError> {
-        if let Some(c) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&addr).and_then(Vec::pop) {
-            return Ok(c);
+        loop {
+            let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&addr).and_then(Vec::pop);
+            let Some(mut c) = pooled else { break };
+            // The answers to its posted WRITEs come first. One that failed
+            // was the requester's to find (its bytes never landed); the
+            // connection, closed by the owner, is dropped.
+            match tokio::time::timeout(OWED_WAIT, Self::settle_owed(&mut c)).await {
+                Ok(Ok(())) => return Ok(c),
+                Ok(Err(e)) => tracing::warn!(owner = %addr, error = %e, "a posted WRITE failed at the owner"),
+                Err(_) => tracing::warn!(owner = %addr, "no answer to a posted WRITE within {OWED_WAIT:?}"),
+            }
         }
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
         // Nothing has answered on it yet: its first WRITE waits for a go-ahead.
-        Ok(Conn { s, eager: false })
+        Ok(Conn { s, eager: false, posted: false, owed: 0 })
+    }
+
+    /// Answers owed for posted WRITEs on the pooled connections.
+    #[cfg(test)]
+    pub(crate) fn owed(&self) -> u32 {
+        let pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        pool.values().flatten().map(|c| c.owed).sum()
+    }
+
+    /// Reads the answers owed for posted WRITEs.
+    async fn settle_owed(c: &mut Conn) -> Result<(), TransportError> {
+        while c.owed > 0 {
+            Self::reply(c).await?;
+            c.owed -= 1;
+        }
+        Ok(())
     }
 
     fn give_back(&self, addr: SocketAddr, c: Conn) {
@@ -82,6 +114,7 @@ impl TcpRemote {
         let r = wire::decode_reply(&rb);
         if r.status == 0 {
             c.eager = r.features & wire::FEATURE_EAGER != 0;
+            c.posted = r.features & wire::FEATURE_POSTED != 0;
             return Ok(r.len);
         }
         let mut msg = vec![0u8; r.len.min(4096) as usize];
@@ -142,6 +175,13 @@ impl TcpRemote {
                     left -= take as u64;
                 }
                 c.s.write_all(&buf).await?;
+                if c.posted && done + piece == len {
+                    // Posted: the owner's requester waits for the bytes
+                    // itself; its answer is read before the next use.
+                    c.owed += 1;
+                    done += piece;
+                    continue;
+                }
             } else {
                 Self::start_write(&mut c, key, token.addr + done, piece).await?;
                 while left > 0 {
@@ -194,7 +234,11 @@ impl TcpRemote {
                     }
                 })?;
                 c.s.write_all(&buf).await?;
-                Self::reply(&mut c).await?;
+                if c.posted && done + piece == len {
+                    c.owed += 1; // posted, as in `write_stream`
+                } else {
+                    Self::reply(&mut c).await?;
+                }
                 done += piece;
                 continue;
             }

@@ -21,8 +21,18 @@
 //! a connection on which this owner has already answered (so the bytes go
 //! nowhere but to a Sluice owner); it saves a round trip per small WRITE.
 //! A refused eager WRITE (at most [`EAGER_MAX_BYTES`]) has its payload read
-//! and dropped, never written, then is answered and the connection closed. Owners without the feature answer it with zeros, and
-//! remotes keep the handshake with them.
+//! and dropped, never written, then is answered and the connection closed.
+//! Owners without the feature answer it with zeros, and remotes keep the
+//! handshake with them.
+//!
+//! An owner that sets [`FEATURE_POSTED`] tells the remote that whoever
+//! asked for a WRITE into its memory waits for the owner itself to have the
+//! bytes (`crate::landing`), not for the remote's word. Such a remote may
+//! post an eager WRITE: tell its requester the WRITE is done without
+//! waiting for the owner's answer, and read that answer before its next
+//! operation on the connection. It saves the remote a wake-up and a round
+//! trip per small object. A posted WRITE the owner refused is found then,
+//! and its requester, waiting on its window, sees the bytes never landed.
 
 use crate::capability::Key;
 
@@ -34,6 +44,9 @@ pub const REPLY_LEN: usize = 16;
 pub const FLAG_EAGER: u16 = 1;
 /// Reply feature: this owner takes [`FLAG_EAGER`] WRITEs.
 pub const FEATURE_EAGER: u8 = 1;
+/// Reply feature: this owner's requesters wait for the bytes themselves,
+/// so eager WRITEs may be posted (answered later; see the module's text).
+pub const FEATURE_POSTED: u8 = 2;
 /// The largest WRITE a remote sends eager (with its header, in one write).
 /// An owner that refuses one reads and drops its payload first, so the
 /// refusal's reason reaches the remote instead of a reset connection.
@@ -130,7 +143,7 @@ impl Header {
 pub fn reply(status: Status, len: u64) -> [u8; REPLY_LEN] {
     let mut b = [0u8; REPLY_LEN];
     b[0] = status as u8;
-    b[1] = FEATURE_EAGER;
+    b[1] = FEATURE_EAGER | FEATURE_POSTED;
     b[8..16].copy_from_slice(&len.to_be_bytes());
     b
 }
@@ -173,7 +186,7 @@ mod tests {
         bad[5] = 9;
         assert!(Header::decode(&bad).is_err());
         let r = decode_reply(&reply(Status::Rejected, 77));
-        assert_eq!(r, Reply { status: Status::Rejected as u8, features: FEATURE_EAGER, len: 77 });
+        assert_eq!(r, Reply { status: Status::Rejected as u8, features: FEATURE_EAGER | FEATURE_POSTED, len: 77 });
         // Version 1 (no WRITE handshake) and unknown versions are refused.
         for v in [1u8, 3] {
             let mut bad = h.encode();

@@ -129,6 +129,6 @@ impl Transport for VerbsOwner {
         let gid = self.ip.to_ipv6_mapped().octets();
         let token = Token::new(w.addr, grant.len as u32, w.rkey, self.port(), 0, Some(gid))
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        Ok(Exposure { token, guard: w.guard })
+        Ok(Exposure { token, guard: w.guard, landing: None })
     }
 }

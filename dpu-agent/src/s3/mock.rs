@@ -67,6 +67,9 @@ pub enum RdmaMode {
     Serve(TcpRemote),
     /// Reports this many bytes fewer than asked (after moving them all).
     Short(TcpRemote, u64),
+    /// Reports every byte of a GET moved without sending one (a store that
+    /// says more than it did); declines PUTs.
+    Phantom,
 }
 
 #[derive(Clone)]
@@ -244,6 +247,7 @@ impl MockStore {
         let (remote, short) = match mode {
             RdmaMode::Decline => return Err(S3Error::RdmaDeclined("the mock declines RDMA".into())),
             RdmaMode::Ignore => return Ok(None),
+            RdmaMode::Phantom => return Ok(Some(data.len() as u64)),
             RdmaMode::Serve(r) => (r, 0),
             RdmaMode::Short(r, by) => (r, by),
         };
@@ -256,7 +260,9 @@ impl MockStore {
 
     async fn rdma_put(&self, mode: RdmaMode, token: &RdmaToken, len: u64) -> Result<(Bytes, Option<u64>), S3Error> {
         let (remote, short) = match mode {
-            RdmaMode::Decline => return Err(S3Error::RdmaDeclined("the mock declines RDMA".into())),
+            RdmaMode::Decline | RdmaMode::Phantom => {
+                return Err(S3Error::RdmaDeclined("the mock declines RDMA".into()))
+            }
             // A store that ignores the token stores the empty body.
             RdmaMode::Ignore => return Ok((Bytes::new(), None)),
             RdmaMode::Serve(r) => (r, 0),

@@ -21,6 +21,13 @@ use crate::model::Placement;
 /// (its pages pinned) per request there.
 const FIRST_WINDOW_NIC: u64 = 256 << 10;
 
+/// How long a part waits, once the store said its bytes moved, for the
+/// window to show them landed (`tcp`: the owner copies them in itself, and
+/// the store may answer before it has; see `sluice_dataplane::landing`).
+/// They are usually in already; a store that says it moved bytes it never
+/// sent makes the part fall back after this.
+const LANDING_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A GET's first part over RDMA, asked without a HEAD first.
 pub(super) struct FirstAsk<'a> {
     pub key: &'a str,
@@ -118,6 +125,9 @@ impl ObjectStore {
                     format!("the store reported {moved:?} bytes for a {len}-byte part"),
                 )));
             }
+            if let Err(e) = exposure.settle(len, LANDING_WAIT).await {
+                return Ok(Some(Fallback::new("short", format!("the store reported {len} bytes moved, but {e}"))));
+            }
             Ok(None)
         }
         .await;
@@ -188,8 +198,6 @@ impl ObjectStore {
             object_max,
         };
         let reply = self.client.get(at, req).await;
-        // The descriptor dies with the request, whatever happened.
-        drop(exposure);
         let fell_back = |f: Fallback| {
             tracing::warn!(kind = f.kind, reason = %f.message, "RDMA first part fell back; asking the size first");
             if matches!(f.kind, "declined" | "ignored") {
@@ -198,53 +206,68 @@ impl ObjectStore {
             }
             Ok(FirstTry::HeadWay(Some(f)))
         };
-        let resp = match reply {
-            Ok(r) => r,
-            // Maybe a 0-byte object: the HEAD way tells.
-            Err(S3Error::InvalidRange(_)) if start == 0 => return Ok(FirstTry::HeadWay(None)),
-            Err(S3Error::PreconditionFailed(_)) if if_match.is_some() => {
-                return Err(S3Error::PreconditionFailed(format!(
-                    "{key:?} is no longer at ETag {} as asked (it was replaced since); nothing was returned",
-                    if_match.unwrap_or_default()
-                )))
+        // The descriptor dies with the request, whatever happened.
+        let done: Result<FirstTry, S3Error> = async {
+            let resp = match reply {
+                Ok(r) => r,
+                // Maybe a 0-byte object: the HEAD way tells.
+                Err(S3Error::InvalidRange(_)) if start == 0 => return Ok(FirstTry::HeadWay(None)),
+                Err(S3Error::PreconditionFailed(_)) if if_match.is_some() => {
+                    return Err(S3Error::PreconditionFailed(format!(
+                        "{key:?} is no longer at ETag {} as asked (it was replaced since); nothing was returned",
+                        if_match.unwrap_or_default()
+                    )))
+                }
+                Err(e) => return fell_back(classify(e)?),
+            };
+            if resp.headers.get(REPLY_HEADER).is_none() {
+                return fell_back(Fallback::new("ignored", "the store ignored the token (no x-amz-rdma-reply)"));
             }
-            Err(e) => return fell_back(classify(e)?),
-        };
-        if resp.headers.get(REPLY_HEADER).is_none() {
-            return fell_back(Fallback::new("ignored", "the store ignored the token (no x-amz-rdma-reply)"));
-        }
-        let fits_said = header(&resp.headers, FITS_HEADER);
-        if object_max.is_some() {
-            self.learned.size_check_reply(at.endpoint, !fits_said.is_empty());
-        }
-        let (body_start, object_size, etag) = super::version::reply_span(&resp, start)?;
-        let whole = body_start == 0 && asked_end >= object_size;
-        let mut expected = Expected::from_headers(&resp.headers, whole);
-        if object_max.is_some_and(|max| object_size > max) {
-            if fits_said != "no" {
-                // It stopped checking (downgraded): the slot may hold bytes.
-                tracing::warn!(store = at.endpoint, "the store ignored {}", s3_names::OBJECT_MAX_HEADER);
+            let fits_said = header(&resp.headers, FITS_HEADER);
+            if object_max.is_some() {
+                self.learned.size_check_reply(at.endpoint, !fits_said.is_empty());
             }
-            // The caller says it does not fit; nothing more moves.
-            return Ok(FirstTry::Landed(FirstLanded { object_size, etag, expected, landed: 0 }));
-        }
-        let landed = asked_end.min(object_size).saturating_sub(start);
-        let moved = moved(&resp.headers);
-        if moved != Some(landed) {
-            return fell_back(Fallback::new("short", format!("the store reported {moved:?} bytes for {landed}")));
-        }
-        self.note_checksums(at.endpoint, whole, &expected, &etag);
-        let reads_whole = start == 0 && length.is_none_or(|l| l >= object_size);
-        if reads_whole && self.verify_checksums && !expected.any() {
-            // No checksum came with the reply: the store's full-object one
-            // comes with a HEAD (as it always did before this way).
-            let meta = self.head(key, request_id).await?;
-            if meta.etag != etag || meta.size != object_size {
-                return Err(S3Error::PreconditionFailed(format!("{key:?} changed while it was read")));
+            let (body_start, object_size, etag) = super::version::reply_span(&resp, start)?;
+            let whole = body_start == 0 && asked_end >= object_size;
+            let expected = Expected::from_headers(&resp.headers, whole);
+            if object_max.is_some_and(|max| object_size > max) {
+                if fits_said != "no" {
+                    // It stopped checking (downgraded): the slot may hold bytes.
+                    tracing::warn!(store = at.endpoint, "the store ignored {}", s3_names::OBJECT_MAX_HEADER);
+                }
+                // The caller says it does not fit; nothing more moves.
+                return Ok(FirstTry::Landed(FirstLanded { object_size, etag, expected, landed: 0 }));
             }
-            expected = Expected { store: meta.crc64nvme, agent: meta.agent_crc64nvme };
+            let landed = asked_end.min(object_size).saturating_sub(start);
+            let moved = moved(&resp.headers);
+            if moved != Some(landed) {
+                return fell_back(Fallback::new("short", format!("the store reported {moved:?} bytes for {landed}")));
+            }
+            if let Err(e) = exposure.settle(landed, LANDING_WAIT).await {
+                return fell_back(Fallback::new("short", format!("the store reported {landed} bytes moved, but {e}")));
+            }
+            self.note_checksums(at.endpoint, whole, &expected, &etag);
+            Ok(FirstTry::Landed(FirstLanded { object_size, etag, expected, landed }))
         }
-        Ok(FirstTry::Landed(FirstLanded { object_size, etag, expected, landed }))
+        .await;
+        // Revoked before anything else is asked: nothing lands after this.
+        drop(exposure);
+        let mut done = done?;
+        if let FirstTry::Landed(l) = &mut done {
+            // Bytes moved (not an object too big for the slot) for the
+            // whole object, and no checksum came with the reply: the
+            // store's full-object one comes with a HEAD (as it always did
+            // before this way).
+            let reads_whole = start == 0 && length.is_none_or(|len| len >= l.object_size);
+            if l.landed > 0 && reads_whole && self.verify_checksums && !l.expected.any() {
+                let meta = self.head(key, request_id).await?;
+                if meta.etag != l.etag || meta.size != l.object_size {
+                    return Err(S3Error::PreconditionFailed(format!("{key:?} changed while it was read")));
+                }
+                l.expected = Expected { store: meta.crc64nvme, agent: meta.agent_crc64nvme };
+            }
+        }
+        Ok(done)
     }
 
     /// PUTs (or, with `part`, UploadParts) `[offset, offset+len)` of `region`

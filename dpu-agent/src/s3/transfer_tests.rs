@@ -338,6 +338,26 @@ async fn rdma_falls_back_to_http_per_part_and_says_why() {
     }
 }
 
+/// A store that says it moved a part's bytes but never sent them: the
+/// window shows nothing landed, and the part is read over HTTP instead of
+/// returning the slot's old bytes as the object.
+#[tokio::test]
+async fn a_part_the_store_says_it_moved_but_never_landed_is_read_again() {
+    let mock = MockStore::new();
+    mock.set_rdma(RdmaMode::Phantom);
+    // The first part goes over HTTP in `auto`; the other two over RDMA.
+    let len = 3 * PART;
+    let data = pattern(len as usize, 12);
+    mock.insert("t/k", data.clone());
+    let s = store(Arc::new(mock.clone()), Some(tcp_path(DataPathMode::Auto).await));
+    let r = region(len);
+    let out = get_all(&s, "k", &r).await.unwrap();
+    assert_eq!(contents(&r, 0, len), data);
+    assert_eq!(out.rdma_parts, 0);
+    assert_eq!(out.fallbacks.len(), 2, "{:?}", out.fallbacks);
+    assert!(out.fallbacks.iter().all(|f| f.kind == "short" && f.message.contains("landed")), "{:?}", out.fallbacks);
+}
+
 #[tokio::test]
 async fn a_transport_failure_falls_back_and_a_real_s3_error_does_not() {
     let mock = MockStore::new();
