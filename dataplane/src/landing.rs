@@ -24,6 +24,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+/// Most separate spans a window records; a remote that leaves more gaps
+/// breaks the window (see `add_span`).
+const MAX_SPANS: usize = 64;
+
 /// One window's operations, as its owner saw them.
 #[derive(Debug, Default)]
 pub struct Landing {
@@ -82,22 +86,38 @@ impl Landing {
     }
 
     /// Revokes the window. No copy starts after this returns, and a copy
-    /// under way (one non-blocking read or write of a few MiB at most) has
-    /// ended. The copy's side marks itself first and then looks at
+    /// under way (one non-blocking read or write of a few MiB at most; for
+    /// memory behind a bounce buffer, its DMA too) has ended. The copy's side marks itself first and then looks at
     /// `revoked`, and this side the other way round (both sequentially
     /// consistent), so one of them always sees the other.
     pub fn revoke(&self) {
         self.revoked.store(true, Ordering::SeqCst);
         let mut spins = 0u32;
         while self.in_copy.load(Ordering::SeqCst) != 0 {
-            spins += 1;
+            spins = spins.saturating_add(1);
             if spins < 64 {
                 std::hint::spin_loop();
-            } else {
+            } else if spins < 1024 {
                 std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
             }
         }
         self.notify.notify_waiters();
+    }
+
+    /// Resolves once the window is revoked (an operation waiting on its
+    /// remote stops then, rather than holding the memory).
+    pub async fn revoked(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_revoked() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Waits (at most `wait`) until the first `expected` bytes of the
@@ -112,10 +132,13 @@ impl Landing {
             // Registered before the check, so a change between the check
             // and the wait still wakes it.
             notified.as_mut().enable();
+            // `moving` before `broke`: an operation marks itself broken
+            // before it stops moving, so one that broke just now is seen.
+            let moving = self.moving.load(Ordering::SeqCst);
             if self.broke.load(Ordering::SeqCst) {
                 return Err(Unsettled::Broke);
             }
-            if self.landed() >= expected && self.moving.load(Ordering::SeqCst) == 0 {
+            if moving == 0 && self.landed() >= expected {
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -129,6 +152,14 @@ impl Landing {
             return;
         }
         let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
+        if spans.len() >= MAX_SPANS {
+            // A remote scattering tiny WRITEs over the window: no remote of
+            // ours does (it writes from the start, in order), and the
+            // record stays small.
+            drop(spans);
+            self.refused();
+            return;
+        }
         spans.push((start, end));
         spans.sort_unstable();
         let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
@@ -234,6 +265,13 @@ mod tests {
         l.start(100).finished(50);
         assert_eq!(l.landed(), 200);
         assert_eq!(l.settle(200, Duration::from_millis(20)).await, Ok(()));
+        // Scattered tiny WRITEs break the window rather than grow its record.
+        let l = Landing::new();
+        for i in 0..(MAX_SPANS as u64 + 1) {
+            l.start(1 + 2 * i).finished(1);
+        }
+        assert!(l.spans.lock().unwrap().len() <= MAX_SPANS);
+        assert_eq!(l.settle(0, Duration::from_millis(20)).await, Err(Unsettled::Broke));
     }
 
     #[tokio::test]

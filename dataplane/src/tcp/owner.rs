@@ -26,7 +26,7 @@ const DISCARD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// The `tcp` provider, owner side. Its replies advertise posted WRITEs
 /// (`wire::FEATURE_POSTED`): whoever exposes a window through it waits for
 /// the bytes with [`crate::Exposure::settle`] before reading them, not for
-/// the remote's word, and ends with [`crate::Exposure::close`].
+/// the remote's word; dropping the exposure revokes the window.
 pub struct TcpOwner {
     table: Arc<CapabilityTable>,
     advertised: SocketAddr,
@@ -114,7 +114,15 @@ impl TcpOwner {
                     }
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
-                        s.readable().await?;
+                        // A remote that stalls does not keep a revoked
+                        // window's memory held.
+                        tokio::select! {
+                            biased;
+                            _ = moving.landing().revoked() => {
+                                return Err(std::io::Error::other("the window was revoked while its WRITE waited for bytes"));
+                            }
+                            r = s.readable() => r?,
+                        }
                         // A revoked window takes no more bytes, even from
                         // a WRITE already under way (its requester ended).
                         let Some(_copying) = moving.copy() else {
@@ -138,7 +146,13 @@ impl TcpOwner {
                     s.write_all(&wire::reply(Status::Ok, h.len)).await?;
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
-                        s.writable().await?;
+                        tokio::select! {
+                            biased;
+                            _ = moving.landing().revoked() => {
+                                return Err(std::io::Error::other("the window was revoked while its READ waited for the socket"));
+                            }
+                            r = s.writable() => r?,
+                        }
                         let Some(_copying) = moving.copy() else {
                             return Err(std::io::Error::other("the window was revoked during a READ"));
                         };
