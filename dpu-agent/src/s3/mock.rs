@@ -97,6 +97,8 @@ struct State {
     rdma: RdmaMode,
     /// See [`MockStore::rgw_like`].
     rgw: bool,
+    /// See [`MockStore::on_head`].
+    on_head: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 /// An in-memory bucket. Cheap to clone (clones share the bucket).
@@ -161,6 +163,7 @@ impl MockStore {
                 ignore_object_max: false,
                 rdma: RdmaMode::Decline,
                 rgw: false,
+                on_head: None,
             })),
         }
     }
@@ -221,6 +224,11 @@ impl MockStore {
     /// but Sluice's gateway does).
     pub fn ignore_object_max(&self) {
         self.lock().ignore_object_max = true;
+    }
+
+    /// Runs `f` as each HEAD arrives (to look at the agent's state then).
+    pub fn on_head(&self, f: impl Fn() + Send + Sync + 'static) {
+        self.lock().on_head = Some(Arc::new(f));
     }
 
     pub fn set_rdma(&self, mode: RdmaMode) {
@@ -326,6 +334,10 @@ impl S3Client for MockStore {
     fn head<'a>(&'a self, at: Target<'a>) -> S3Future<'a, http::HeaderMap> {
         Box::pin(async move {
             self.record(Op::Head, &at);
+            let hook = self.lock().on_head.clone();
+            if let Some(f) = hook {
+                f();
+            }
             let st = self.lock();
             let o = st.objects.get(at.key).ok_or_else(|| err(404, "NoSuchKey", at.key))?;
             let mut h = object_headers(o);

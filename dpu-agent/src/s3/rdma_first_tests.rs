@@ -11,12 +11,16 @@ use super::call::{Call, ObjectRead, RegionSlice};
 use super::error::S3Error;
 use super::mock::{MockStore, Op, RdmaMode};
 use super::store::ObjectStore;
-use super::transfer_tests::{contents, pattern, region, remote, store, tcp_path, PART};
+use super::transfer_tests::{contents, pattern, region, remote, store, tcp_path, tcp_path_and_owner, PART};
 use crate::hostmem::HostRegion;
 use crate::model::DataPathMode;
 
 async fn rdma_store(mock: &MockStore) -> ObjectStore {
-    let s = store(Arc::new(mock.clone()), Some(tcp_path(DataPathMode::Rdma).await));
+    rdma_store_on(mock, tcp_path(DataPathMode::Rdma).await).await
+}
+
+async fn rdma_store_on(mock: &MockStore, path: super::token_path::TokenPath) -> ObjectStore {
+    let s = store(Arc::new(mock.clone()), Some(path));
     // Each endpoint learns from a GET the HEAD way that it checks the size.
     mock.insert("t/warm-up", pattern(10, 0));
     for _ in 0..6 {
@@ -103,7 +107,13 @@ async fn a_large_object_needs_one_head_for_its_checksum_and_no_more() {
     let len = 3 * PART + 7;
     let data = pattern(len as usize, 2);
     mock.insert("t/k", data.clone());
-    let s = rdma_store(&mock).await;
+    let (path, owner) = tcp_path_and_owner(DataPathMode::Rdma).await;
+    let s = rdma_store_on(&mock, path).await;
+    // The first part's window is gone before the HEAD is asked: nothing
+    // can land in the slot while the agent waits on another request.
+    let windows_at_head = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = windows_at_head.clone();
+    mock.on_head(move || seen.lock().unwrap().push(owner.table().live()));
     let h0 = heads(&mock);
     let r = marked(len);
     let out = get(&s, ObjectRead::whole("k"), &r, 0, len).await.unwrap();
@@ -113,6 +123,7 @@ async fn a_large_object_needs_one_head_for_its_checksum_and_no_more() {
     // Only a whole object whose first reply carried no checksum costs the
     // HEAD; a range of it does not.
     assert_eq!(heads(&mock) - h0, 1);
+    assert_eq!(*windows_at_head.lock().unwrap(), vec![0], "no window open during the HEAD");
     let r2 = marked(2 * PART);
     let read = ObjectRead { key: "k", start: 5, length: Some(2 * PART), if_match: None };
     get(&s, read, &r2, 0, 2 * PART).await.unwrap();

@@ -282,9 +282,21 @@ on_every_store!(listing_strips_the_namespace_prefix_and_pages);
 
 /// A TCP one-sided transport (the agent's side), serving on loopback.
 pub(super) async fn tcp_path(mode: DataPathMode) -> TokenPath {
+    tcp_path_and_owner(mode).await.0
+}
+
+/// A `tcp` data path, and its owner (whose table shows the live windows).
+pub(super) async fn tcp_path_and_owner(mode: DataPathMode) -> (TokenPath, Arc<sluice_dataplane::tcp::TcpOwner>) {
     let (owner, listener) = sluice_dataplane::tcp::TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
     tokio::spawn(owner.clone().serve(listener));
-    TokenPath { transport: owner, kind: TransportKind::Tcp, mode, placement: Placement::Direct, min_bytes: 1 }
+    let path = TokenPath {
+        transport: owner.clone(),
+        kind: TransportKind::Tcp,
+        mode,
+        placement: Placement::Direct,
+        min_bytes: 1,
+    };
+    (path, owner)
 }
 
 pub(super) fn remote() -> sluice_dataplane::tcp::TcpRemote {
