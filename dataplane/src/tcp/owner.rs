@@ -12,6 +12,7 @@ use tracing::{debug, warn};
 
 use super::wire::{self, Header, Op, Status};
 use crate::capability::{Access, CapabilityTable, Checked, Grant};
+use crate::landing::{Copying, Moving};
 use crate::token::Token;
 use crate::transport::{
     Capabilities, Exposure, Transport, TransportError, TransportKind, MAX_OP_BYTES, MAX_WINDOW_BYTES,
@@ -114,20 +115,7 @@ impl TcpOwner {
                     }
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
-                        // A remote that stalls does not keep a revoked
-                        // window's memory held.
-                        tokio::select! {
-                            biased;
-                            _ = moving.landing().revoked() => {
-                                return Err(std::io::Error::other("the window was revoked while its WRITE waited for bytes"));
-                            }
-                            r = s.readable() => r?,
-                        }
-                        // A revoked window takes no more bytes, even from
-                        // a WRITE already under way (its requester ended).
-                        let Some(_copying) = moving.copy() else {
-                            return Err(std::io::Error::other("the window was revoked during a WRITE"));
-                        };
+                        let _copying = ready_to_copy(&s, Interest::READABLE, &moving).await?;
                         let n = match s.try_io(Interest::READABLE, || mem.read_from_fd(off, want, s.as_fd())) {
                             Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
                             Ok(n) => n,
@@ -146,16 +134,7 @@ impl TcpOwner {
                     s.write_all(&wire::reply(Status::Ok, h.len)).await?;
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
-                        tokio::select! {
-                            biased;
-                            _ = moving.landing().revoked() => {
-                                return Err(std::io::Error::other("the window was revoked while its READ waited for the socket"));
-                            }
-                            r = s.writable() => r?,
-                        }
-                        let Some(_copying) = moving.copy() else {
-                            return Err(std::io::Error::other("the window was revoked during a READ"));
-                        };
+                        let _copying = ready_to_copy(&s, Interest::WRITABLE, &moving).await?;
                         let n = match s.try_io(Interest::WRITABLE, || mem.write_to_fd(off, want, s.as_fd())) {
                             Ok(n) => n,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
@@ -169,6 +148,22 @@ impl TcpOwner {
             }
         }
     }
+}
+
+/// Waits until the socket is ready for the next copy of an operation, and
+/// marks the copy (see `Landing::revoke`). A revoked window ends the
+/// operation, whether it was waiting on a remote that stalls (which then
+/// holds no memory) or had bytes at hand: nothing more reaches or leaves
+/// the window once its requester has ended.
+async fn ready_to_copy<'a>(s: &TcpStream, interest: Interest, moving: &'a Moving) -> std::io::Result<Copying<'a>> {
+    tokio::select! {
+        biased;
+        _ = moving.landing().revoked() => {
+            return Err(std::io::Error::other("the window was revoked while its operation waited on the socket"));
+        }
+        r = s.ready(interest) => { r?; }
+    }
+    moving.copy().ok_or_else(|| std::io::Error::other("the window was revoked during the operation"))
 }
 
 /// Reads and drops `len` bytes through a small buffer (a refused payload
