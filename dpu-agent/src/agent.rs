@@ -189,6 +189,10 @@ impl Agent {
     }
 
     /// The QoS layer (hot reload: [`Quotas::apply`]).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     pub fn quotas(&self) -> &Quotas {
         &self.quotas
     }

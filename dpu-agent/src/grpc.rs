@@ -140,6 +140,48 @@ impl GrpcService {
         self
     }
 
+    /// Runs the GETs of one stream opened from `origin` (a `GetStream`
+    /// call, or a framed-GETs connection): each looked up against that
+    /// origin, as a call of its own would be.
+    fn streamed_gets(&self, origin: ShimOrigin) -> crate::get_stream::RunGet {
+        let agent = self.agent.clone();
+        Arc::new(move |session_id, item, ctx| {
+            let (agent, origin) = (agent.clone(), origin.clone());
+            Box::pin(async move {
+                // Looked up per GET: it renews the session, and fails once
+                // it is closed.
+                let res = match agent.scoped(&session_id, &origin) {
+                    Ok(s) => agent.get(&s, &GetObject::from(item), &ctx).await,
+                    Err(e) => Err(e),
+                };
+                match res {
+                    Ok(out) => pb::get_many_item::Result::Ok(get_reply(&ctx.request_id, out)),
+                    Err(e) => pb::get_many_item::Result::Error(e.detail()),
+                }
+            })
+        })
+    }
+
+    /// Serves framed GETs (`sluice_proto::framed_gets`) on a connection of
+    /// the Unix listener, whose sessions are those opened over that socket.
+    pub fn serve_framed(&self, conn: tokio::net::UnixStream) -> impl std::future::Future<Output = ()> + Send + 'static {
+        debug_assert!(self.listener.is_none(), "framed GETs are served on the Unix listener only");
+        let open = self.agent.metrics().framed_connections.clone();
+        let served = crate::framed_gets::serve(conn, self.streamed_gets(ShimOrigin::Unix), self.stop.clone());
+        /// Counted open until dropped (served, or its task aborted).
+        struct Open(prometheus::IntGauge);
+        impl Drop for Open {
+            fn drop(&mut self) {
+                self.0.dec();
+            }
+        }
+        async move {
+            open.inc();
+            let _open = Open(open);
+            served.await;
+        }
+    }
+
     /// Where a request came from: the binding point of sessions.
     fn origin_of<T>(&self, req: &Request<T>) -> ShimOrigin {
         // The leaf of the chain TLS verified against the client CA.
@@ -241,23 +283,7 @@ impl AgentRpc for GrpcService {
         req: Request<tonic::Streaming<pb::GetStreamRequest>>,
     ) -> Result<Response<Self::GetStreamStream>, Status> {
         // Every GET on it is checked against this call's origin.
-        let origin = self.origin_of(&req);
-        let agent = self.agent.clone();
-        let run: crate::get_stream::RunGet = Arc::new(move |session_id, item, ctx| {
-            let (agent, origin) = (agent.clone(), origin.clone());
-            Box::pin(async move {
-                // Looked up per GET, as a call of its own would be: it
-                // renews the session, and fails once it is closed.
-                let res = match agent.scoped(&session_id, &origin) {
-                    Ok(s) => agent.get(&s, &GetObject::from(item), &ctx).await,
-                    Err(e) => Err(e),
-                };
-                match res {
-                    Ok(out) => pb::get_many_item::Result::Ok(get_reply(&ctx.request_id, out)),
-                    Err(e) => pb::get_many_item::Result::Error(e.detail()),
-                }
-            })
-        });
+        let run = self.streamed_gets(self.origin_of(&req));
         Ok(Response::new(crate::get_stream::start(run, req.into_inner(), self.stop.clone())))
     }
 

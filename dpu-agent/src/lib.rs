@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod accept;
 pub mod agent;
 #[cfg(test)]
 mod agent_tests;
@@ -13,6 +14,7 @@ pub mod capabilities;
 pub mod config;
 pub mod cores;
 pub mod error;
+pub mod framed_gets;
 pub mod get_stream;
 pub mod grpc;
 pub mod health;

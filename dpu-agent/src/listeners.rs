@@ -107,12 +107,21 @@ impl Listeners {
     }
 
     /// The Unix socket (co-located shims): plaintext, reached only by the
-    /// shim's user.
+    /// shim's user. Besides gRPC it serves framed GETs
+    /// (`framed_gets.rs`), told apart by a connection's first byte.
     pub fn unix(&mut self, l: UnixListener, svc: GrpcService) {
         let Some(cores) = self.cores.clone() else {
+            let framed = svc.clone();
+            let (grpc, framed) = crate::framed_gets::sort(UnixListenerStream::new(l), move |c| framed.serve_framed(c));
             let server = grpc_server().add_service(AgentServer::new(svc));
             let stop = stopped(self.stop.clone());
-            self.servers.spawn(server.serve_with_incoming_shutdown(UnixListenerStream::new(l), stop));
+            self.servers.spawn(async move {
+                let served = server.serve_with_incoming_shutdown(grpc, stop).await;
+                // Its framed connections end as its calls do (their GETs
+                // answered), within the same grace.
+                framed.wait().await;
+                served
+            });
             return;
         };
         let accepted = UnixListenerStream::new(l).map(|c| c.and_then(tokio::net::UnixStream::into_std));
@@ -121,7 +130,15 @@ impl Listeners {
             |rx: ReceiverStream<std::os::unix::net::UnixStream>, _tls, _refused, stop| {
                 let conns = rx.map(tokio::net::UnixStream::from_std);
                 let server = grpc_server().add_service(AgentServer::new(svc.clone()));
-                server.serve_with_incoming_shutdown(conns, stop)
+                let svc = svc.clone();
+                // Sorted on the core's own runtime: framed connections are
+                // served there, as its gRPC ones are.
+                async move {
+                    let (grpc, framed) = crate::framed_gets::sort(conns, move |c| svc.serve_framed(c));
+                    let served = server.serve_with_incoming_shutdown(grpc, stop).await;
+                    framed.wait().await;
+                    served
+                }
             },
             "",
         );
@@ -179,12 +196,8 @@ impl Listeners {
             let mut accepted = std::pin::pin!(accepted);
             let mut stop = std::pin::pin!(stop);
             loop {
-                let next = tokio::select! {
-                    c = accepted.next() => c,
-                    () = &mut stop => return,
-                };
-                match next {
-                    Some(Ok(conn)) => {
+                match crate::accept::next_conn(&mut accepted, &mut stop, "a control connection").await {
+                    Some(conn) => {
                         // The core in turn, or the next with room: one
                         // stalled or full core must not stop accepting for
                         // the others. Only when all are full, wait.
@@ -204,11 +217,6 @@ impl Listeners {
                                 () = &mut stop => return,
                             }
                         }
-                    }
-                    Some(Err(e)) => {
-                        // Out of descriptors and the like: pause, do not spin.
-                        tracing::warn!(error = %e, "accepting a control connection failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     None => return,
                 }

@@ -17,6 +17,8 @@ pub struct Metrics {
     pub fallbacks: IntCounterVec,
     pub s3_retries: IntCounter,
     pub sessions: IntGauge,
+    /// Open framed-GET connections of co-located shims (`framed_gets.rs`).
+    pub framed_connections: IntGauge,
     pub regions: IntGaugeVec,
     pub registered_bytes: IntGaugeVec,
     /// Refused session opens, by tenant and reason.
@@ -76,6 +78,10 @@ impl Metrics {
         let s3_retries =
             IntCounter::new("s3_retries_total", "S3 requests retried after 5xx/throttling/connection errors")?;
         let sessions = IntGauge::new("sessions", "Open sessions")?;
+        let framed_connections = IntGauge::new(
+            "framed_get_connections",
+            "Open framed-GET connections (single GETs without HTTP/2) from co-located shims",
+        )?;
         let regions = IntGaugeVec::new(Opts::new("regions", "Registered host regions"), &["tenant"])?;
         let registered_bytes =
             IntGaugeVec::new(Opts::new("registered_bytes", "Bytes of registered host memory"), &["tenant"])?;
@@ -164,6 +170,7 @@ impl Metrics {
         registry.register(Box::new(fallbacks.clone()))?;
         registry.register(Box::new(s3_retries.clone()))?;
         registry.register(Box::new(sessions.clone()))?;
+        registry.register(Box::new(framed_connections.clone()))?;
         registry.register(Box::new(regions.clone()))?;
         registry.register(Box::new(registered_bytes.clone()))?;
         Ok(Self {
@@ -175,6 +182,7 @@ impl Metrics {
             fallbacks,
             s3_retries,
             sessions,
+            framed_connections,
             regions,
             registered_bytes,
             auth_failures,

@@ -157,26 +157,14 @@ pub fn handshakes(
     acceptor: tokio_rustls::TlsAcceptor,
     refused: impl Fn() + Send + Sync + 'static,
 ) -> impl futures::Stream<Item = std::io::Result<TlsStream<TcpStream>>> {
-    use futures::StreamExt;
     let (tx, rx) = tokio::sync::mpsc::channel(MAX_HANDSHAKES);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let refused = Arc::new(refused);
     tokio::spawn(async move {
         let mut conns = std::pin::pin!(conns);
         loop {
-            let accepted = tokio::select! {
-                a = conns.next() => a,
-                () = tx.closed() => return,
-            };
-            let tcp = match accepted {
-                Some(Ok(c)) => c,
-                Some(Err(e)) => {
-                    // Out of descriptors and the like: pause, do not spin.
-                    tracing::warn!(error = %e, "accepting a control connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-                None => return,
+            let Some(tcp) = crate::accept::next_conn(&mut conns, tx.closed(), "a control connection").await else {
+                return;
             };
             let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "a closed peer".into());
             let Ok(slot) = slots.clone().acquire_owned().await else { return };

@@ -51,6 +51,8 @@ pub struct AgentLink {
     channels: Vec<AgentClient<Channel>>,
     next: std::sync::atomic::AtomicUsize,
     memory_socket: PathBuf,
+    /// The agent's socket, on a Unix link.
+    unix_socket: Option<PathBuf>,
     /// One memory-socket connection, reused; exchanges are serialised.
     memory: Mutex<Option<BufReader<UnixStream>>>,
 }
@@ -63,6 +65,7 @@ impl AgentLink {
         // (Err: one is installed already.)
         let _ = rustls::crypto::ring::default_provider().install_default();
         let connections = cfg.connections.max(1);
+        let unix_socket = cfg.grpc.strip_prefix("unix:").map(PathBuf::from);
         let channels = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
             (0..connections)
@@ -93,8 +96,14 @@ impl AgentLink {
             channels,
             next: std::sync::atomic::AtomicUsize::new(0),
             memory_socket: cfg.memory_socket.clone(),
+            unix_socket,
             memory: Mutex::new(None),
         })
+    }
+
+    /// The agent's Unix socket, when the link is one (a co-located agent).
+    pub fn unix_socket(&self) -> Option<&std::path::Path> {
+        self.unix_socket.as_deref()
     }
 
     /// Opens every connection now (a cheap call on each), so the shim's

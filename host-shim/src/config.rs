@@ -120,6 +120,11 @@ pub struct AgentLink {
     /// does not.
     #[serde(default = "default_true")]
     pub get_stream: bool,
+    /// On a Unix link (`unix:`), those streams go without HTTP/2: the same
+    /// messages framed on a connection of their own (`framed_link.rs`),
+    /// where the agent serves it. Other links keep `GetStream` calls.
+    #[serde(default = "default_true")]
+    pub framed_gets: bool,
 }
 
 fn default_true() -> bool {

@@ -20,13 +20,19 @@
 //! would, with the call's status, and the next GET opens a new stream. An
 //! agent that turns out not to serve streams at all (UNIMPLEMENTED) gets
 //! calls from then on.
+//!
+//! On a Unix link the stream goes without HTTP/2 where the agent serves it
+//! (`[agent] framed_gets`, `framed_link.rs`): the same messages, on a
+//! connection of its own. An agent that does not answer the framed preface
+//! gets `GetStream` calls from then on.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use sluice_proto::agent::{self as apb, agent_client::AgentClient};
 use tokio::sync::oneshot;
 use tonic::transport::Channel;
@@ -45,7 +51,17 @@ const MAX_QUEUED: usize = 4096;
 /// `dpu-agent/src/get_stream.rs`); GETs with longer ones go as calls.
 const MAX_REQUEST_ID: usize = 256;
 
-type Answer = Result<apb::GetReply, tonic::Status>;
+type Answer<T = apb::GetReply> = Result<T, tonic::Status>;
+
+/// Framed GETs to a co-located agent (`framed_link.rs`).
+pub struct Framed {
+    /// The agent's Unix socket.
+    socket: PathBuf,
+    /// The agent turned out not to serve them.
+    off: AtomicBool,
+    /// Framed connections opened.
+    opened: prometheus::IntCounter,
+}
 
 enum Outbound {
     Get(apb::StreamedGet),
@@ -93,10 +109,11 @@ impl Link {
         self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Opens the call on `agent`, in a task of its own that answers each
-    /// GET as the agent does. An agent that refuses the call itself as
+    /// Opens the stream, in a task of its own that answers each GET as the
+    /// agent does: framed on `framed`'s socket where it is served, else a
+    /// call on `agent`. An agent that refuses the call itself as
     /// UNIMPLEMENTED sets `off`.
-    fn open(mut agent: AgentClient<Channel>, off: Arc<AtomicBool>) -> Arc<Self> {
+    fn open(mut agent: AgentClient<Channel>, off: Arc<AtomicBool>, framed: Option<Arc<Framed>>) -> Arc<Self> {
         let (to_agent, outbound) = mpsc::unbounded::<Outbound>();
         let link = Arc::new(Self { to_agent, waiting: Mutex::new(Waiting::default()), queued: AtomicUsize::new(0) });
         let weak = Arc::downgrade(&link);
@@ -106,6 +123,26 @@ impl Link {
             .filter(|m| std::future::ready(!m.gets.is_empty() || !m.cancel.is_empty()));
         let ending = EndOnDrop(link.clone(), None);
         tokio::spawn(async move {
+            if let Some(f) = framed.filter(|f| !f.off.load(Ordering::Relaxed)) {
+                match crate::framed_link::open(&f.socket).await {
+                    crate::framed_link::Opened::Framed(conn) => {
+                        f.opened.inc();
+                        let link = ending.0.clone();
+                        let answers = crate::framed_link::exchange(conn, body, move |st| link.end(&st));
+                        let status = ending.0.answer_all(answers).await;
+                        return ending.finish(status);
+                    }
+                    crate::framed_link::Opened::NotServed(why) => {
+                        if !f.off.swap(true, Ordering::Relaxed) {
+                            tracing::info!(%why, "the agent does not serve framed GETs; GET streams go as calls");
+                        }
+                    }
+                    // This stream goes as a call; the next tries again.
+                    crate::framed_link::Opened::Failed(why) => {
+                        tracing::debug!(%why, "a framed GET stream failed to open")
+                    }
+                }
+            }
             let status = match agent.get_stream(body).await {
                 Err(status) => {
                     // Only the call's own refusal says so: a GET's answer
@@ -124,12 +161,13 @@ impl Link {
 
     /// Hands each answer to its GET until the stream ends; returns why it
     /// ended.
-    async fn answer_all(&self, mut answers: tonic::Streaming<apb::GetManyItem>) -> tonic::Status {
+    async fn answer_all(&self, answers: impl Stream<Item = Answer<apb::GetManyItem>>) -> tonic::Status {
+        let mut answers = std::pin::pin!(answers);
         loop {
-            let item = match answers.message().await {
-                Ok(Some(item)) => item,
-                Ok(None) => return tonic::Status::unavailable("the agent ended the GET stream"),
-                Err(status) => return status,
+            let item = match answers.next().await {
+                Some(Ok(item)) => item,
+                None => return tonic::Status::unavailable("the agent ended the GET stream"),
+                Some(Err(status)) => return status,
             };
             // Cancelled meanwhile (its caller gone): nobody to answer.
             let Some(tx) = self.waiting().answers.remove(&item.index) else { continue };
@@ -249,12 +287,40 @@ pub struct GetStreams {
     streamed: prometheus::IntCounter,
     /// Streams turned out not to be served: every GET goes as a call.
     off: Arc<AtomicBool>,
+    framed: Option<Arc<Framed>>,
 }
 
 impl GetStreams {
-    pub fn new(channels: Vec<AgentClient<Channel>>, streamed: prometheus::IntCounter) -> Arc<Self> {
+    /// Streams over `channels`; framed on the agent's Unix socket
+    /// `framed` (counting them), if given, where the agent serves it.
+    pub fn new(
+        channels: Vec<AgentClient<Channel>>,
+        streamed: prometheus::IntCounter,
+        framed: Option<(PathBuf, prometheus::IntCounter)>,
+    ) -> Arc<Self> {
         let links = channels.iter().map(|_| Mutex::new(None)).collect();
-        Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed, off: Arc::new(AtomicBool::new(false)) })
+        let framed = framed.map(|(socket, opened)| Arc::new(Framed { socket, off: AtomicBool::new(false), opened }));
+        let off = Arc::new(AtomicBool::new(false));
+        Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed, off, framed })
+    }
+
+    /// Framed connections opened so far (none without a Unix link).
+    pub fn framed_opened(&self) -> usize {
+        self.framed.as_ref().map_or(0, |f| f.opened.get() as usize)
+    }
+
+    /// Whether the agent turned out not to serve framed GETs.
+    pub fn framed_off(&self) -> bool {
+        self.framed.as_ref().is_some_and(|f| f.off.load(Ordering::Relaxed))
+    }
+
+    /// Opens every connection's stream now, so the descriptors they take
+    /// (at the agent too) are settled before clients come. One that fails
+    /// ends, and the next GET on its connection opens another.
+    pub fn warm(&self) {
+        for i in 0..self.channels.len() {
+            self.link(i);
+        }
     }
 
     /// The stream on connection `i`: the open one, or a new one if none is
@@ -264,7 +330,7 @@ impl GetStreams {
         match slot.as_ref() {
             Some(link) if !link.waiting().ended => link.clone(),
             _ => {
-                let link = Link::open(self.channels[i].clone(), self.off.clone());
+                let link = Link::open(self.channels[i].clone(), self.off.clone(), self.framed.clone());
                 *slot = Some(link.clone());
                 link
             }
@@ -339,7 +405,7 @@ mod tests {
     async fn each_get_gets_its_own_answer_in_whatever_order_they_come() {
         let fake = Fake::default();
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone(), agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone(), agent.clone()], counter(), None);
         let calls = (0..40).map(|n| {
             let (streams, agent) = (streams.clone(), agent.clone());
             async move { (n, streams.get(agent.clone(), get(["a", "b"][n % 2], n)).await) }
@@ -364,7 +430,7 @@ mod tests {
     async fn a_stream_that_ends_fails_its_waiting_gets_and_the_next_get_opens_another() {
         let fake = Fake { stream_hold: true, stream_end_after: Some(6), ..Default::default() };
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter(), None);
         let calls = (0..6).map(|n| {
             let (streams, agent) = (streams.clone(), agent.clone());
             async move { streams.get(agent, get("s", n)).await }
@@ -386,7 +452,7 @@ mod tests {
     async fn a_caller_that_gives_up_cancels_its_get_at_the_agent() {
         let fake = Fake { stream_hold: true, ..Default::default() };
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter(), None);
         for n in 0..3 {
             let gone = tokio::time::timeout(Duration::from_millis(100), streams.get(agent.clone(), get("s", n))).await;
             assert!(gone.is_err(), "the agent holds every GET");
@@ -408,7 +474,7 @@ mod tests {
             }),
         );
         let agent = AgentClient::new(channel);
-        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter(), None);
         for n in 0..5 {
             let a = tokio::time::timeout(Duration::from_secs(5), streams.get(agent.clone(), get("s", n)))
                 .await
@@ -422,7 +488,7 @@ mod tests {
     async fn past_its_budget_a_stream_leaves_gets_to_calls_of_their_own() {
         let fake = Fake { stream_hold: true, ..Default::default() };
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter(), None);
         let held: Vec<_> = (0..STREAM_BUDGET)
             .map(|n| {
                 let (streams, agent) = (streams.clone(), agent.clone());
@@ -463,7 +529,7 @@ mod tests {
         // A GET's UNSUPPORTED (UNIMPLEMENTED once a status) is that GET's.
         let fake = Fake { stream_unsupported: true, ..Default::default() };
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter(), None);
         for n in 0..3 {
             let a = streams.get(agent.clone(), get("s", n)).await;
             assert_eq!(a.unwrap_err().code(), tonic::Code::Unimplemented);
@@ -472,7 +538,7 @@ mod tests {
         // An agent that refuses the call itself: calls from then on.
         let fake = Fake { stream_refused: true, ..Default::default() };
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter(), None);
         let first = streams.get(agent.clone(), get("s", 0)).await;
         assert_eq!(first.unwrap_err().code(), tonic::Code::Unimplemented, "the GET in flight fails with the call");
         for n in 1..4 {
@@ -486,7 +552,7 @@ mod tests {
     async fn gets_with_request_ids_longer_than_a_stream_takes_go_as_calls() {
         let fake = Fake::default();
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter());
+        let streams = GetStreams::new(vec![agent.clone()], counter(), None);
         let mut req = get("s", 0);
         req.request_id = "x".repeat(MAX_REQUEST_ID + 1);
         let a = streams.get(agent.clone(), req).await;

@@ -12,6 +12,7 @@ pub mod coalesce;
 pub mod config;
 pub mod connection;
 pub mod error;
+pub mod framed_link;
 pub mod get_stream;
 pub mod handlers;
 pub mod link_kind;

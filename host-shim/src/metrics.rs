@@ -26,6 +26,8 @@ pub struct ShimMetrics {
     pub coalesced_gets: prometheus::IntCounter,
     /// Single GETs sent to the agent on a long-lived call (`get_stream`).
     pub streamed_gets: prometheus::IntCounter,
+    /// GET streams opened to the agent framed, without HTTP/2.
+    pub framed_links: prometheus::IntCounter,
     process: sluice_telemetry::ProcessGauges,
     /// The last check of the agent: `None` before the first.
     agent: Mutex<Option<Result<(), String>>>,
@@ -75,6 +77,11 @@ impl ShimMetrics {
             "Single GETs sent to the agent as messages of a long-lived GetStream call",
         )?;
         registry.register(Box::new(streamed_gets.clone()))?;
+        let framed_links = prometheus::IntCounter::new(
+            "agent_framed_links_total",
+            "GET streams opened to a co-located agent as framed connections, without HTTP/2 ([agent] framed_gets)",
+        )?;
+        registry.register(Box::new(framed_links.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -82,6 +89,7 @@ impl ShimMetrics {
             connections,
             coalesced_gets,
             streamed_gets,
+            framed_links,
             process,
             agent: Mutex::new(None),
         })

@@ -64,9 +64,15 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
         secrets,
         memory,
         config.clone(),
-        metrics.coalesced_gets.clone(),
-        metrics.streamed_gets.clone(),
+        crate::session::GetCounters {
+            coalesced: metrics.coalesced_gets.clone(),
+            streamed: metrics.streamed_gets.clone(),
+            framed_links: metrics.framed_links.clone(),
+        },
     ));
+    if let Some(streams) = sessions.get_streams() {
+        streams.warm();
+    }
     let connections = Arc::new(ConnectionContext::new(config.clone(), sessions.clone(), metrics.clone()));
     let renew = tokio::spawn(sessions.clone().renew_loop());
     // The agent check feeds /ready and `systemctl status`.

@@ -50,6 +50,13 @@ pub struct SessionContext {
     get_streams: Option<Arc<crate::get_stream::GetStreams>>,
 }
 
+/// The counters of how single GETs go to the agent (`ShimMetrics`).
+pub struct GetCounters {
+    pub coalesced: prometheus::IntCounter,
+    pub streamed: prometheus::IntCounter,
+    pub framed_links: prometheus::IntCounter,
+}
+
 impl SessionContext {
     pub fn new(
         agent: Arc<AgentLink>,
@@ -57,12 +64,15 @@ impl SessionContext {
         secrets: HashMap<String, Vec<u8>>,
         memory: MemoryBackend,
         config: Arc<ShimConfig>,
-        coalesced_gets: prometheus::IntCounter,
-        streamed_gets: prometheus::IntCounter,
+        counters: GetCounters,
     ) -> Self {
-        let coalescer = config.agent.coalesce_gets.then(|| crate::coalesce::Coalescer::new(coalesced_gets));
-        let get_streams =
-            config.agent.get_stream.then(|| crate::get_stream::GetStreams::new(agent.every_channel(), streamed_gets));
+        let GetCounters { coalesced, streamed, framed_links } = counters;
+        let coalescer = config.agent.coalesce_gets.then(|| crate::coalesce::Coalescer::new(coalesced));
+        let framed = agent.unix_socket().filter(|_| config.agent.framed_gets).map(|p| (p.to_path_buf(), framed_links));
+        let get_streams = config
+            .agent
+            .get_stream
+            .then(|| crate::get_stream::GetStreams::new(agent.every_channel(), streamed, framed));
         Self { agent, shim_id, secrets, memory, config, registry: Registry::default(), coalescer, get_streams }
     }
 

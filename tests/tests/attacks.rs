@@ -12,7 +12,9 @@ use sluice_dataplane::{Access, Grant, RegionMemory, SharedRegion, Token, Transpo
 use sluice_proto::agent as apb;
 use sluice_proto::agent::agent_client::AgentClient;
 use sluice_proto::auth;
+use sluice_proto::framed_gets::{push_gets, Frame, FrameReader, PREFACE};
 use sluice_tests::{pattern, sha256, Options, Stack};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn code(e: ClientError) -> Code {
     e.code().unwrap_or_else(|| panic!("expected a typed error, got {e}"))
@@ -580,7 +582,24 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
         Some(apb::get_many_item::Result::Error(d)) => assert_eq!(d.code, Code::Unauthenticated as i32, "{d:?}"),
         other => panic!("a session used from another origin on a stream: {other:?}"),
     }
-    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 4.0);
+    // Framed GETs on the Unix socket (no HTTP/2) are checked the same way.
+    let mut framed = tokio::net::UnixStream::connect(stack.dir.path().join("agent.sock")).await.unwrap();
+    framed.write_all(PREFACE).await.unwrap();
+    let mut ack = [0u8; PREFACE.len()];
+    framed.read_exact(&mut ack).await.unwrap();
+    assert_eq!(&ack, PREFACE);
+    let item = apb::GetItem { namespace: "data".into(), key: "x".into(), region_id: "r".into(), ..Default::default() };
+    let streamed = apb::StreamedGet { index: 8, session_id: session.clone(), item: Some(item) };
+    let mut frame = Vec::new();
+    push_gets(&mut frame, &apb::GetStreamRequest { gets: vec![streamed], cancel: vec![] });
+    framed.write_all(&frame).await.unwrap();
+    match FrameReader::new(&mut framed).next().await.unwrap() {
+        Some(Frame::Answer(apb::GetManyItem { index: 8, result: Some(apb::get_many_item::Result::Error(d)) })) => {
+            assert_eq!(d.code, Code::Unauthenticated as i32, "{d:?}")
+        }
+        other => panic!("a session used from another origin on a framed connection: {other:?}"),
+    }
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 5.0);
     // Still alive and usable from its origin.
     tcp.stats(apb::StatsRequest { session_id: session }).await.expect("still usable where it was opened");
 }

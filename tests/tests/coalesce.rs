@@ -1,7 +1,7 @@
 //! Single GETs that arrive together go to the agent in one call
 //! (`[agent] coalesce_gets`, for an agent without `GetStream`), or as
 //! messages of one long-lived call per connection (`[agent] get_stream`,
-//! on by default), and each still gets exactly its own answer: its bytes,
+//! on by default; framed without HTTP/2 to a co-located agent), and each still gets exactly its own answer: its bytes,
 //! its own error, its own request id — from several clients of one tenant
 //! at once, and across an agent restart.
 #![allow(clippy::unwrap_used)] // a test's panic is its failure report
@@ -137,18 +137,42 @@ async fn single_gets_that_arrive_together_share_a_call_and_keep_their_own_answer
     assert!(coalesced(ops) > first);
 }
 
+/// The shim's counter of GET streams opened framed (without HTTP/2).
+fn framed_links(shim_ops: SocketAddr) -> f64 {
+    counter(shim_ops, "sluice_shim_agent_framed_links_total")
+}
+
+#[tokio::test]
+async fn single_gets_go_framed_to_a_co_located_agent_and_keep_their_own_answers() {
+    let framed = streams_keep_their_own_answers("").await;
+    assert!(framed >= 1.0, "streams went framed: {framed}");
+}
+
 #[tokio::test]
 async fn single_gets_go_on_long_lived_calls_and_keep_their_own_answers() {
-    let (mut stack, ops) = stack_with("");
+    assert_eq!(streams_keep_their_own_answers("framed_gets = false\n").await, 0.0, "GetStream calls only");
+}
+
+/// Single GETs on streams (framed or calls, by `shim_agent_extra`) keep
+/// their own answers, across an agent restart and one at a time; returns
+/// how many streams went framed.
+async fn streams_keep_their_own_answers(shim_agent_extra: &str) -> f64 {
+    let (mut stack, ops) = stack_with(shim_agent_extra);
     storm(&stack).await;
     let first = streamed(ops);
     assert!(first >= 96.0, "every single GET went on a stream: {first}");
+    let framed_before = framed_links(ops);
     assert_eq!(coalesced(ops), 0.0, "nothing left to coalesce");
     // An agent restart ends the streams; GETs that find their session gone
     // are retried in a new one, on new streams.
     stack.restart("sluice-agent");
     storm(&stack).await;
     assert!(streamed(ops) >= first + 96.0);
+    let framed_after = framed_links(ops);
+    assert!(framed_after >= framed_before, "{framed_before} -> {framed_after}");
+    if framed_before > 0.0 {
+        assert!(framed_after > framed_before, "framed again after the restart: {framed_before} -> {framed_after}");
+    }
     // One at a time too.
     let c: Client = stack.client().await;
     let r = c.register(4096).await.unwrap();
@@ -158,6 +182,7 @@ async fn single_gets_go_on_long_lived_calls_and_keep_their_own_answers() {
         assert_eq!(sha256(r.as_slice()), sha256(&pattern(4096, 1)));
     }
     assert_eq!(streamed(ops), before + 5.0);
+    framed_links(ops)
 }
 
 #[tokio::test]

@@ -86,6 +86,11 @@ async fn gets_batches_and_puts_are_served_on_every_core() {
     let other = Arc::new(stack.client().await);
     tokio::join!(read_all(c.clone(), objs.clone(), 2), read_all(other.clone(), objs.clone(), 2));
 
+    // The shim's single GETs went framed to the cores.
+    let framed = stack.metric("sluice_agent_framed_get_connections", &[]);
+    assert!(framed >= 1.0, "framed GET connections open: {framed}");
+    assert!(!stack.log("sluice-shim").contains("does not serve framed GETs"), "{}", stack.log("sluice-shim"));
+
     // A batch, answered item by item from one core's runtime.
     let slot = 2 << 20;
     let r = c.register(objs.len() as u64 * slot).await.unwrap();

@@ -1,0 +1,317 @@
+//! Framed GETs against a scripted GET runner, over real Unix sockets: each
+//! GET gets its own answer, and a peer that breaks the format, sends
+//! nothing or stops reading loses its connection and its GETs.
+#![allow(clippy::unwrap_used)] // a test's panic is its failure report
+
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+use bytes::BytesMut;
+use futures::StreamExt;
+use sluice_proto::agent as pb;
+use sluice_proto::common::TransferReport;
+use sluice_proto::framed_gets::take_frame;
+
+use super::*;
+use crate::get_stream::{GetResult, MAX_GETS_PER_MESSAGE};
+
+/// GETs by key: "hold" never answers (until stopped), anything else at
+/// once with its request id. Counts GETs stopped before their answer.
+/// One test's GETs: "hold" ones started, and GETs stopped unanswered.
+#[derive(Default)]
+struct Counts {
+    held: AtomicUsize,
+    stopped: AtomicUsize,
+}
+
+fn runner(counts: &Arc<Counts>) -> RunGet {
+    let counts = counts.clone();
+    Arc::new(move |_session, item, ctx| {
+        let counts = counts.clone();
+        Box::pin(async move {
+            struct Count(Arc<Counts>, bool);
+            impl Drop for Count {
+                fn drop(&mut self) {
+                    if !self.1 {
+                        self.0.stopped.fetch_add(1, SeqCst);
+                    }
+                }
+            }
+            let mut c = Count(counts, false);
+            if item.key == "hold" {
+                c.0.held.fetch_add(1, SeqCst);
+                std::future::pending::<()>().await;
+            }
+            c.1 = true;
+            let report = TransferReport { request_id: ctx.request_id, ..Default::default() };
+            GetResult::Ok(pb::GetReply { report: Some(report), object_size: 0, etag: String::new() })
+        })
+    })
+}
+
+fn gets(keys: &[(u32, &str)]) -> Vec<u8> {
+    gets_and_cancels(keys, &[])
+}
+
+fn gets_and_cancels(keys: &[(u32, &str)], cancel: &[u32]) -> Vec<u8> {
+    let gets = keys
+        .iter()
+        .map(|(index, key)| {
+            let item = pb::GetItem { key: (*key).into(), request_id: format!("r{index}"), ..Default::default() };
+            pb::StreamedGet { index: *index, session_id: "s".into(), item: Some(item) }
+        })
+        .collect();
+    let mut out = Vec::new();
+    fg::push_gets(&mut out, &pb::GetStreamRequest { gets, cancel: cancel.to_vec() });
+    out
+}
+
+/// A served connection's shim end (its preface read, as `sort` does),
+/// past the agent's answer to it.
+async fn connect(counts: &Arc<Counts>) -> UnixStream {
+    connect_stopping(counts, None).await
+}
+
+/// A served connection with one "hold" GET (index 1) running.
+async fn connect_holding(counts: &Arc<Counts>) -> UnixStream {
+    let mut shim = connect(counts).await;
+    shim.write_all(&gets(&[(1, "hold")])).await.unwrap();
+    eventually("the held GET started", || counts.held.load(SeqCst) == 1).await;
+    shim
+}
+
+async fn connect_stopping(counts: &Arc<Counts>, stop: Option<watch::Receiver<bool>>) -> UnixStream {
+    let (mut shim, agent) = UnixStream::pair().unwrap();
+    tokio::spawn(serve(agent, runner(counts), stop));
+    let mut ack = [0u8; fg::PREFACE.len()];
+    shim.read_exact(&mut ack).await.unwrap();
+    assert_eq!(&ack, fg::PREFACE);
+    shim
+}
+
+/// Every byte until the agent closes, as frames.
+async fn until_closed(shim: &mut UnixStream) -> Vec<Frame> {
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), shim.read_to_end(&mut raw)).await.expect("closed").unwrap();
+    let mut buf = BytesMut::from(&raw[..]);
+    let mut frames = Vec::new();
+    while let Some(f) = take_frame(&mut buf).unwrap() {
+        frames.push(f);
+    }
+    assert!(buf.is_empty(), "whole frames only");
+    frames
+}
+
+async fn eventually(what: &str, f: impl Fn() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The next frame from the agent.
+async fn next_frame(r: &mut FrameReader<&mut UnixStream>) -> Frame {
+    tokio::time::timeout(Duration::from_secs(10), r.next()).await.expect("a frame in time").unwrap().expect("a frame")
+}
+
+fn answered(f: Frame) -> (u32, String) {
+    match f {
+        Frame::Answer(pb::GetManyItem { index, result: Some(GetResult::Ok(r)) }) => {
+            (index, r.report.unwrap().request_id)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn each_get_gets_its_own_answer() {
+    let counts = Arc::new(Counts::default());
+    let mut shim = connect(&counts).await;
+    shim.write_all(&gets(&[(1, "a"), (2, "b")])).await.unwrap();
+    shim.write_all(&gets(&[(3, "c")])).await.unwrap();
+    let mut r = FrameReader::new(&mut shim);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(answered(next_frame(&mut r).await));
+    }
+    got.sort();
+    assert_eq!(got, vec![(1, "r1".into()), (2, "r2".into()), (3, "r3".into())]);
+    assert_eq!(counts.stopped.load(SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_shim_that_closes_its_side_stops_its_gets() {
+    let counts = Arc::new(Counts::default());
+    let mut shim = connect(&counts).await;
+    shim.write_all(&gets(&[(1, "hold"), (2, "hold")])).await.unwrap();
+    eventually("both GETs started", || counts.held.load(SeqCst) == 2).await;
+    shim.shutdown().await.unwrap();
+    assert!(until_closed(&mut shim).await.is_empty(), "nobody to answer");
+    eventually("both held GETs stopped", || counts.stopped.load(SeqCst) == 2).await;
+}
+
+#[tokio::test]
+async fn a_cancel_stops_its_get_and_the_others_go_on() {
+    let counts = Arc::new(Counts::default());
+    let mut shim = connect_holding(&counts).await;
+    shim.write_all(&gets_and_cancels(&[(2, "a")], &[1])).await.unwrap();
+    let mut r = FrameReader::new(&mut shim);
+    assert_eq!(answered(next_frame(&mut r).await), (2, "r2".into()), "no answer for the cancelled one");
+    eventually("the cancelled GET stopped", || counts.stopped.load(SeqCst) == 1).await;
+}
+
+#[tokio::test]
+async fn an_oversized_frame_closes_the_connection() {
+    let counts = Arc::new(Counts::default());
+    let mut shim = connect(&counts).await;
+    let announced = u32::try_from(fg::MAX_FRAME + 1).unwrap();
+    shim.write_all(&announced.to_be_bytes()).await.unwrap();
+    assert!(until_closed(&mut shim).await.is_empty());
+}
+
+#[tokio::test]
+async fn on_the_agents_stop_new_gets_are_refused_and_the_connection_ends() {
+    let counts = Arc::new(Counts::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut shim = connect_stopping(&counts, Some(stop_rx)).await;
+    shim.write_all(&gets(&[(1, "a")])).await.unwrap();
+    let mut r = FrameReader::new(&mut shim);
+    assert_eq!(answered(next_frame(&mut r).await), (1, "r1".into()));
+    stop_tx.send(true).unwrap();
+    drop(r);
+    // Sent as the agent stops: refused, or not taken at all (then the
+    // close may come as a reset: it was left unread).
+    let _ = shim.write_all(&gets(&[(2, "a")])).await;
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), shim.read(&mut chunk)).await.expect("closed in time") {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) => {
+                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+                break;
+            }
+        }
+    }
+    let mut buf = BytesMut::from(&raw[..]);
+    while let Some(f) = take_frame(&mut buf).unwrap() {
+        match f {
+            Frame::Answer(pb::GetManyItem { index: 2, result: Some(GetResult::Error(d)) }) => {
+                assert_eq!(d.code, sluice_proto::common::ErrorCode::AgentUnavailable as i32, "{d:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_frame_closes_the_connection_and_stops_its_gets() {
+    let counts = Arc::new(Counts::default());
+    let mut shim = connect_holding(&counts).await;
+    // A frame of a kind the agent does not take.
+    shim.write_all(&[0, 0, 0, 1, 9]).await.unwrap();
+    assert!(until_closed(&mut shim).await.is_empty(), "no answer for the stopped GET");
+    eventually("the held GET stopped", || counts.stopped.load(SeqCst) == 1).await;
+    // An answer's frame from a shim is refused the same way.
+    let counts = Arc::new(Counts::default());
+    let mut shim = connect_holding(&counts).await;
+    let mut answer = Vec::new();
+    fg::push_answer(&mut answer, &pb::GetManyItem { index: 1, result: None });
+    shim.write_all(&answer).await.unwrap();
+    assert!(until_closed(&mut shim).await.is_empty());
+    eventually("the second held GET stopped", || counts.stopped.load(SeqCst) == 1).await;
+}
+
+#[tokio::test]
+async fn the_streams_own_refusal_reaches_the_shim_as_its_status() {
+    let counts = Arc::new(Counts::default());
+    let mut shim = connect(&counts).await;
+    let too_many: Vec<(u32, &str)> = (0..=MAX_GETS_PER_MESSAGE as u32).map(|i| (i, "a")).collect();
+    shim.write_all(&gets(&too_many)).await.unwrap();
+    match until_closed(&mut shim).await.as_slice() {
+        [Frame::End { code, message }] => {
+            assert_eq!(*code, tonic::Code::InvalidArgument as i32);
+            assert!(message.contains("GETs in one GetStream message"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A listener's connections through `sort`: (its path, the gRPC ones
+/// passed on, how many were served framed, the framed tasks).
+async fn sorted(
+    dir: &std::path::Path,
+    wait: Duration,
+    places: usize,
+) -> (std::path::PathBuf, ReceiverStream<std::io::Result<UnixStream>>, Arc<AtomicUsize>, TaskTracker) {
+    let path = dir.join("agent.sock");
+    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let count = served.clone();
+    let framed = move |_conn| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, SeqCst);
+        }
+    };
+    let (grpc, tasks) = sort_within(tokio_stream::wrappers::UnixListenerStream::new(l), framed, wait, places);
+    (path, grpc, served, tasks)
+}
+
+#[tokio::test]
+async fn connections_are_sorted_by_their_first_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, mut grpc, served, tasks) = sorted(dir.path(), FIRST_BYTES_WAIT, SORTING).await;
+    let mut framed = UnixStream::connect(&path).await.unwrap();
+    framed.write_all(fg::PREFACE).await.unwrap();
+    let mut h2 = UnixStream::connect(&path).await.unwrap();
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    let passed = tokio::time::timeout(Duration::from_secs(5), grpc.next()).await.unwrap().unwrap().unwrap();
+    // Nothing of it was read: the gRPC server gets the whole preface.
+    let mut first = [0u8; 3];
+    passed.try_read(&mut first).unwrap();
+    assert_eq!(&first, b"PRI");
+    eventually("the framed one served", || served.load(SeqCst) == 1).await;
+    // One that closes before a byte, and one whose preface is not ours,
+    // are dropped; sorting goes on.
+    drop(UnixStream::connect(&path).await.unwrap());
+    let mut wrong = UnixStream::connect(&path).await.unwrap();
+    wrong.write_all(b"SLUICE-SOMETHING-ELSE/1\n").await.unwrap();
+    let mut h2 = UnixStream::connect(&path).await.unwrap();
+    h2.write_all(b"Q").await.unwrap();
+    let passed = tokio::time::timeout(Duration::from_secs(5), grpc.next()).await.unwrap().unwrap().unwrap();
+    let mut first = [0u8; 1];
+    passed.readable().await.unwrap();
+    passed.try_read(&mut first).unwrap();
+    assert_eq!(&first, b"Q", "the next one passed on is the gRPC one");
+    assert_eq!(until_closed(&mut wrong).await, vec![], "closed unanswered");
+    assert_eq!(served.load(SeqCst), 1);
+    // Once the gRPC server is done (its stream dropped), the tracker ends
+    // with the framed tasks.
+    drop(grpc);
+    tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.expect("the framed tasks ended");
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_and_frees_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let wait = Duration::from_millis(300);
+    let (path, mut grpc, served, _tasks) = sorted(dir.path(), wait, 4).await;
+    let mut silent = Vec::new();
+    for _ in 0..4 {
+        silent.push(UnixStream::connect(&path).await.unwrap());
+    }
+    // All places taken: one more waits in the backlog, then is sorted once
+    // the silent ones are closed.
+    let mut late = UnixStream::connect(&path).await.unwrap();
+    late.write_all(fg::PREFACE).await.unwrap();
+    tokio::time::sleep(wait / 2).await;
+    assert_eq!(served.load(SeqCst), 0, "waiting for a place");
+    for mut s in silent {
+        let mut b = [0u8; 1];
+        assert_eq!(s.read(&mut b).await.unwrap(), 0, "closed by the agent");
+    }
+    eventually("the late one served", || served.load(SeqCst) == 1).await;
+    assert!(tokio::time::timeout(Duration::from_millis(50), grpc.next()).await.is_err(), "none passed on");
+}

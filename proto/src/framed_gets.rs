@@ -1,0 +1,232 @@
+//! Single GETs between a shim and a co-located agent without HTTP/2.
+//!
+//! Why: on the Unix socket between a shim and an agent on the same machine,
+//! `GetStream`'s messages still pay for HTTP/2 on both sides (frames, flow
+//! control, and hyper's body pump, which wakes a second runtime worker for
+//! each answer). This carries the same messages (`GetStreamRequest` in,
+//! `GetManyItem` out, with the same rules and checks at the agent) as
+//! length-prefixed frames on a connection of their own.
+//!
+//! The connection starts with [`PREFACE`] from the shim; an agent that
+//! serves it answers the same 24 bytes. (An agent that does not reads them
+//! as a bad HTTP/2 preface and closes the connection: the shim then keeps
+//! to `GetStream`.) After that, each frame is a 4-byte big-endian length of
+//! what follows, one byte of [`Frame`] kind, and the payload: a protobuf
+//! message, or for [`Frame::End`] a 4-byte gRPC status code and its text.
+//! The agent sends `End` when it ends the stream with a status, as the gRPC
+//! call would end with one.
+
+use bytes::{Buf, BytesMut};
+use prost::Message;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+use crate::agent::{GetManyItem, GetStreamRequest};
+
+/// What a shim sends first, and an agent that serves framed GETs answers.
+/// Its first byte is not HTTP/2's (`P`), so a listener tells the two apart
+/// by one byte.
+pub const PREFACE: &[u8; 24] = b"SLUICE-FRAMED-GETS/1\r\n\r\n";
+
+/// Longest frame (after its length) either side accepts: what a
+/// `GetStreamRequest` of 256 GETs may need, with room.
+pub const MAX_FRAME: usize = 4 << 20;
+
+/// Most room a reader adds before the bytes that fill it have come.
+const READ_AHEAD: usize = 64 << 10;
+/// A reader's buffer above this, once what it holds is small again, is
+/// given back (one large frame does not keep its room for the connection's
+/// life).
+const KEEP_AT_MOST: usize = 1 << 20;
+
+const KIND_GETS: u8 = 1;
+const KIND_ANSWER: u8 = 2;
+const KIND_END: u8 = 3;
+
+/// One frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// Shim to agent: GETs to start, and cancels.
+    Gets(GetStreamRequest),
+    /// Agent to shim: one GET's answer.
+    Answer(GetManyItem),
+    /// Agent to shim: the stream ends with this gRPC status.
+    End { code: i32, message: String },
+}
+
+/// A frame that cannot be read: the connection is to be closed.
+#[derive(Debug, thiserror::Error)]
+pub enum FramedError {
+    #[error("a frame of {0} bytes; at most {MAX_FRAME}")]
+    TooLong(usize),
+    #[error("a frame of unknown kind {0}")]
+    UnknownKind(u8),
+    #[error("an empty frame (no kind)")]
+    Empty,
+    #[error("a malformed frame: {0}")]
+    Malformed(#[from] prost::DecodeError),
+    #[error("the connection closed inside a frame")]
+    Truncated,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn push(out: &mut Vec<u8>, kind: u8, payload_len: usize, payload: impl FnOnce(&mut Vec<u8>)) {
+    // Our messages stay far below u32; saturating lets the peer refuse an
+    // impossible one as too long rather than this side panicking.
+    let len = u32::try_from(payload_len + 1).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.push(kind);
+    payload(out);
+}
+
+/// Appends `m` as a [`Frame::Gets`].
+pub fn push_gets(out: &mut Vec<u8>, m: &GetStreamRequest) {
+    // Encoding into a Vec cannot run out of room.
+    push(out, KIND_GETS, m.encoded_len(), |o| m.encode_raw(o));
+}
+
+/// Appends `m` as a [`Frame::Answer`].
+pub fn push_answer(out: &mut Vec<u8>, m: &GetManyItem) {
+    push(out, KIND_ANSWER, m.encoded_len(), |o| m.encode_raw(o));
+}
+
+/// Appends a [`Frame::End`] with gRPC status `code` and `message`.
+pub fn push_end(out: &mut Vec<u8>, code: i32, message: &str) {
+    push(out, KIND_END, 4 + message.len(), |o| {
+        o.extend_from_slice(&code.to_be_bytes());
+        o.extend_from_slice(message.as_bytes());
+    });
+}
+
+/// The first whole frame at the start of `buf`, taken out of it; `None`
+/// while it has not all come.
+pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Frame>, FramedError> {
+    let Some(head) = buf.get(..4) else { return Ok(None) };
+    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len > MAX_FRAME {
+        return Err(FramedError::TooLong(len));
+    }
+    if len == 0 {
+        return Err(FramedError::Empty);
+    }
+    if buf.len() < 4 + len {
+        // Room for more of it, but no more than a read's worth ahead of
+        // what came: a length alone does not buy a peer 4 MiB.
+        buf.reserve((4 + len - buf.len()).min(READ_AHEAD));
+        return Ok(None);
+    }
+    buf.advance(4);
+    let mut frame = buf.split_to(len);
+    let kind = frame.get_u8();
+    Ok(Some(match kind {
+        KIND_GETS => Frame::Gets(GetStreamRequest::decode(frame)?),
+        KIND_ANSWER => Frame::Answer(GetManyItem::decode(frame)?),
+        KIND_END if frame.len() >= 4 => {
+            let code = frame.get_i32();
+            Frame::End { code, message: String::from_utf8_lossy(&frame).into_owned() }
+        }
+        KIND_END => return Err(FramedError::Truncated),
+        other => return Err(FramedError::UnknownKind(other)),
+    }))
+}
+
+/// Reads frames from one side of a connection.
+pub struct FrameReader<R> {
+    io: R,
+    buf: BytesMut,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(io: R) -> Self {
+        Self { io, buf: BytesMut::with_capacity(READ_AHEAD) }
+    }
+
+    /// The next frame; `None` when the peer closed between frames.
+    pub async fn next(&mut self) -> Result<Option<Frame>, FramedError> {
+        loop {
+            if let Some(f) = take_frame(&mut self.buf)? {
+                if self.buf.capacity() > KEEP_AT_MOST && self.buf.len() < READ_AHEAD {
+                    self.buf = BytesMut::from(&self.buf[..]);
+                }
+                return Ok(Some(f));
+            }
+            if self.buf.capacity() == self.buf.len() {
+                self.buf.reserve(READ_AHEAD);
+            }
+            if self.io.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() { Ok(None) } else { Err(FramedError::Truncated) };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::{GetItem, StreamedGet};
+
+    fn gets() -> GetStreamRequest {
+        let item = GetItem { request_id: "r1".into(), namespace: "data".into(), key: "k".into(), ..Default::default() };
+        GetStreamRequest {
+            gets: vec![StreamedGet { index: 7, session_id: "s".into(), item: Some(item) }],
+            cancel: vec![3],
+        }
+    }
+
+    #[test]
+    fn frames_come_back_as_they_went_even_a_byte_at_a_time() {
+        let mut wire = Vec::new();
+        push_gets(&mut wire, &gets());
+        push_answer(&mut wire, &GetManyItem { index: 7, result: None });
+        push_end(&mut wire, 8, "too many");
+        let mut buf = BytesMut::new();
+        let mut seen = Vec::new();
+        for b in &wire {
+            buf.extend_from_slice(&[*b]);
+            while let Some(f) = take_frame(&mut buf).unwrap() {
+                seen.push(f);
+            }
+        }
+        assert!(buf.is_empty());
+        assert_eq!(
+            seen,
+            vec![
+                Frame::Gets(gets()),
+                Frame::Answer(GetManyItem { index: 7, result: None }),
+                Frame::End { code: 8, message: "too many".into() },
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_frames_are_refused_by_kind() {
+        let refused = |bytes: &[u8]| take_frame(&mut BytesMut::from(bytes)).unwrap_err();
+        assert!(matches!(refused(&(MAX_FRAME as u32 + 1).to_be_bytes()), FramedError::TooLong(_)));
+        assert!(matches!(refused(&[0, 0, 0, 0]), FramedError::Empty));
+        assert!(matches!(refused(&[0, 0, 0, 1, 9]), FramedError::UnknownKind(9)));
+        assert!(matches!(refused(&[0, 0, 0, 3, KIND_END, 0, 0]), FramedError::Truncated));
+        assert!(matches!(refused(&[0, 0, 0, 3, KIND_GETS, 0xff, 0xff]), FramedError::Malformed(_)));
+    }
+
+    #[test]
+    fn a_length_alone_does_not_buy_room() {
+        let mut buf = BytesMut::from(&(MAX_FRAME as u32).to_be_bytes()[..]);
+        assert!(take_frame(&mut buf).unwrap().is_none());
+        assert!(buf.capacity() < MAX_FRAME / 4, "{} bytes of room for 4 bytes", buf.capacity());
+    }
+
+    #[tokio::test]
+    async fn a_reader_says_when_the_peer_closed_inside_a_frame() {
+        let mut wire = Vec::new();
+        push_answer(&mut wire, &GetManyItem { index: 1, result: None });
+        let whole = wire.len();
+        push_answer(&mut wire, &GetManyItem { index: 2, result: None });
+        wire.truncate(whole + 3);
+        let mut r = FrameReader::new(&wire[..]);
+        assert!(matches!(r.next().await.unwrap(), Some(Frame::Answer(_))));
+        assert!(matches!(r.next().await.unwrap_err(), FramedError::Truncated));
+        let mut r = FrameReader::new(&wire[..whole]);
+        assert!(r.next().await.unwrap().is_some());
+        assert!(r.next().await.unwrap().is_none(), "closed between frames");
+    }
+}
