@@ -188,11 +188,12 @@ impl Agent {
         &self.signers
     }
 
-    /// The QoS layer (hot reload: [`Quotas::apply`]).
+    /// The agent's metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
+    /// The QoS layer (hot reload: [`Quotas::apply`]).
     pub fn quotas(&self) -> &Quotas {
         &self.quotas
     }

@@ -23,6 +23,12 @@
 //! * a peer that stops reading its answers: the driver ends the stream
 //!   past its bound of untaken answers, and a write that waits longer than
 //!   [`WRITE_WAIT`] closes the connection.
+//!
+//! The sorting places are shared by every connection of the socket: a
+//! local process that fills them with silent connections delays the
+//! shim's too (by [`FIRST_BYTES_WAIT`] at a time), as the TLS listeners'
+//! handshake places do. Only the shim's user and group reach the socket
+//! (`socket_mode`).
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -179,12 +185,20 @@ async fn serve_conn(conn: UnixStream, run: RunGet, stop: Option<watch::Receiver<
         match r.next().await {
             Ok(Some(Frame::Gets(m))) => Some((Ok(m), Some(r))),
             Ok(None) => gone("the shim closed the connection".into()),
-            Ok(Some(_)) => gone("a shim sent an agent's frame".into()),
-            Err(e) => gone(e.to_string()),
+            Ok(Some(_)) => {
+                tracing::warn!("framed GETs: a shim sent an agent's frame; closing its connection");
+                gone("a shim sent an agent's frame".into())
+            }
+            // The shim went away mid-frame, or its socket failed.
+            Err(e @ (fg::FramedError::Io(_) | fg::FramedError::Truncated)) => gone(e.to_string()),
+            Err(e) => {
+                tracing::warn!(error = %e, "framed GETs: a bad frame from a shim; closing its connection");
+                gone(e.to_string())
+            }
         }
     });
     let mut answers = crate::get_stream::start(run, Box::pin(inbound), stop).into_inner();
-    let mut out = Vec::with_capacity(16 << 10);
+    let mut out = Vec::new();
     while let Some(a) = answers.recv().await {
         out.clear();
         // Whatever else is ready goes in the same write.

@@ -14,12 +14,13 @@ use sluice_proto::framed_gets::take_frame;
 use super::*;
 use crate::get_stream::{GetResult, MAX_GETS_PER_MESSAGE};
 
-/// GETs by key: "hold" never answers (until stopped), anything else at
-/// once with its request id. Counts GETs stopped before their answer.
+/// GETs by key: "hold" never answers (until stopped), "slow" after
+/// 300 ms, anything else at once, each with its request id.
 /// One test's GETs: "hold" ones started, and GETs stopped unanswered.
 #[derive(Default)]
 struct Counts {
     held: AtomicUsize,
+    slow: AtomicUsize,
     stopped: AtomicUsize,
 }
 
@@ -37,9 +38,16 @@ fn runner(counts: &Arc<Counts>) -> RunGet {
                 }
             }
             let mut c = Count(counts, false);
-            if item.key == "hold" {
-                c.0.held.fetch_add(1, SeqCst);
-                std::future::pending::<()>().await;
+            match item.key.as_str() {
+                "hold" => {
+                    c.0.held.fetch_add(1, SeqCst);
+                    std::future::pending::<()>().await;
+                }
+                "slow" => {
+                    c.0.slow.fetch_add(1, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                _ => {}
             }
             c.1 = true;
             let report = TransferReport { request_id: ctx.request_id, ..Default::default() };
@@ -170,39 +178,24 @@ async fn an_oversized_frame_closes_the_connection() {
 }
 
 #[tokio::test]
-async fn on_the_agents_stop_new_gets_are_refused_and_the_connection_ends() {
+async fn on_the_agents_stop_a_running_get_is_answered_a_new_one_refused_then_the_connection_ends() {
     let counts = Arc::new(Counts::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut shim = connect_stopping(&counts, Some(stop_rx)).await;
-    shim.write_all(&gets(&[(1, "a")])).await.unwrap();
-    let mut r = FrameReader::new(&mut shim);
-    assert_eq!(answered(next_frame(&mut r).await), (1, "r1".into()));
+    shim.write_all(&gets(&[(1, "slow")])).await.unwrap();
+    eventually("the slow GET started", || counts.slow.load(SeqCst) == 1).await;
     stop_tx.send(true).unwrap();
-    drop(r);
-    // Sent as the agent stops: refused, or not taken at all (then the
-    // close may come as a reset: it was left unread).
-    let _ = shim.write_all(&gets(&[(2, "a")])).await;
-    let mut raw = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match tokio::time::timeout(Duration::from_secs(10), shim.read(&mut chunk)).await.expect("closed in time") {
-            Ok(0) => break,
-            Ok(n) => raw.extend_from_slice(&chunk[..n]),
-            Err(e) => {
-                assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-                break;
-            }
+    // The driver looks at the stop before the next message.
+    shim.write_all(&gets(&[(2, "a")])).await.unwrap();
+    let frames = until_closed(&mut shim).await;
+    match frames.as_slice() {
+        [Frame::Answer(pb::GetManyItem { index: 2, result: Some(GetResult::Error(d)) }), running] => {
+            assert_eq!(d.code, sluice_proto::common::ErrorCode::AgentUnavailable as i32, "{d:?}");
+            assert_eq!(answered(running.clone()), (1, "r1".into()), "answered before the connection ends");
         }
+        other => panic!("{other:?}"),
     }
-    let mut buf = BytesMut::from(&raw[..]);
-    while let Some(f) = take_frame(&mut buf).unwrap() {
-        match f {
-            Frame::Answer(pb::GetManyItem { index: 2, result: Some(GetResult::Error(d)) }) => {
-                assert_eq!(d.code, sluice_proto::common::ErrorCode::AgentUnavailable as i32, "{d:?}");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
+    assert_eq!(counts.stopped.load(SeqCst), 0);
 }
 
 #[tokio::test]
@@ -294,13 +287,19 @@ async fn connections_are_sorted_by_their_first_byte() {
 }
 
 #[tokio::test]
-async fn a_connection_that_sends_nothing_is_closed_and_frees_its_place() {
+async fn a_connection_that_sends_no_whole_preface_is_closed_and_frees_its_place() {
     let dir = tempfile::tempdir().unwrap();
     let wait = Duration::from_millis(300);
     let (path, mut grpc, served, _tasks) = sorted(dir.path(), wait, 4).await;
     let mut silent = Vec::new();
-    for _ in 0..4 {
-        silent.push(UnixStream::connect(&path).await.unwrap());
+    for i in 0..4 {
+        let mut s = UnixStream::connect(&path).await.unwrap();
+        // Half send nothing, half the start of the framed preface: both
+        // hold their place until the wait ends.
+        if i % 2 == 1 {
+            s.write_all(&fg::PREFACE[..3]).await.unwrap();
+        }
+        silent.push(s);
     }
     // All places taken: one more waits in the backlog, then is sorted once
     // the silent ones are closed.
@@ -314,4 +313,33 @@ async fn a_connection_that_sends_nothing_is_closed_and_frees_its_place() {
     }
     eventually("the late one served", || served.load(SeqCst) == 1).await;
     assert!(tokio::time::timeout(Duration::from_millis(50), grpc.next()).await.is_err(), "none passed on");
+}
+
+#[tokio::test]
+async fn the_listeners_wait_ends_once_its_framed_gets_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.sock");
+    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let counts = Arc::new(Counts::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let run = runner(&counts);
+    let framed = move |conn| serve(conn, run.clone(), Some(stop_rx.clone()));
+    let (grpc, tasks) = sort(tokio_stream::wrappers::UnixListenerStream::new(l), framed);
+    let mut shim = UnixStream::connect(&path).await.unwrap();
+    shim.write_all(fg::PREFACE).await.unwrap();
+    let mut ack = [0u8; fg::PREFACE.len()];
+    shim.read_exact(&mut ack).await.unwrap();
+    shim.write_all(&gets(&[(1, "slow")])).await.unwrap();
+    eventually("the slow GET started", || counts.slow.load(SeqCst) == 1).await;
+    // The agent stops: the gRPC server drops its connections' stream, and
+    // the listener waits for the framed ones.
+    stop_tx.send(true).unwrap();
+    drop(grpc);
+    let waited = tokio::spawn(async move { tokio::time::timeout(Duration::from_secs(10), tasks.wait()).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waited.is_finished(), "the wait holds while the GET runs");
+    let frames = until_closed(&mut shim).await;
+    assert_eq!(frames.len(), 1, "{frames:?}");
+    assert_eq!(answered(frames[0].clone()), (1, "r1".into()));
+    waited.await.unwrap().expect("the wait ended with the connection");
 }

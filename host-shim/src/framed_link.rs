@@ -60,10 +60,12 @@ async fn open_now(path: &Path) -> Opened {
             return Opened::NotServed("the agent answered something else".into());
         }
     }
-    match got {
-        0 => Opened::Failed("the agent closed the connection unanswered".into()),
-        n if n == answer.len() => Opened::Framed(conn),
-        _ => Opened::NotServed("the agent closed the connection inside its answer".into()),
+    // Every byte that came matched: a whole answer, or one cut short (an
+    // agent stopping), which says nothing against framing.
+    if got == answer.len() {
+        Opened::Framed(conn)
+    } else {
+        Opened::Failed(format!("the agent closed the connection after {got} bytes of its answer"))
     }
 }
 
@@ -71,10 +73,13 @@ async fn open_now(path: &Path) -> Opened {
 /// ending with the stream's status if the agent ended it with one. When
 /// `body` ends (the stream was given up), our side of the connection
 /// closes and the agent stops the GETs still running. A write that fails
-/// calls `failed` (the stream is over: the caller ends it).
+/// calls `failed` and ends the answers too (the stream is over; an agent
+/// that takes no GETs may not close either). `sent` counts the GETs
+/// written.
 pub fn exchange<B, F>(
     conn: UnixStream,
     body: B,
+    sent: prometheus::IntCounter,
     failed: F,
 ) -> impl Stream<Item = Result<apb::GetManyItem, tonic::Status>>
 where
@@ -82,33 +87,54 @@ where
     F: FnOnce(tonic::Status) + Send + 'static,
 {
     let (rd, mut wr) = conn.into_split();
+    let (write_failed, stop_reading) = tokio::sync::oneshot::channel::<tonic::Status>();
     tokio::spawn(async move {
         let mut body = std::pin::pin!(body);
-        let mut out = Vec::with_capacity(4 << 10);
+        let mut out = Vec::new();
         while let Some(m) = body.next().await {
             out.clear();
             fg::push_gets(&mut out, &m);
-            match tokio::time::timeout(WRITE_WAIT, wr.write_all(&out)).await {
-                Ok(Ok(())) => {}
+            let why = match tokio::time::timeout(WRITE_WAIT, wr.write_all(&out)).await {
+                Ok(Ok(())) => {
+                    sent.inc_by(m.gets.len() as u64);
+                    continue;
+                }
                 Ok(Err(e)) => {
                     tracing::debug!(error = %e, "framed GETs: writing to the agent failed");
-                    failed(tonic::Status::unavailable(format!("framed GETs to the agent: {e}")));
-                    break;
+                    tonic::Status::unavailable(format!("framed GETs to the agent: {e}"))
                 }
                 Err(_) => {
                     tracing::warn!("framed GETs: the agent took no GETs for {WRITE_WAIT:?}; closing");
-                    failed(tonic::Status::unavailable(format!("the agent took no GETs for {WRITE_WAIT:?}")));
-                    break;
+                    tonic::Status::unavailable(format!("the agent took no GETs for {WRITE_WAIT:?}"))
                 }
-            }
+            };
+            failed(why.clone());
+            let _ = write_failed.send(why);
+            break;
         }
         // Dropping the write half closes our side: the agent stops what
         // runs and closes, which ends the answers below.
     });
-    futures::stream::unfold(Some(FrameReader::new(rd)), |reader| async move {
-        let mut r = reader?;
-        match r.next().await {
-            Ok(Some(Frame::Answer(item))) => Some((Ok(item), Some(r))),
+    futures::stream::unfold(Some((FrameReader::new(rd), Some(stop_reading))), |state| async move {
+        let (mut r, mut stop) = state?;
+        let next = match stop.as_mut() {
+            Some(stop_reading) => tokio::select! {
+                biased;
+                why = stop_reading => match why {
+                    Ok(status) => return Some((Err(status), None)),
+                    // The writer ended because the stream was given up: the
+                    // answers still come until the agent closes.
+                    Err(_) => {
+                        stop = None;
+                        r.next().await
+                    }
+                },
+                f = r.next() => f,
+            },
+            None => r.next().await,
+        };
+        match next {
+            Ok(Some(Frame::Answer(item))) => Some((Ok(item), Some((r, stop)))),
             Ok(Some(Frame::End { code, message })) => Some((Err(tonic::Status::new(code.into(), message)), None)),
             Ok(Some(Frame::Gets(_))) => Some((Err(tonic::Status::internal("the agent sent a shim's frame")), None)),
             Ok(None) => None,
@@ -173,6 +199,10 @@ mod tests {
         prometheus::IntCounter::new("t", "t").unwrap()
     }
 
+    fn framed_to(socket: PathBuf) -> crate::get_stream::FramedTo {
+        crate::get_stream::FramedTo { socket, links: counter(), gets: counter() }
+    }
+
     #[tokio::test]
     async fn gets_go_framed_to_an_agent_that_serves_it_each_with_its_own_answer() {
         let dir = tempfile::tempdir().unwrap();
@@ -180,12 +210,13 @@ mod tests {
         framed_agent(path.clone(), None);
         let fake = Fake::default();
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone(), agent.clone()], counter(), Some((path, counter())));
+        let streams = GetStreams::new(vec![agent.clone(), agent.clone()], counter(), Some(framed_to(path)));
         let calls = (0..40).map(|n| {
             let (streams, agent) = (streams.clone(), agent.clone());
             async move { (n, streams.get(agent, get(n)).await) }
         });
-        for (n, a) in futures::future::join_all(calls).await {
+        let answers = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(calls)).await;
+        for (n, a) in answers.expect("every GET answered") {
             assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()), "GET {n}: {a:?}");
         }
         assert_eq!(streams.framed_opened(), 2, "one framed connection per agent connection");
@@ -198,7 +229,7 @@ mod tests {
         let path = dir.path().join("agent.sock");
         framed_agent(path.clone(), Some(2));
         let agent = serve(Fake::default()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter(), Some((path, counter())));
+        let streams = GetStreams::new(vec![agent.clone()], counter(), Some(framed_to(path)));
         assert_eq!(request_id(&streams.get(agent.clone(), get(0)).await).as_deref(), Some("r0"));
         let ended = streams.get(agent.clone(), get(1)).await.unwrap_err();
         assert_eq!((ended.code(), ended.message()), (tonic::Code::ResourceExhausted, "enough"));
@@ -221,7 +252,7 @@ mod tests {
         );
         let fake = Fake::default();
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter(), Some((path, counter())));
+        let streams = GetStreams::new(vec![agent.clone()], counter(), Some(framed_to(path)));
         for n in 0..3 {
             let a = tokio::time::timeout(Duration::from_secs(10), streams.get(agent.clone(), get(n))).await.unwrap();
             assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()));
@@ -232,11 +263,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_agent_that_closes_unanswered_leaves_that_stream_to_a_call_and_framing_on() {
+        // Accepts and closes at once, as an agent stopping may.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let l = tokio::net::UnixListener::bind(&path).unwrap();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = l.accept().await {
+                drop(c)
+            }
+        });
+        let fake = Fake::default();
+        let agent = serve(fake.clone()).await;
+        let streams = GetStreams::new(vec![agent.clone()], counter(), Some(framed_to(path)));
+        let a = tokio::time::timeout(Duration::from_secs(5), streams.get(agent.clone(), get(0))).await.unwrap();
+        assert_eq!(request_id(&a).as_deref(), Some("r0"));
+        assert_eq!((streams.framed_opened(), fake.streams_opened.load(SeqCst)), (0, 1), "a GetStream call");
+        assert!(!streams.framed_off(), "no answer is not a refusal");
+    }
+
+    #[tokio::test]
     async fn a_framed_connection_that_cannot_be_made_leaves_that_stream_to_a_call() {
         let dir = tempfile::tempdir().unwrap();
         let fake = Fake::default();
         let agent = serve(fake.clone()).await;
-        let streams = GetStreams::new(vec![agent.clone()], counter(), Some((dir.path().join("none.sock"), counter())));
+        let streams = GetStreams::new(vec![agent.clone()], counter(), Some(framed_to(dir.path().join("none.sock"))));
         for n in 0..3 {
             let a = tokio::time::timeout(Duration::from_secs(5), streams.get(agent.clone(), get(n))).await.unwrap();
             assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()));

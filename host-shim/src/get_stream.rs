@@ -50,17 +50,29 @@ const MAX_QUEUED: usize = 4096;
 /// Longest request id a GET on a stream may have (the agent's limit,
 /// `dpu-agent/src/get_stream.rs`); GETs with longer ones go as calls.
 const MAX_REQUEST_ID: usize = 256;
+/// Largest GET (encoded) a stream carries; larger ones (a key near the
+/// client frame's 1 MiB) go as calls. A message of [`GETS_PER_MESSAGE`]
+/// such GETs stays far below the 4 MiB either end of a stream takes, so no
+/// caller's GETs can make a message the agent refuses, which would end the
+/// stream, and fail every GET waiting on it, other tenants' too.
+const MAX_STREAMED_GET: usize = 16 << 10;
 
 type Answer<T = apb::GetReply> = Result<T, tonic::Status>;
 
+/// Where framed GETs go (the agent's Unix socket), and their counters.
+pub struct FramedTo {
+    pub socket: PathBuf,
+    /// Framed connections opened.
+    pub links: prometheus::IntCounter,
+    /// GETs sent on them.
+    pub gets: prometheus::IntCounter,
+}
+
 /// Framed GETs to a co-located agent (`framed_link.rs`).
-pub struct Framed {
-    /// The agent's Unix socket.
-    socket: PathBuf,
+struct Framed {
+    to: FramedTo,
     /// The agent turned out not to serve them.
     off: AtomicBool,
-    /// Framed connections opened.
-    opened: prometheus::IntCounter,
 }
 
 enum Outbound {
@@ -124,11 +136,12 @@ impl Link {
         let ending = EndOnDrop(link.clone(), None);
         tokio::spawn(async move {
             if let Some(f) = framed.filter(|f| !f.off.load(Ordering::Relaxed)) {
-                match crate::framed_link::open(&f.socket).await {
+                match crate::framed_link::open(&f.to.socket).await {
                     crate::framed_link::Opened::Framed(conn) => {
-                        f.opened.inc();
+                        f.to.links.inc();
                         let link = ending.0.clone();
-                        let answers = crate::framed_link::exchange(conn, body, move |st| link.end(&st));
+                        let answers =
+                            crate::framed_link::exchange(conn, body, f.to.gets.clone(), move |st| link.end(&st));
                         let status = ending.0.answer_all(answers).await;
                         return ending.finish(status);
                     }
@@ -203,7 +216,9 @@ impl Link {
         let index = {
             let mut w = self.waiting();
             let stalled = self.queued.load(Ordering::Relaxed) >= MAX_QUEUED;
-            if w.ended || w.answers.len() >= STREAM_BUDGET || stalled || req.request_id.len() > MAX_REQUEST_ID {
+            let unfit =
+                req.request_id.len() > MAX_REQUEST_ID || sluice_proto::Message::encoded_len(&req) > MAX_STREAMED_GET;
+            if w.ended || w.answers.len() >= STREAM_BUDGET || stalled || unfit {
                 return Sent::No(req);
             }
             let mut index = w.next_index;
@@ -296,17 +311,17 @@ impl GetStreams {
     pub fn new(
         channels: Vec<AgentClient<Channel>>,
         streamed: prometheus::IntCounter,
-        framed: Option<(PathBuf, prometheus::IntCounter)>,
+        framed: Option<FramedTo>,
     ) -> Arc<Self> {
         let links = channels.iter().map(|_| Mutex::new(None)).collect();
-        let framed = framed.map(|(socket, opened)| Arc::new(Framed { socket, off: AtomicBool::new(false), opened }));
+        let framed = framed.map(|to| Arc::new(Framed { to, off: AtomicBool::new(false) }));
         let off = Arc::new(AtomicBool::new(false));
         Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed, off, framed })
     }
 
     /// Framed connections opened so far (none without a Unix link).
     pub fn framed_opened(&self) -> usize {
-        self.framed.as_ref().map_or(0, |f| f.opened.get() as usize)
+        self.framed.as_ref().map_or(0, |f| f.to.links.get() as usize)
     }
 
     /// Whether the agent turned out not to serve framed GETs.
@@ -549,14 +564,25 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn gets_with_request_ids_longer_than_a_stream_takes_go_as_calls() {
+    async fn gets_a_stream_does_not_take_go_as_calls() {
         let fake = Fake::default();
         let agent = serve(fake.clone()).await;
         let streams = GetStreams::new(vec![agent.clone()], counter(), None);
-        let mut req = get("s", 0);
-        req.request_id = "x".repeat(MAX_REQUEST_ID + 1);
-        let a = streams.get(agent.clone(), req).await;
-        assert_eq!(request_id(&a).map(|id| id.len()), Some(MAX_REQUEST_ID + 1));
-        assert_eq!((fake.streams_opened.load(SeqCst), fake.unary.load(SeqCst)), (1, 1));
+        // A request id longer than the agent takes on a stream, and a GET
+        // larger than a stream carries (a key near the client frame's limit).
+        let mut long_id = get("s", 0);
+        long_id.request_id = "x".repeat(MAX_REQUEST_ID + 1);
+        let mut large = get("s", 1);
+        large.key = "k".repeat(MAX_STREAMED_GET);
+        for req in [long_id, large] {
+            let id = req.request_id.clone();
+            let a = streams.get(agent.clone(), req).await;
+            assert_eq!(request_id(&a), Some(id));
+        }
+        assert_eq!(fake.unary.load(SeqCst), 2, "calls of their own");
+        assert!(fake.streamed.lock().unwrap().is_empty(), "nothing on the stream");
+        // GETS_PER_MESSAGE of the largest a stream takes fit a message.
+        let largest = GETS_PER_MESSAGE * (MAX_STREAMED_GET + MAX_REQUEST_ID + 64);
+        assert!(largest < sluice_proto::framed_gets::MAX_FRAME, "{largest}");
     }
 }

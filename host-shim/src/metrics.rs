@@ -28,6 +28,8 @@ pub struct ShimMetrics {
     pub streamed_gets: prometheus::IntCounter,
     /// GET streams opened to the agent framed, without HTTP/2.
     pub framed_links: prometheus::IntCounter,
+    /// Single GETs sent on those.
+    pub framed_gets: prometheus::IntCounter,
     process: sluice_telemetry::ProcessGauges,
     /// The last check of the agent: `None` before the first.
     agent: Mutex<Option<Result<(), String>>>,
@@ -82,6 +84,11 @@ impl ShimMetrics {
             "GET streams opened to a co-located agent as framed connections, without HTTP/2 ([agent] framed_gets)",
         )?;
         registry.register(Box::new(framed_links.clone()))?;
+        let framed_gets = prometheus::IntCounter::new(
+            "agent_gets_framed_total",
+            "Single GETs sent to the agent on framed connections (a subset of agent_gets_streamed_total)",
+        )?;
+        registry.register(Box::new(framed_gets.clone()))?;
         Ok(Self {
             registry,
             requests,
@@ -90,6 +97,7 @@ impl ShimMetrics {
             coalesced_gets,
             streamed_gets,
             framed_links,
+            framed_gets,
             process,
             agent: Mutex::new(None),
         })

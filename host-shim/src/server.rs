@@ -68,6 +68,7 @@ pub async fn run(cfg: ShimConfig, shutdown: impl std::future::Future<Output = ()
             coalesced: metrics.coalesced_gets.clone(),
             streamed: metrics.streamed_gets.clone(),
             framed_links: metrics.framed_links.clone(),
+            framed_gets: metrics.framed_gets.clone(),
         },
     ));
     if let Some(streams) = sessions.get_streams() {

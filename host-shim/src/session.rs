@@ -55,6 +55,7 @@ pub struct GetCounters {
     pub coalesced: prometheus::IntCounter,
     pub streamed: prometheus::IntCounter,
     pub framed_links: prometheus::IntCounter,
+    pub framed_gets: prometheus::IntCounter,
 }
 
 impl SessionContext {
@@ -66,9 +67,13 @@ impl SessionContext {
         config: Arc<ShimConfig>,
         counters: GetCounters,
     ) -> Self {
-        let GetCounters { coalesced, streamed, framed_links } = counters;
+        let GetCounters { coalesced, streamed, framed_links, framed_gets } = counters;
         let coalescer = config.agent.coalesce_gets.then(|| crate::coalesce::Coalescer::new(coalesced));
-        let framed = agent.unix_socket().filter(|_| config.agent.framed_gets).map(|p| (p.to_path_buf(), framed_links));
+        let framed = agent.unix_socket().filter(|_| config.agent.framed_gets).map(|p| crate::get_stream::FramedTo {
+            socket: p.to_path_buf(),
+            links: framed_links,
+            gets: framed_gets,
+        });
         let get_streams = config
             .agent
             .get_stream

@@ -33,9 +33,9 @@ pub const MAX_FRAME: usize = 4 << 20;
 
 /// Most room a reader adds before the bytes that fill it have come.
 const READ_AHEAD: usize = 64 << 10;
-/// A reader's buffer above this, once what it holds is small again, is
-/// given back (one large frame does not keep its room for the connection's
-/// life).
+/// A reader that held more than this, once what it holds is small again,
+/// gives its buffer back (one large frame does not keep its room for the
+/// connection's life).
 const KEEP_AT_MOST: usize = 1 << 20;
 
 const KIND_GETS: u8 = 1;
@@ -138,14 +138,19 @@ pub struct FrameReader<R> {
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(io: R) -> Self {
-        Self { io, buf: BytesMut::with_capacity(READ_AHEAD) }
+        // Small to start: an idle connection (a shim keeps several) holds
+        // little; the buffer grows with what comes.
+        Self { io, buf: BytesMut::with_capacity(4 << 10) }
     }
 
     /// The next frame; `None` when the peer closed between frames.
     pub async fn next(&mut self) -> Result<Option<Frame>, FramedError> {
         loop {
+            let large = self.buf.len() > KEEP_AT_MOST;
             if let Some(f) = take_frame(&mut self.buf)? {
-                if self.buf.capacity() > KEEP_AT_MOST && self.buf.len() < READ_AHEAD {
+                if large && self.buf.len() < READ_AHEAD {
+                    // What is left moves to a buffer of its own: the large
+                    // one is freed with the frame.
                     self.buf = BytesMut::from(&self.buf[..]);
                 }
                 return Ok(Some(f));

@@ -636,6 +636,20 @@ pub fn ready_at(addr: SocketAddr) -> (u16, String) {
     (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
 }
 
+/// The value of metric `name` (no labels) at the operations endpoint
+/// `addr` (a shim's `metrics_listen`, say).
+pub fn counter_at(addr: SocketAddr, name: &str) -> f64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics connect");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").expect("metrics write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("metrics read");
+    out.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {out}"))
+}
+
 /// Deterministic pseudo-random bytes.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

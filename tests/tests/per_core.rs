@@ -14,12 +14,16 @@ use sluice_tests::{pattern, sha256, Options, Stack};
 
 const CORES: usize = 3;
 
-fn per_core_stack() -> Stack {
-    Stack::with(Options {
+/// The stack, and its shim's operations endpoint.
+fn per_core_stack() -> (Stack, std::net::SocketAddr) {
+    let ops = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let stack = Stack::with(Options {
         // The tables after [failover] are the caller's (see `Options`).
         agent_failover: format!("[runtime]\nper_core = true\nthreads = {CORES}\n"),
+        shim_extra: format!("metrics_listen = \"{ops}\"\n"),
         ..Default::default()
-    })
+    });
+    (stack, ops)
 }
 
 /// The agent's per-core threads: (name, nanoseconds they ran).
@@ -69,7 +73,7 @@ async fn read_all(c: Arc<Client>, objs: Arc<Vec<(String, Vec<u8>)>>, rounds: usi
 
 #[tokio::test]
 async fn gets_batches_and_puts_are_served_on_every_core() {
-    let mut stack = per_core_stack();
+    let (mut stack, ops) = per_core_stack();
     assert!(stack.log("sluice-agent").contains("per-core runtimes"), "the agent says it runs them");
     assert_eq!(core_threads(&stack).len(), CORES, "{:?}", core_threads(&stack));
 
@@ -87,9 +91,10 @@ async fn gets_batches_and_puts_are_served_on_every_core() {
     tokio::join!(read_all(c.clone(), objs.clone(), 2), read_all(other.clone(), objs.clone(), 2));
 
     // The shim's single GETs went framed to the cores.
-    let framed = stack.metric("sluice_agent_framed_get_connections", &[]);
-    assert!(framed >= 1.0, "framed GET connections open: {framed}");
-    assert!(!stack.log("sluice-shim").contains("does not serve framed GETs"), "{}", stack.log("sluice-shim"));
+    let framed = sluice_tests::counter_at(ops, "sluice_shim_agent_gets_framed_total");
+    let streamed = sluice_tests::counter_at(ops, "sluice_shim_agent_gets_streamed_total");
+    assert!(framed >= 24.0 * 4.0 && framed == streamed, "framed {framed} of {streamed} streamed GETs");
+    assert!(stack.metric("sluice_agent_framed_get_connections", &[]) >= 1.0);
 
     // A batch, answered item by item from one core's runtime.
     let slot = 2 << 20;
