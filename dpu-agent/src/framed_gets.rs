@@ -213,6 +213,8 @@ async fn serve_conn(conn: UnixStream, run: RunGet, stop: Option<watch::Receiver<
         if ended {
             break;
         }
+        // A burst's room is not kept for the connection's life.
+        out.shrink_to(WRITE_BATCH);
     }
     // Dropping `answers` (a write failed) stops the GETs still running.
     written(wr.shutdown()).await

@@ -26,8 +26,9 @@ pub enum Opened {
     /// framed GETs (an older agent's HTTP/2 server sends its settings, then
     /// closes the connection).
     NotServed(String),
-    /// No answer at all (no agent, a full backlog, an agent stopping): this
-    /// stream goes as a call, and the next tries framing again.
+    /// No answer, or one cut short with every byte of it right (no agent, a
+    /// full backlog, an agent stopping): this stream goes as a call, and the
+    /// next tries framing again.
     Failed(String),
 }
 
@@ -97,6 +98,8 @@ where
             let why = match tokio::time::timeout(WRITE_WAIT, wr.write_all(&out)).await {
                 Ok(Ok(())) => {
                     sent.inc_by(m.gets.len() as u64);
+                    // A large message's room is not kept for the link's life.
+                    out.shrink_to(64 << 10);
                     continue;
                 }
                 Ok(Err(e)) => {

@@ -56,6 +56,9 @@ const MAX_REQUEST_ID: usize = 256;
 /// caller's GETs can make a message the agent refuses, which would end the
 /// stream, and fail every GET waiting on it, other tenants' too.
 const MAX_STREAMED_GET: usize = 16 << 10;
+// A message of the largest GETs a stream takes (each with its session id,
+// index and framing: well under 64 bytes more) fits what either end takes.
+const _: () = assert!(GETS_PER_MESSAGE * (MAX_STREAMED_GET + 64) < sluice_proto::framed_gets::MAX_FRAME);
 
 type Answer<T = apb::GetReply> = Result<T, tonic::Status>;
 
@@ -216,9 +219,7 @@ impl Link {
         let index = {
             let mut w = self.waiting();
             let stalled = self.queued.load(Ordering::Relaxed) >= MAX_QUEUED;
-            let unfit =
-                req.request_id.len() > MAX_REQUEST_ID || sluice_proto::Message::encoded_len(&req) > MAX_STREAMED_GET;
-            if w.ended || w.answers.len() >= STREAM_BUDGET || stalled || unfit {
+            if w.ended || w.answers.len() >= STREAM_BUDGET || stalled {
                 return Sent::No(req);
             }
             let mut index = w.next_index;
@@ -359,7 +360,10 @@ impl GetStreams {
     pub async fn get(&self, mut agent: AgentClient<Channel>, req: apb::GetRequest) -> Answer {
         let n = self.channels.len();
         let mut req = req;
-        if n > 0 && !self.off.load(Ordering::Relaxed) {
+        // A GET a stream does not take goes as a call of its own.
+        let fits =
+            req.request_id.len() <= MAX_REQUEST_ID && sluice_proto::Message::encoded_len(&req) <= MAX_STREAMED_GET;
+        if n > 0 && fits && !self.off.load(Ordering::Relaxed) {
             let first = self.next.fetch_add(1, Ordering::Relaxed);
             for k in 0..n {
                 match self.link((first + k) % n).send(req) {
@@ -581,8 +585,5 @@ mod tests {
         }
         assert_eq!(fake.unary.load(SeqCst), 2, "calls of their own");
         assert!(fake.streamed.lock().unwrap().is_empty(), "nothing on the stream");
-        // GETS_PER_MESSAGE of the largest a stream takes fit a message.
-        let largest = GETS_PER_MESSAGE * (MAX_STREAMED_GET + MAX_REQUEST_ID + 64);
-        assert!(largest < sluice_proto::framed_gets::MAX_FRAME, "{largest}");
     }
 }

@@ -27,8 +27,9 @@ use crate::agent::{GetManyItem, GetStreamRequest};
 /// by one byte.
 pub const PREFACE: &[u8; 24] = b"SLUICE-FRAMED-GETS/1\r\n\r\n";
 
-/// Longest frame (after its length) either side accepts: what a
-/// `GetStreamRequest` of 256 GETs may need, with room.
+/// Longest frame (after its length) either side accepts: gRPC's default
+/// message limit, which a `GetStreamRequest` of the agent's 256 GETs per
+/// message must fit too (the shim sends at most 64, each at most 16 KiB).
 pub const MAX_FRAME: usize = 4 << 20;
 
 /// Most room a reader adds before the bytes that fill it have come.
@@ -66,6 +67,8 @@ pub enum FramedError {
     Malformed(#[from] prost::DecodeError),
     #[error("the connection closed inside a frame")]
     Truncated,
+    #[error("an End frame without its status code")]
+    EndWithoutCode,
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -125,7 +128,7 @@ pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Frame>, FramedError> {
             let code = frame.get_i32();
             Frame::End { code, message: String::from_utf8_lossy(&frame).into_owned() }
         }
-        KIND_END => return Err(FramedError::Truncated),
+        KIND_END => return Err(FramedError::EndWithoutCode),
         other => return Err(FramedError::UnknownKind(other)),
     }))
 }
@@ -134,24 +137,28 @@ pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Frame>, FramedError> {
 pub struct FrameReader<R> {
     io: R,
     buf: BytesMut,
+    /// The buffer held more than [`KEEP_AT_MOST`] since it was last given
+    /// back: its allocation is that large still.
+    grown: bool,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(io: R) -> Self {
         // Small to start: an idle connection (a shim keeps several) holds
         // little; the buffer grows with what comes.
-        Self { io, buf: BytesMut::with_capacity(4 << 10) }
+        Self { io, buf: BytesMut::with_capacity(4 << 10), grown: false }
     }
 
     /// The next frame; `None` when the peer closed between frames.
     pub async fn next(&mut self) -> Result<Option<Frame>, FramedError> {
         loop {
-            let large = self.buf.len() > KEEP_AT_MOST;
+            self.grown |= self.buf.len() > KEEP_AT_MOST;
             if let Some(f) = take_frame(&mut self.buf)? {
-                if large && self.buf.len() < READ_AHEAD {
+                if self.grown && self.buf.len() < READ_AHEAD {
                     // What is left moves to a buffer of its own: the large
-                    // one is freed with the frame.
+                    // one is freed with the frames taken from it.
                     self.buf = BytesMut::from(&self.buf[..]);
+                    self.grown = false;
                 }
                 return Ok(Some(f));
             }
@@ -209,7 +216,7 @@ mod tests {
         assert!(matches!(refused(&(MAX_FRAME as u32 + 1).to_be_bytes()), FramedError::TooLong(_)));
         assert!(matches!(refused(&[0, 0, 0, 0]), FramedError::Empty));
         assert!(matches!(refused(&[0, 0, 0, 1, 9]), FramedError::UnknownKind(9)));
-        assert!(matches!(refused(&[0, 0, 0, 3, KIND_END, 0, 0]), FramedError::Truncated));
+        assert!(matches!(refused(&[0, 0, 0, 3, KIND_END, 0, 0]), FramedError::EndWithoutCode));
         assert!(matches!(refused(&[0, 0, 0, 3, KIND_GETS, 0xff, 0xff]), FramedError::Malformed(_)));
     }
 
