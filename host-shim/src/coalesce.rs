@@ -33,6 +33,15 @@ use tonic::transport::Channel;
 /// Most GETs in one coalesced call (the agent runs up to 64 items of a
 /// batch at once).
 pub const MAX_COALESCED: usize = 64;
+/// Largest GET (encoded) that shares a call; larger ones (a key near the
+/// client frame's 1 MiB) go alone. A `GetMany` of [`MAX_COALESCED`] such
+/// GETs stays far below the 4 MiB message the agent takes, so no caller's
+/// large keys can make a call the agent refuses, which would fail every
+/// GET in it.
+const MAX_COALESCED_GET: usize = 16 << 10;
+// The largest call (each item with its framing: well under 64 bytes more)
+// fits tonic's default 4 MiB decoding limit, which the agent keeps.
+const _: () = assert!(MAX_COALESCED * (MAX_COALESCED_GET + 64) < 4 << 20);
 
 type Answer = Result<apb::GetReply, tonic::Status>;
 
@@ -95,6 +104,9 @@ impl Coalescer {
         mut agent: AgentClient<Channel>,
         req: apb::GetRequest,
     ) -> Result<tonic::Response<apb::GetReply>, tonic::Status> {
+        if sluice_proto::Message::encoded_len(&req) > MAX_COALESCED_GET {
+            return agent.get(req).await;
+        }
         let session = req.session_id.clone();
         let (tx, rx) = oneshot::channel();
         let (alone, first) = {
@@ -365,6 +377,29 @@ mod tests {
             assert!(t0.elapsed() < std::time::Duration::from_secs(5), "session entries leaked");
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn gets_too_large_to_share_a_call_go_alone() {
+        // Keys near the client frame's limit: 64 of them in one call would
+        // be over what the agent takes, and every GET in it would fail.
+        let fake = Fake::default();
+        *fake.script.lock().unwrap() = vec![ok_item(0, "r3"), ok_item(1, "r5"), ok_item(2, "r7")];
+        let agent = serve(fake.clone()).await;
+        let c = Coalescer::new(IntCounter::new("t", "t").unwrap());
+        let calls = (0..8).map(|i| {
+            let (c, agent) = (c.clone(), agent.clone());
+            let mut req = get("s", i);
+            req.key = "k".repeat(if i % 2 == 0 { MAX_COALESCED_GET } else { 1 });
+            async move { c.get(agent, req).await.map(tonic::Response::into_inner) }
+        });
+        let answers = futures::future::join_all(calls).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        // The four large ones went alone; of the small ones the first went
+        // alone and the other three together.
+        assert_eq!(fake.unary.load(std::sync::atomic::Ordering::SeqCst), 5);
+        assert_eq!(*fake.batches.lock().unwrap(), vec![vec!["r3".to_owned(), "r5".into(), "r7".into()]]);
+        assert_eq!(c.sessions_held(), 0);
     }
 
     #[test]
