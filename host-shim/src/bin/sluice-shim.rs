@@ -6,6 +6,12 @@ use anyhow::Context;
 use clap::Parser;
 use sluice_shim::config::ShimConfig;
 
+// Several small allocations per request (frames, ids, futures): mimalloc's
+// per-thread free lists cost less than glibc's arenas (about 5% of the
+// shim's CPU per 4 KiB GET at 16 in flight went to glibc malloc/free).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Sluice host shim: the local socket API that data loaders use. Maps local
 /// users to tenants (SO_PEERCRED), manages shared-memory regions, forwards
 /// requests to the agent.
