@@ -171,7 +171,9 @@ impl Http1 {
             if since.elapsed() >= IDLE_FOR {
                 continue;
             }
-            if nothing_to_read(&conn) {
+            let mut probe = [0u8; 1];
+            let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
+            if let Err(nix::errno::Errno::EAGAIN) = recv(conn.as_raw_fd(), &mut probe, peek) {
                 return Some(conn);
             }
         }
@@ -200,22 +202,6 @@ impl Http1 {
     fn idle_count(&self) -> usize {
         self.idle.lock().unwrap().values().flat_map(HashMap::values).map(Vec::len).sum()
     }
-}
-
-/// Whether `conn` has nothing to read: no close, no stray bytes. Asks the
-/// socket only when the runtime has seen it become readable since its last
-/// read came up short; usually it has not, and a system call per GET is
-/// saved. (Either way a close can race the next request; a reused
-/// connection closed before its answer is retried on a new one, in `get`.)
-fn nothing_to_read(conn: &TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    let peek = MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT;
-    // `try_io` runs the peek only if the runtime marked the socket
-    // readable, and clears that mark when the peek finds nothing.
-    let peeked = conn.try_io(tokio::io::Interest::READABLE, || {
-        recv(conn.as_raw_fd(), &mut probe, peek).map_err(std::io::Error::from)
-    });
-    matches!(peeked, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
 fn has_port(authority: &str) -> bool {
