@@ -1,12 +1,15 @@
-//! Framed GETs on the Unix listener: `GetStream` without HTTP/2 for a
-//! co-located shim (`sluice_proto::framed_gets` has the wire format and
-//! why).
+//! Framed GETs on the agent's listeners: `GetStream` without HTTP/2
+//! (`sluice_proto::framed_gets` has the wire format and why).
 //!
-//! The listener tells the two protocols apart by a connection's first byte
-//! ([`sort`]): HTTP/2's preface starts with `P`, the framed one with `S`.
-//! A framed connection is served by the same driver as a `GetStream` call
-//! (`get_stream.rs`), so every rule holds as it does there: each GET's
-//! session is looked up against the Unix origin, its namespace authorised,
+//! A listener tells the two protocols apart per connection ([`sort`]): on
+//! the Unix socket and plaintext TCP by the first byte (HTTP/2's preface
+//! starts with `P`, the framed one with `S`), over TLS by the application
+//! protocol the handshake chose ([`fg::ALPN`] or `h2`), the preface then
+//! following inside TLS. A framed connection is served by the same driver
+//! as a `GetStream` call (`get_stream.rs`), so every rule holds as it does
+//! there: each GET's session is looked up against the connection's origin
+//! (the Unix socket; or the peer's address and certificate, and the
+//! tenant's own listener, as for its gRPC calls), its namespace authorised,
 //! its deadline kept; GETs running and answers untaken are bounded; a peer
 //! that breaks the rules gets the stream's status and loses it; on the
 //! agent's stop new GETs are refused and the stream ends once those running
@@ -24,11 +27,12 @@
 //!   past its bound of untaken answers, and a write that waits longer than
 //!   [`WRITE_WAIT`] closes the connection.
 //!
-//! The sorting places are shared by every connection of the socket: a
-//! local process that fills them with silent connections delays the
-//! shim's too (by [`FIRST_BYTES_WAIT`] at a time), as the TLS listeners'
-//! handshake places do. Only the shim's user and group reach the socket
-//! (`socket_mode`).
+//! The sorting places are shared by every connection of a listener: a
+//! peer that fills them with silent connections delays the shim's too (by
+//! [`FIRST_BYTES_WAIT`] at a time), as the TLS listeners' handshake places
+//! do. Only the shim's user and group reach the Unix socket
+//! (`socket_mode`); a TCP listener's peers are what `shim_origins` and TLS
+//! let in, and a session is used only from where it was opened.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -37,9 +41,10 @@ use std::time::Duration;
 use futures::Stream;
 use nix::sys::socket::{recv, MsgFlags};
 use sluice_proto::framed_gets::{self as fg, Frame, FrameReader};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, watch, Semaphore};
+use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::TaskTracker;
 use tonic::Status;
@@ -56,29 +61,129 @@ pub const WRITE_WAIT: Duration = Duration::from_secs(30);
 /// Most bytes of answers gathered into one write.
 const WRITE_BATCH: usize = 256 << 10;
 
+/// Whether the first byte a socket's peer sent (left unread) is the
+/// framed preface's; `None` if it closed first. (A macro: tokio's Unix and
+/// TCP streams share these methods but no trait.)
+macro_rules! first_byte {
+    ($conn:expr) => {{
+        let conn = $conn;
+        let mut b = [0u8; 1];
+        loop {
+            conn.readable().await?;
+            let peeked = conn.try_io(Interest::READABLE, || {
+                recv(conn.as_raw_fd(), &mut b, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT)
+                    .map_err(std::io::Error::from)
+            });
+            match peeked {
+                Ok(0) => break Ok(None),
+                Ok(_) => break Ok(Some(b[0] == fg::PREFACE[0])),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => break Err(e),
+            }
+        }
+    }};
+}
+
+/// A connection a listener can sort: a Unix or TCP socket, or TLS over
+/// TCP.
+pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    /// Whether the peer asks for framed GETs, nothing of its bytes read:
+    /// `None` if it closed before saying.
+    fn asks_framed(&self) -> impl std::future::Future<Output = std::io::Result<Option<bool>>> + Send;
+    /// Where it comes from: the peer's address (none on the Unix socket)
+    /// and the leaf of the certificate chain TLS verified (TLS only).
+    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>);
+    type Read: AsyncRead + Send + Unpin + 'static;
+    type Write: AsyncWrite + Send + Unpin + 'static;
+    /// Its two halves, each used by one task (owned halves where the
+    /// socket has them: no lock between reading and writing).
+    fn halves(self) -> (Self::Read, Self::Write);
+    /// On TCP, notices a peer that vanished without closing
+    /// ([`fg::TCP_PEER_GONE`]).
+    fn watch_peer(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Conn for UnixStream {
+    type Read = tokio::net::unix::OwnedReadHalf;
+    type Write = tokio::net::unix::OwnedWriteHalf;
+    fn halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+    async fn asks_framed(&self) -> std::io::Result<Option<bool>> {
+        first_byte!(self)
+    }
+    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>) {
+        (None, None)
+    }
+}
+
+impl Conn for TcpStream {
+    type Read = tokio::net::tcp::OwnedReadHalf;
+    type Write = tokio::net::tcp::OwnedWriteHalf;
+    fn halves(self) -> (Self::Read, Self::Write) {
+        self.into_split()
+    }
+    fn watch_peer(&self) -> std::io::Result<()> {
+        fg::watch_tcp_peer(self)
+    }
+    async fn asks_framed(&self) -> std::io::Result<Option<bool>> {
+        first_byte!(self)
+    }
+    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>) {
+        (self.peer_addr().ok(), None)
+    }
+}
+
+impl Conn for TlsStream<TcpStream> {
+    type Read = tokio::io::ReadHalf<Self>;
+    type Write = tokio::io::WriteHalf<Self>;
+    fn halves(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+    fn watch_peer(&self) -> std::io::Result<()> {
+        fg::watch_tcp_peer(self.get_ref().0)
+    }
+    async fn asks_framed(&self) -> std::io::Result<Option<bool>> {
+        // The handshake chose: a shim that asks for framed GETs offers
+        // their protocol first (the preface follows inside TLS); gRPC
+        // clients offer `h2` alone.
+        Ok(Some(self.get_ref().1.alpn_protocol() == Some(fg::ALPN)))
+    }
+    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>) {
+        let (tcp, tls) = self.get_ref();
+        // The leaf of the chain TLS verified against the client CA.
+        let cert = tls.peer_certificates().and_then(|chain| chain.first()).map(|c| crate::tls::ClientCert::from_der(c));
+        (tcp.peer_addr().ok(), cert)
+    }
+}
+
 /// The gRPC connections of `conns`, and the tasks of the framed ones: each
 /// framed connection is served by `framed` in a task of `tasks` (on the
 /// runtime this is called on); the rest are passed on, in the order their
 /// first bytes came. Once the gRPC server is done, wait for `tasks`.
-pub fn sort<S, F, Fut>(conns: S, framed: F) -> (ReceiverStream<std::io::Result<UnixStream>>, TaskTracker)
+pub fn sort<C, S, F, Fut>(conns: S, framed: F) -> (ReceiverStream<std::io::Result<C>>, TaskTracker)
 where
-    S: Stream<Item = std::io::Result<UnixStream>> + Send + 'static,
-    F: Fn(UnixStream) -> Fut + Clone + Send + 'static,
+    C: Conn,
+    S: Stream<Item = std::io::Result<C>> + Send + 'static,
+    F: Fn(C) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     sort_within(conns, framed, FIRST_BYTES_WAIT, SORTING)
 }
 
 /// [`sort`], with at most `places` connections given `wait` each.
-fn sort_within<S, F, Fut>(
+fn sort_within<C, S, F, Fut>(
     conns: S,
     framed: F,
     wait: Duration,
     places: usize,
-) -> (ReceiverStream<std::io::Result<UnixStream>>, TaskTracker)
+) -> (ReceiverStream<std::io::Result<C>>, TaskTracker)
 where
-    S: Stream<Item = std::io::Result<UnixStream>> + Send + 'static,
-    F: Fn(UnixStream) -> Fut + Clone + Send + 'static,
+    C: Conn,
+    S: Stream<Item = std::io::Result<C>> + Send + 'static,
+    F: Fn(C) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (grpc, out) = mpsc::channel(64);
@@ -93,7 +198,7 @@ where
                 () = grpc.closed() => break,
             };
             let Ok(slot) = slot else { break };
-            let Some(conn) = crate::accept::next_conn(&mut conns, grpc.closed(), "a Unix connection").await else {
+            let Some(conn) = crate::accept::next_conn(&mut conns, grpc.closed(), "a control connection").await else {
                 break;
             };
             let (grpc, framed) = (grpc.clone(), framed.clone());
@@ -107,8 +212,8 @@ where
                         let _ = grpc.send(Ok(conn)).await;
                     }
                     Ok(Ok(Sorted::Closed)) => {}
-                    Ok(Err(why)) => tracing::debug!(%why, "a Unix connection closed before it was served"),
-                    Err(_) => tracing::debug!("a Unix connection sent no whole preface in {wait:?}; closed"),
+                    Ok(Err(why)) => tracing::debug!(%why, "a control connection closed before it was served"),
+                    Err(_) => tracing::debug!("a control connection sent no whole preface in {wait:?}; closed"),
                 }
             });
         }
@@ -119,21 +224,21 @@ where
 }
 
 /// What a connection's first bytes said.
-enum Sorted {
+enum Sorted<C> {
     /// It sent the framed preface (read): serve it framed.
-    Framed(UnixStream),
+    Framed(C),
     /// Anything else (nothing read): the gRPC server's.
-    Grpc(UnixStream),
+    Grpc(C),
     /// It closed before sending a byte.
     Closed,
 }
 
-/// Sorts `conn` by its first byte; a framed one's preface is read whole.
-async fn preface(mut conn: UnixStream) -> Result<Sorted, String> {
-    match first_byte(&conn).await.map_err(|e| e.to_string())? {
+/// Sorts `conn`; a framed one's preface is read whole.
+async fn preface<C: Conn>(mut conn: C) -> Result<Sorted<C>, String> {
+    match conn.asks_framed().await.map_err(|e| e.to_string())? {
         None => Ok(Sorted::Closed),
-        Some(b) if b != fg::PREFACE[0] => Ok(Sorted::Grpc(conn)),
-        Some(_) => {
+        Some(false) => Ok(Sorted::Grpc(conn)),
+        Some(true) => {
             let mut preface = [0u8; fg::PREFACE.len()];
             conn.read_exact(&mut preface).await.map_err(|e| format!("reading the framed preface: {e}"))?;
             if &preface == fg::PREFACE {
@@ -145,34 +250,18 @@ async fn preface(mut conn: UnixStream) -> Result<Sorted, String> {
     }
 }
 
-/// The first byte the peer sent, left unread; `None` if it closed first.
-async fn first_byte(conn: &UnixStream) -> std::io::Result<Option<u8>> {
-    let mut b = [0u8; 1];
-    loop {
-        conn.readable().await?;
-        let peeked = conn.try_io(Interest::READABLE, || {
-            recv(conn.as_raw_fd(), &mut b, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT).map_err(std::io::Error::from)
-        });
-        match peeked {
-            Ok(0) => return Ok(None),
-            Ok(_) => return Ok(Some(b[0])),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Serves one framed connection whose preface [`sort`] has read, until
 /// either side ends it.
-pub async fn serve(conn: UnixStream, run: RunGet, stop: Option<watch::Receiver<bool>>) {
+pub async fn serve<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<bool>>) {
     match serve_conn(conn, run, stop).await {
         Ok(()) => tracing::debug!("framed GET connection ended"),
         Err(why) => tracing::debug!(%why, "framed GET connection closed"),
     }
 }
 
-async fn serve_conn(conn: UnixStream, run: RunGet, stop: Option<watch::Receiver<bool>>) -> Result<(), String> {
-    let (rd, mut wr) = conn.into_split();
+async fn serve_conn<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<bool>>) -> Result<(), String> {
+    conn.watch_peer().map_err(|e| format!("setting TCP keepalive: {e}"))?;
+    let (rd, mut wr) = conn.halves();
     written(wr.write_all(fg::PREFACE)).await?;
     let inbound = futures::stream::unfold(Some(FrameReader::new(rd)), |reader| async move {
         let mut r = reader?;

@@ -1,6 +1,7 @@
-//! Framed GETs against a scripted GET runner, over real Unix sockets: each
-//! GET gets its own answer, and a peer that breaks the format, sends
-//! nothing or stops reading loses its connection and its GETs.
+//! Framed GETs against a scripted GET runner, over real Unix and TCP
+//! sockets (plaintext and TLS): each GET gets its own answer, and a peer
+//! that breaks the format, sends nothing or stops reading loses its
+//! connection and its GETs.
 #![allow(clippy::unwrap_used)] // a test's panic is its failure report
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
@@ -342,4 +343,128 @@ async fn the_listeners_wait_ends_once_its_framed_gets_are_answered() {
     assert_eq!(frames.len(), 1, "{frames:?}");
     assert_eq!(answered(frames[0].clone()), (1, "r1".into()));
     waited.await.unwrap().expect("the wait ended with the connection");
+}
+
+/// Framed connections' origins, as `serve_framed` takes them.
+type Seen = Arc<std::sync::Mutex<Vec<(Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>)>>>;
+
+/// A `sort` callback that records each framed connection's origin.
+fn recording<C: Conn>(seen: &Seen) -> impl Fn(C) -> std::future::Ready<()> + Clone + Send + 'static {
+    let seen = seen.clone();
+    move |conn: C| {
+        seen.lock().unwrap().push(conn.peer());
+        std::future::ready(())
+    }
+}
+
+#[tokio::test]
+async fn plaintext_tcp_connections_are_sorted_by_their_first_byte_and_keep_their_address() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Seen::default();
+    let (mut grpc, _tasks) = sort(tokio_stream::wrappers::TcpListenerStream::new(l), recording(&seen));
+    let mut framed = TcpStream::connect(addr).await.unwrap();
+    framed.write_all(fg::PREFACE).await.unwrap();
+    let mut h2 = TcpStream::connect(addr).await.unwrap();
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    let passed = tokio::time::timeout(Duration::from_secs(5), grpc.next()).await.unwrap().unwrap().unwrap();
+    let mut first = [0u8; 3];
+    let mut passed = passed;
+    passed.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"PRI", "passed on unread");
+    eventually("the framed one served", || seen.lock().unwrap().len() == 1).await;
+    let (from, cert) = seen.lock().unwrap()[0].clone();
+    assert_eq!(from, Some(framed.local_addr().unwrap()), "its origin is the peer's address");
+    assert!(cert.is_none());
+}
+
+/// A CA, the agent's certificate (for "localhost") and a client
+/// certificate for "alpha", as files: the agent's `[tls]`, and a client
+/// config maker offering `alpn`.
+fn pki(dir: &std::path::Path) -> (crate::tls::TlsConfig, impl Fn(&[&[u8]]) -> tokio_rustls::TlsConnector) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "test CA");
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let ca = rcgen::Issuer::new(ca_params, ca_key);
+    let agent_key = rcgen::KeyPair::generate().unwrap();
+    let agent =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().signed_by(&agent_key, &ca).unwrap();
+    let mut client_params = rcgen::CertificateParams::new(vec!["alpha".to_owned()]).unwrap();
+    client_params.distinguished_name.push(rcgen::DnType::CommonName, "alpha");
+    let client_key = rcgen::KeyPair::generate().unwrap();
+    let client = client_params.signed_by(&client_key, &ca).unwrap();
+    let file = |name: &str, pem: String| {
+        let p = dir.join(name);
+        std::fs::write(&p, pem).unwrap();
+        Some(p)
+    };
+    let cfg = crate::tls::TlsConfig {
+        cert: file("agent.crt", agent.pem()),
+        key: file("agent.key", agent_key.serialize_pem()),
+        client_ca: file("ca.crt", ca_cert.pem()),
+        insecure: false,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_cert.der().clone()).unwrap();
+    let chain: Vec<CertificateDer<'static>> = vec![client.der().clone()];
+    let key_der = client_key.serialize_der();
+    let connector = move |alpn: &[&[u8]]| {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut c = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots.clone())
+            .with_client_auth_cert(chain.clone(), PrivateKeyDer::try_from(key_der.clone()).unwrap())
+            .unwrap();
+        c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        tokio_rustls::TlsConnector::from(Arc::new(c))
+    };
+    (cfg, connector)
+}
+
+#[tokio::test]
+async fn tls_connections_are_sorted_by_the_protocol_their_handshake_chose() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::tls::install_crypto_provider();
+    let (cfg, connector) = pki(dir.path());
+    let acceptor = cfg.acceptor().unwrap().unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let seen = Seen::default();
+    let (mut grpc, _tasks) = sort(crate::tls::incoming(l, acceptor, || {}), recording(&seen));
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let dial = |alpn: &[&[u8]]| {
+        let (c, name) = (connector(alpn), name.clone());
+        async move { c.connect(name, TcpStream::connect(addr).await.unwrap()).await.unwrap() }
+    };
+    // A shim that asks for framed GETs (and h2 besides) gets them; the
+    // preface follows inside TLS.
+    let mut framed = dial(&[fg::ALPN, b"h2"]).await;
+    assert_eq!(framed.get_ref().1.alpn_protocol(), Some(fg::ALPN));
+    framed.write_all(fg::PREFACE).await.unwrap();
+    framed.flush().await.unwrap();
+    eventually("the framed one served", || seen.lock().unwrap().len() == 1).await;
+    let (from, cert) = seen.lock().unwrap()[0].clone();
+    assert_eq!(from, Some(framed.get_ref().0.local_addr().unwrap()));
+    assert!(cert.expect("its verified certificate").names.contains(&"alpha".to_owned()));
+    // A gRPC client (h2 alone) is passed on, nothing of it read.
+    let mut h2 = dial(&[b"h2"]).await;
+    assert_eq!(h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    h2.flush().await.unwrap();
+    let mut passed = tokio::time::timeout(Duration::from_secs(5), grpc.next()).await.unwrap().unwrap().unwrap();
+    let mut first = [0u8; 3];
+    passed.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"PRI");
+    // One that asked for framed GETs but says something else is closed.
+    let mut wrong = dial(&[fg::ALPN]).await;
+    wrong.write_all(b"SLUICE-SOMETHING-ELSE/1\n").await.unwrap();
+    wrong.flush().await.unwrap();
+    let mut b = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), wrong.read(&mut b)).await.expect("closed in time");
+    assert!(!matches!(read, Ok(n) if n > 0), "closed unanswered: {read:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1);
 }

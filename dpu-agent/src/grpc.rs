@@ -163,11 +163,16 @@ impl GrpcService {
     }
 
     /// Serves framed GETs (`sluice_proto::framed_gets`) on a connection of
-    /// the Unix listener, whose sessions are those opened over that socket.
-    pub fn serve_framed(&self, conn: tokio::net::UnixStream) -> impl std::future::Future<Output = ()> + Send + 'static {
-        debug_assert!(self.listener.is_none(), "framed GETs are served on the Unix listener only");
+    /// this service's listener: its GETs may use the sessions opened from
+    /// where it comes from, as a `GetStream` call on it could.
+    pub fn serve_framed<C: crate::framed_gets::Conn>(
+        &self,
+        conn: C,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let open = self.agent.metrics().framed_connections.clone();
-        let served = crate::framed_gets::serve(conn, self.streamed_gets(ShimOrigin::Unix), self.stop.clone());
+        let (addr, cert) = conn.peer();
+        let origin = self.origin(addr, cert);
+        let served = crate::framed_gets::serve(conn, self.streamed_gets(origin), self.stop.clone());
         /// Counted open until dropped (served, or its task aborted).
         struct Open(prometheus::IntGauge);
         impl Drop for Open {
@@ -186,7 +191,13 @@ impl GrpcService {
     fn origin_of<T>(&self, req: &Request<T>) -> ShimOrigin {
         // The leaf of the chain TLS verified against the client CA.
         let cert = req.peer_certs().and_then(|chain| chain.first().map(|c| ClientCert::from_der(c)));
-        match (&self.listener, req.remote_addr()) {
+        self.origin(req.remote_addr(), cert)
+    }
+
+    /// The origin of a connection from `addr` (none: the Unix socket) with
+    /// certificate `cert`, on this service's listener.
+    fn origin(&self, addr: Option<std::net::SocketAddr>, cert: Option<Arc<ClientCert>>) -> ShimOrigin {
+        match (&self.listener, addr) {
             (Some(tenant), addr) => ShimOrigin::Listener {
                 tenant: tenant.clone(),
                 ip: addr.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |a| a.ip()),

@@ -34,6 +34,24 @@ fn grpc_server() -> tonic::transport::Server {
         .tcp_keepalive(Some(Duration::from_secs(30)))
 }
 
+/// Serves `conns` until `stop`: framed-GET connections by `svc`'s framed
+/// server, the rest by its gRPC server. Its framed connections end as its
+/// calls do (their GETs answered), within the same grace.
+async fn serve_sorted<C>(
+    conns: impl futures::Stream<Item = std::io::Result<C>> + Send + 'static,
+    svc: GrpcService,
+    stop: impl Future<Output = ()>,
+) -> ServerResult
+where
+    C: crate::framed_gets::Conn + tonic::transport::server::Connected,
+{
+    let framed = svc.clone();
+    let (grpc, framed) = crate::framed_gets::sort(conns, move |c| framed.serve_framed(c));
+    let served = grpc_server().add_service(AgentServer::new(svc)).serve_with_incoming_shutdown(grpc, stop).await;
+    framed.wait().await;
+    served
+}
+
 /// Starts the servers of every listener into one set.
 pub struct Listeners {
     pub servers: JoinSet<ServerResult>,
@@ -60,14 +78,15 @@ impl Listeners {
 
     /// A TCP listener: mutual TLS, or plaintext when `[tls] insecure`.
     /// `tenant` names the tenant whose own listener it is ("" for none).
+    /// Besides gRPC it serves framed GETs (`framed_gets.rs`): chosen by
+    /// the TLS handshake, or by a plaintext connection's first byte.
     pub fn tcp(&mut self, l: TcpListener, svc: GrpcService, tenant: &str) {
         let Some(cores) = self.cores.clone() else {
-            let server = grpc_server().add_service(AgentServer::new(svc));
             let stop = stopped(self.stop.clone());
             match &self.tls {
                 Some(acceptor) => {
                     let incoming = crate::tls::incoming(l, acceptor.clone(), self.refused(tenant));
-                    self.servers.spawn(server.serve_with_incoming_shutdown(incoming, stop));
+                    self.servers.spawn(serve_sorted(incoming, svc, stop));
                 }
                 None => {
                     let incoming = TcpListenerStream::new(l).map(|c| {
@@ -75,7 +94,7 @@ impl Listeners {
                         c.set_nodelay(true)?;
                         Ok::<_, std::io::Error>(c)
                     });
-                    self.servers.spawn(server.serve_with_incoming_shutdown(incoming, stop));
+                    self.servers.spawn(serve_sorted(incoming, svc, stop));
                 }
             }
             return;
@@ -90,14 +109,15 @@ impl Listeners {
                     c.set_nodelay(true)?;
                     Ok::<_, std::io::Error>(c)
                 });
-                let server = grpc_server().add_service(AgentServer::new(svc.clone()));
+                let svc = svc.clone();
+                // Handshakes and sorting run on the core's own runtime:
+                // framed connections are served there, as its gRPC ones are.
                 async move {
                     match tls {
                         Some(acceptor) => {
-                            let incoming = crate::tls::handshakes(conns, acceptor, refused);
-                            server.serve_with_incoming_shutdown(incoming, stop).await
+                            serve_sorted(crate::tls::handshakes(conns, acceptor, refused), svc, stop).await
                         }
-                        None => server.serve_with_incoming_shutdown(conns, stop).await,
+                        None => serve_sorted(conns, svc, stop).await,
                     }
                 }
             },
@@ -111,17 +131,8 @@ impl Listeners {
     /// (`framed_gets.rs`), told apart by a connection's first byte.
     pub fn unix(&mut self, l: UnixListener, svc: GrpcService) {
         let Some(cores) = self.cores.clone() else {
-            let framed = svc.clone();
-            let (grpc, framed) = crate::framed_gets::sort(UnixListenerStream::new(l), move |c| framed.serve_framed(c));
-            let server = grpc_server().add_service(AgentServer::new(svc));
             let stop = stopped(self.stop.clone());
-            self.servers.spawn(async move {
-                let served = server.serve_with_incoming_shutdown(grpc, stop).await;
-                // Its framed connections end as its calls do (their GETs
-                // answered), within the same grace.
-                framed.wait().await;
-                served
-            });
+            self.servers.spawn(serve_sorted(UnixListenerStream::new(l), svc, stop));
             return;
         };
         let accepted = UnixListenerStream::new(l).map(|c| c.and_then(tokio::net::UnixStream::into_std));
@@ -129,16 +140,9 @@ impl Listeners {
             &cores,
             |rx: ReceiverStream<std::os::unix::net::UnixStream>, _tls, _refused, stop| {
                 let conns = rx.map(tokio::net::UnixStream::from_std);
-                let server = grpc_server().add_service(AgentServer::new(svc.clone()));
-                let svc = svc.clone();
                 // Sorted on the core's own runtime: framed connections are
                 // served there, as its gRPC ones are.
-                async move {
-                    let (grpc, framed) = crate::framed_gets::sort(conns, move |c| svc.serve_framed(c));
-                    let served = server.serve_with_incoming_shutdown(grpc, stop).await;
-                    framed.wait().await;
-                    served
-                }
+                serve_sorted(conns, svc.clone(), stop)
             },
             "",
         );

@@ -99,7 +99,7 @@ impl TlsConfig {
 
     /// The TLS acceptor for the TCP listeners, when certificates are
     /// configured: our certificate, client certificates required and
-    /// checked against `client_ca`, HTTP/2 by ALPN.
+    /// checked against `client_ca`, HTTP/2 or framed GETs by ALPN.
     pub fn acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, TlsError> {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -126,7 +126,9 @@ impl TlsConfig {
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key_der)
             .map_err(|e| fail("certificate and key", cert, &e))?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        // Framed GETs first: a shim that asks for them offers both, and
+        // rustls takes the first of ours the client offered.
+        config.alpn_protocols = vec![sluice_proto::framed_gets::ALPN.to_vec(), b"h2".to_vec()];
         Ok(Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))))
     }
 }

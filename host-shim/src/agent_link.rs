@@ -3,6 +3,7 @@
 
 use std::os::fd::BorrowedFd;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use hyper_util::rt::TokioIo;
 use sluice_proto::agent::agent_client::AgentClient;
@@ -53,6 +54,8 @@ pub struct AgentLink {
     memory_socket: PathBuf,
     /// The agent's socket, on a Unix link.
     unix_socket: Option<PathBuf>,
+    /// Where framed GETs go: the agent's address, as the channels'.
+    framed: Arc<crate::framed_link::Target>,
     /// One memory-socket connection, reused; exchanges are serialised.
     memory: Mutex<Option<BufReader<UnixStream>>>,
 }
@@ -66,9 +69,10 @@ impl AgentLink {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let connections = cfg.connections.max(1);
         let unix_socket = cfg.grpc.strip_prefix("unix:").map(PathBuf::from);
-        let channels = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
+        let (channels, framed) = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
-            (0..connections)
+            let framed = crate::framed_link::Target::Unix(path.clone());
+            let channels = (0..connections)
                 .map(|_| {
                     let path = path.clone();
                     // The URI is ignored by the connector; tonic needs a valid one.
@@ -80,7 +84,8 @@ impl AgentLink {
                     )
                 })
                 .map(AgentClient::new)
-                .collect()
+                .collect();
+            (channels, framed)
         } else {
             let address_err = |source| StartupError::AgentAddress { address: cfg.grpc.clone(), source };
             let mut e = endpoint(Endpoint::from_shared(cfg.grpc.clone()).map_err(address_err)?).tcp_nodelay(true);
@@ -90,13 +95,15 @@ impl AgentLink {
             } else {
                 LinkKind::Plaintext.remember();
             }
-            (0..connections).map(|_| AgentClient::new(e.connect_lazy())).collect()
+            let framed = crate::framed_link::Target::tcp(e.uri(), cfg.tls.as_ref())?;
+            ((0..connections).map(|_| AgentClient::new(e.connect_lazy())).collect(), framed)
         };
         Ok(Self {
             channels,
             next: std::sync::atomic::AtomicUsize::new(0),
             memory_socket: cfg.memory_socket.clone(),
             unix_socket,
+            framed: Arc::new(framed),
             memory: Mutex::new(None),
         })
     }
@@ -119,6 +126,11 @@ impl AgentLink {
             Ok(up) => tracing::debug!(connected = up.iter().filter(|ok| **ok).count(), of = up.len(), "agent link"),
             Err(_) => tracing::debug!("agent link: connections not all open; they open on first use"),
         }
+    }
+
+    /// Where framed GETs go: the agent's address.
+    pub fn framed_target(&self) -> Arc<crate::framed_link::Target> {
+        self.framed.clone()
     }
 
     /// A client for each connection (the readiness check).

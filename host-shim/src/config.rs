@@ -120,9 +120,10 @@ pub struct AgentLink {
     /// does not.
     #[serde(default = "default_true")]
     pub get_stream: bool,
-    /// On a Unix link (`unix:`), those streams go without HTTP/2: the same
-    /// messages framed on a connection of their own (`framed_link.rs`),
-    /// where the agent serves it. Other links keep `GetStream` calls.
+    /// Those streams go without HTTP/2: the same messages framed on a
+    /// connection of their own to the agent's address (`framed_link.rs`),
+    /// over the link's TLS where it has it, where the agent serves it (an
+    /// older agent gets `GetStream` calls).
     #[serde(default = "default_true")]
     pub framed_gets: bool,
 }

@@ -1,30 +1,111 @@
 //! The shim's side of framed GETs (`sluice_proto::framed_gets`): a GET
-//! stream to a co-located agent on a Unix connection of its own, without
-//! HTTP/2. `get_stream.rs` decides when to use it and answers the GETs;
-//! this opens the connection and turns it into the same two halves a
-//! `GetStream` call has: messages out, answers (then why it ended) in.
+//! stream to the agent on a connection of its own, without HTTP/2: on the
+//! agent's Unix socket (a co-located agent), or on its TCP address, with
+//! the link's mutual TLS where it has it (an agent on a BlueField).
+//! `get_stream.rs` decides when to use it and answers the GETs; this opens
+//! the connection and turns it into the same two halves a `GetStream` call
+//! has: messages out, answers (then why it ended) in.
 
-use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use sluice_proto::agent as apb;
 use sluice_proto::framed_gets::{self as fg, Frame, FrameReader};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 
-/// Longest connecting and the agent's answer to the preface may take.
+use crate::config::AgentTls;
+use crate::error::StartupError;
+
+/// Longest connecting (and TLS's handshake) and the agent's answer to the
+/// preface may take.
 const OPEN_WAIT: Duration = Duration::from_secs(5);
 /// Longest one write of GETs may wait for the agent to take them; past
 /// it the connection is given up (its GETs fail, the next opens another).
 const WRITE_WAIT: Duration = Duration::from_secs(30);
 
+/// Where framed GETs go: the agent's own address, as the gRPC link's.
+pub enum Target {
+    Unix(PathBuf),
+    Tcp {
+        /// `host:port`, resolved at each connection as the gRPC link does.
+        address: String,
+        /// The link's mutual TLS; `None` for plaintext (`insecure`).
+        tls: Option<(tokio_rustls::TlsConnector, rustls::pki_types::ServerName<'static>)>,
+    },
+}
+
+impl Target {
+    /// The target of a TCP link to `uri` (an `http(s)://host:port`
+    /// address, `tls` for `https`).
+    pub fn tcp(uri: &tonic::codegen::http::Uri, tls: Option<&AgentTls>) -> Result<Self, StartupError> {
+        let host = uri.host().ok_or_else(|| StartupError::AgentHost(uri.to_string()))?;
+        let port = uri.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
+        // `[::1]` in a URI, `::1` to resolve and as a name.
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let address = if bare.contains(':') { format!("[{bare}]:{port}") } else { format!("{bare}:{port}") };
+        let tls = match tls {
+            None => None,
+            Some(t) => {
+                let name = t.server_name.clone().unwrap_or_else(|| bare.to_owned());
+                let name = rustls::pki_types::ServerName::try_from(name)
+                    .map_err(|e| StartupError::Tls(format!("server name: {e}")))?;
+                Some((client_tls(t)?, name))
+            }
+        };
+        Ok(Self::Tcp { address, tls })
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Unix(p) => format!("agent socket {}", p.display()),
+            Self::Tcp { address, .. } => format!("agent at {address}"),
+        }
+    }
+}
+
+/// The link's mutual TLS for framed connections: the agent's certificate
+/// checked against `ca`, ours presented, framed GETs asked for first and
+/// `h2` besides, so an agent that does not serve them chooses `h2` (and
+/// says so) rather than failing the handshake.
+fn client_tls(t: &AgentTls) -> Result<tokio_rustls::TlsConnector, StartupError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let fail = |what: &str, p: &std::path::Path, e: &dyn std::fmt::Display| {
+        StartupError::Tls(format!("{what} {}: {e}", p.display()))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(&t.ca).map_err(|e| fail("ca", &t.ca, &e))? {
+        roots.add(c.map_err(|e| fail("ca", &t.ca, &e))?).map_err(|e| fail("ca", &t.ca, &e))?;
+    }
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| fail("certificate", &t.cert, &e))?;
+    let key = PrivateKeyDer::from_pem_file(&t.key).map_err(|e| fail("key", &t.key, &e))?;
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StartupError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| fail("certificate and key", &t.cert, &e))?;
+    config.alpn_protocols = vec![fg::ALPN.to_vec(), b"h2".to_vec()];
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// A framed connection's two halves.
+pub struct Halves {
+    rd: Box<dyn AsyncRead + Send + Unpin>,
+    wr: Box<dyn AsyncWrite + Send + Unpin>,
+}
+
 /// What opening a framed connection came to.
 pub enum Opened {
-    Framed(UnixStream),
+    Framed(Halves),
     /// The agent answered, but not with the preface: it does not serve
     /// framed GETs (an older agent's HTTP/2 server sends its settings, then
-    /// closes the connection).
+    /// closes; over TLS, an older agent chooses `h2`).
     NotServed(String),
     /// No answer, or one cut short with every byte of it right (no agent, a
     /// full backlog, an agent stopping): this stream goes as a call, and the
@@ -32,21 +113,60 @@ pub enum Opened {
     Failed(String),
 }
 
-/// Connects to the agent's Unix socket at `path` and says the preface.
-pub async fn open(path: &Path) -> Opened {
-    match tokio::time::timeout(OPEN_WAIT, open_now(path)).await {
+/// Connects to the agent at `to` and says the preface.
+pub async fn open(to: &Target) -> Opened {
+    match tokio::time::timeout(OPEN_WAIT, open_now(to)).await {
         Ok(o) => o,
         Err(_) => Opened::Failed(format!("no answer to the framed preface in {OPEN_WAIT:?}")),
     }
 }
 
-async fn open_now(path: &Path) -> Opened {
-    let mut conn = match UnixStream::connect(path).await {
-        Ok(c) => c,
-        Err(e) => return Opened::Failed(format!("agent socket {}: {e}", path.display())),
-    };
+async fn open_now(to: &Target) -> Opened {
+    let at = to.describe();
+    let failed = |e: std::io::Error| Opened::Failed(format!("{at}: {e}"));
+    match to {
+        Target::Unix(path) => match UnixStream::connect(path).await {
+            Ok(c) => greet(c, &at, UnixStream::into_split).await,
+            Err(e) => failed(e),
+        },
+        Target::Tcp { address, tls } => {
+            let tcp = match TcpStream::connect(address.as_str()).await {
+                Ok(c) => c,
+                Err(e) => return failed(e),
+            };
+            // No Nagle delay, and an agent that vanished is noticed as
+            // HTTP/2 pings notice it on the gRPC link.
+            if let Err(e) = fg::watch_tcp_peer(&tcp) {
+                return failed(e);
+            }
+            let Some((connector, name)) = tls else {
+                return greet(tcp, &at, TcpStream::into_split).await;
+            };
+            let tls = match connector.connect(name.clone(), tcp).await {
+                Ok(t) => t,
+                Err(e) => return Opened::Failed(format!("{at}: TLS: {e}")),
+            };
+            match tls.get_ref().1.alpn_protocol() {
+                Some(p) if p == fg::ALPN => greet(tls, &at, tokio::io::split).await,
+                other => Opened::NotServed(format!(
+                    "over TLS the agent chose {}",
+                    other.map_or("no protocol".into(), |p| String::from_utf8_lossy(p).into_owned())
+                )),
+            }
+        }
+    }
+}
+
+/// Says the preface on `conn` and reads the agent's answer; framed, its
+/// halves by `split`.
+async fn greet<C, R, W>(mut conn: C, at: &str, split: impl FnOnce(C) -> (R, W)) -> Opened
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
     if let Err(e) = conn.write_all(fg::PREFACE).await {
-        return Opened::Failed(format!("agent socket {}: {e}", path.display()));
+        return Opened::Failed(format!("{at}: {e}"));
     }
     let mut answer = [0u8; fg::PREFACE.len()];
     let mut got = 0;
@@ -55,7 +175,7 @@ async fn open_now(path: &Path) -> Opened {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(_) if got > 0 => break,
-            Err(e) => return Opened::Failed(format!("agent socket {}: {e}", path.display())),
+            Err(e) => return Opened::Failed(format!("{at}: {e}")),
         }
         if answer[..got] != fg::PREFACE[..got] {
             return Opened::NotServed("the agent answered something else".into());
@@ -64,7 +184,8 @@ async fn open_now(path: &Path) -> Opened {
     // Every byte that came matched: a whole answer, or one cut short (an
     // agent stopping), which says nothing against framing.
     if got == answer.len() {
-        Opened::Framed(conn)
+        let (rd, wr) = split(conn);
+        Opened::Framed(Halves { rd: Box::new(rd), wr: Box::new(wr) })
     } else {
         Opened::Failed(format!("the agent closed the connection after {got} bytes of its answer"))
     }
@@ -78,7 +199,7 @@ async fn open_now(path: &Path) -> Opened {
 /// that takes no GETs may not close either). `sent` counts the GETs
 /// written.
 pub fn exchange<B, F>(
-    conn: UnixStream,
+    conn: Halves,
     body: B,
     sent: prometheus::IntCounter,
     failed: F,
@@ -87,7 +208,7 @@ where
     B: Stream<Item = apb::GetStreamRequest> + Send + 'static,
     F: FnOnce(tonic::Status) + Send + 'static,
 {
-    let (rd, mut wr) = conn.into_split();
+    let Halves { rd, mut wr } = conn;
     let (write_failed, stop_reading) = tokio::sync::oneshot::channel::<tonic::Status>();
     tokio::spawn(async move {
         let mut body = std::pin::pin!(body);
@@ -203,7 +324,7 @@ mod tests {
     }
 
     fn framed_to(socket: PathBuf) -> crate::get_stream::FramedTo {
-        crate::get_stream::FramedTo { socket, links: counter(), gets: counter() }
+        crate::get_stream::FramedTo { target: Arc::new(Target::Unix(socket)), links: counter(), gets: counter() }
     }
 
     #[tokio::test]
@@ -297,5 +418,125 @@ mod tests {
         }
         assert_eq!((streams.framed_opened(), fake.streams_opened.load(SeqCst)), (0, 1), "a GetStream call");
         assert!(!streams.framed_off(), "a socket that is not there says nothing of the agent: tried again later");
+    }
+
+    /// A TLS "agent" on the loopback choosing among `alpn`: one that
+    /// chose framed GETs answers the preface and each GET; `tls` is the
+    /// shim's `[agent.tls]` for it (files in `dir`).
+    async fn tls_agent(dir: &std::path::Path, alpn: &[&[u8]]) -> (String, AgentTls) {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let ca = rcgen::Issuer::new(ca_params, ca_key);
+        let (agent_key, shim_key) = (rcgen::KeyPair::generate().unwrap(), rcgen::KeyPair::generate().unwrap());
+        let agent = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap().signed_by(&agent_key, &ca);
+        let shim = rcgen::CertificateParams::new(vec!["alpha".to_owned()]).unwrap().signed_by(&shim_key, &ca);
+        let file = |name: &str, pem: String| {
+            std::fs::write(dir.join(name), pem).unwrap();
+            dir.join(name)
+        };
+        let tls = AgentTls {
+            ca: file("ca.crt", ca_cert.pem()),
+            cert: file("shim.crt", shim.unwrap().pem()),
+            key: file("shim.key", shim_key.serialize_pem()),
+            server_name: Some("localhost".into()),
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca_cert.der().clone()).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            Arc::new(rustls::crypto::ring::default_provider()),
+        )
+        .build()
+        .unwrap();
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(
+                    vec![agent.unwrap().der().clone()],
+                    rustls::pki_types::PrivateKeyDer::try_from(agent_key.serialize_der()).unwrap(),
+                )
+                .unwrap();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = l.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut c) = acceptor.accept(c).await else { return };
+                    if c.get_ref().1.alpn_protocol() != Some(fg::ALPN) {
+                        return;
+                    }
+                    let mut preface = [0u8; fg::PREFACE.len()];
+                    c.read_exact(&mut preface).await.unwrap();
+                    assert_eq!(&preface, fg::PREFACE);
+                    c.write_all(fg::PREFACE).await.unwrap();
+                    let (rd, mut wr) = tokio::io::split(c);
+                    let mut r = FrameReader::new(rd);
+                    while let Ok(Some(Frame::Gets(m))) = r.next().await {
+                        let mut out = Vec::new();
+                        for g in m.gets {
+                            let request_id = g.item.unwrap().request_id;
+                            let report = Some(TransferReport { request_id, ..Default::default() });
+                            let ok = apb::get_many_item::Result::Ok(apb::GetReply { report, ..Default::default() });
+                            fg::push_answer(&mut out, &apb::GetManyItem { index: g.index, result: Some(ok) });
+                        }
+                        wr.write_all(&out).await.unwrap();
+                    }
+                });
+            }
+        });
+        (format!("https://127.0.0.1:{}", addr.port()), tls)
+    }
+
+    fn tcp_target(uri: &str, tls: Option<&AgentTls>) -> Target {
+        Target::tcp(&uri.parse().unwrap(), tls).unwrap()
+    }
+
+    #[tokio::test]
+    async fn gets_go_framed_over_the_links_tls_to_an_agent_that_chooses_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (uri, tls) = tls_agent(dir.path(), &[fg::ALPN, b"h2"]).await;
+        let fake = Fake::default();
+        let agent = serve(fake.clone()).await;
+        let to = crate::get_stream::FramedTo {
+            target: Arc::new(tcp_target(&uri, Some(&tls))),
+            links: counter(),
+            gets: counter(),
+        };
+        let streams = GetStreams::new(vec![agent.clone()], counter(), Some(to));
+        for n in 0..5 {
+            let a = tokio::time::timeout(Duration::from_secs(10), streams.get(agent.clone(), get(n))).await.unwrap();
+            assert_eq!(request_id(&a).as_deref(), Some(format!("r{n}").as_str()));
+        }
+        assert_eq!(streams.framed_opened(), 1);
+        assert_eq!((fake.streams_opened.load(SeqCst), fake.unary.load(SeqCst)), (0, 0), "nothing over gRPC");
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_chooses_h2_over_tls_does_not_serve_framed_gets() {
+        let dir = tempfile::tempdir().unwrap();
+        let (uri, tls) = tls_agent(dir.path(), &[b"h2"]).await;
+        match open(&tcp_target(&uri, Some(&tls))).await {
+            Opened::NotServed(why) => assert!(why.contains("chose h2"), "{why}"),
+            Opened::Framed(_) => panic!("framed"),
+            Opened::Failed(why) => panic!("failed: {why}"),
+        }
+    }
+
+    #[test]
+    fn a_tcp_links_target_is_its_host_and_port() {
+        let addr = |t: Target| match t {
+            Target::Tcp { address, .. } => address,
+            Target::Unix(p) => panic!("{p:?}"),
+        };
+        assert_eq!(addr(tcp_target("http://10.0.0.2:50051", None)), "10.0.0.2:50051");
+        assert_eq!(addr(tcp_target("http://[fd00::2]:7", None)), "[fd00::2]:7");
+        assert_eq!(addr(tcp_target("http://dpu.example", None)), "dpu.example:80");
     }
 }

@@ -21,13 +21,13 @@
 //! agent that turns out not to serve streams at all (UNIMPLEMENTED) gets
 //! calls from then on.
 //!
-//! On a Unix link the stream goes without HTTP/2 where the agent serves it
-//! (`[agent] framed_gets`, `framed_link.rs`): the same messages, on a
-//! connection of its own. An agent that does not answer the framed preface
-//! gets `GetStream` calls from then on.
+//! The stream goes without HTTP/2 where the agent serves it (`[agent]
+//! framed_gets`, `framed_link.rs`): the same messages, on a connection of
+//! its own to the agent's address (Unix socket, TCP, or TCP with the link's
+//! TLS). An agent that does not answer the framed preface (or over TLS
+//! chooses `h2`) gets `GetStream` calls from then on.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -62,16 +62,16 @@ const _: () = assert!(GETS_PER_MESSAGE * (MAX_STREAMED_GET + 64) < sluice_proto:
 
 type Answer<T = apb::GetReply> = Result<T, tonic::Status>;
 
-/// Where framed GETs go (the agent's Unix socket), and their counters.
+/// Where framed GETs go (the agent's address), and their counters.
 pub struct FramedTo {
-    pub socket: PathBuf,
+    pub target: Arc<crate::framed_link::Target>,
     /// Framed connections opened.
     pub links: prometheus::IntCounter,
     /// GETs sent on them.
     pub gets: prometheus::IntCounter,
 }
 
-/// Framed GETs to a co-located agent (`framed_link.rs`).
+/// Framed GETs to the agent (`framed_link.rs`).
 struct Framed {
     to: FramedTo,
     /// The agent turned out not to serve them.
@@ -139,7 +139,7 @@ impl Link {
         let ending = EndOnDrop(link.clone(), None);
         tokio::spawn(async move {
             if let Some(f) = framed.filter(|f| !f.off.load(Ordering::Relaxed)) {
-                match crate::framed_link::open(&f.to.socket).await {
+                match crate::framed_link::open(&f.to.target).await {
                     crate::framed_link::Opened::Framed(conn) => {
                         f.to.links.inc();
                         let link = ending.0.clone();

@@ -69,8 +69,8 @@ impl SessionContext {
     ) -> Self {
         let GetCounters { coalesced, streamed, framed_links, framed_gets } = counters;
         let coalescer = config.agent.coalesce_gets.then(|| crate::coalesce::Coalescer::new(coalesced));
-        let framed = agent.unix_socket().filter(|_| config.agent.framed_gets).map(|p| crate::get_stream::FramedTo {
-            socket: p.to_path_buf(),
+        let framed = config.agent.framed_gets.then(|| crate::get_stream::FramedTo {
+            target: agent.framed_target(),
             links: framed_links,
             gets: framed_gets,
         });

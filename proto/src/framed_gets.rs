@@ -27,6 +27,35 @@ use crate::agent::{GetManyItem, GetStreamRequest};
 /// by one byte.
 pub const PREFACE: &[u8; 24] = b"SLUICE-FRAMED-GETS/1\r\n\r\n";
 
+/// The TLS application protocol (ALPN) a shim asks for on a framed
+/// connection over TLS, beside `h2`: an agent that serves framed GETs
+/// chooses it, an older one `h2`, which tells the shim to keep to calls
+/// without a failed handshake. The preface then follows inside TLS, as on
+/// any other link.
+pub const ALPN: &[u8] = b"sluice-framed-gets/1";
+
+/// A framed TCP connection notices a peer that vanished without closing
+/// it (a partitioned DPU link, a host that lost power) within about this
+/// long, idle or not: gRPC's connections have HTTP/2 pings for this; a
+/// framed one has no pings, so TCP keepalive probes it when idle and a
+/// user timeout bounds data left unacknowledged.
+pub const TCP_PEER_GONE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Sets [`TCP_PEER_GONE`]'s keepalive and user timeout on `tcp`, and no
+/// Nagle delay (frames are written whole).
+pub fn watch_tcp_peer(tcp: &tokio::net::TcpStream) -> std::io::Result<()> {
+    use std::time::Duration;
+    let sock = socket2::SockRef::from(tcp);
+    sock.set_tcp_nodelay(true)?;
+    // Idle 10 s, then a probe every 5 s, 4 unanswered: gone by 30 s.
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(4);
+    sock.set_tcp_keepalive(&keepalive)?;
+    sock.set_tcp_user_timeout(Some(TCP_PEER_GONE))
+}
+
 /// Longest frame (after its length) either side accepts: gRPC's default
 /// message limit, which a `GetStreamRequest` of the agent's 256 GETs per
 /// message must fit too (the shim sends at most 64, each at most 16 KiB).

@@ -583,25 +583,41 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
         other => panic!("a session used from another origin on a stream: {other:?}"),
     }
     // Framed GETs on the Unix socket (no HTTP/2) are checked the same way.
-    let mut framed = tokio::net::UnixStream::connect(stack.dir.path().join("agent.sock")).await.unwrap();
-    framed.write_all(PREFACE).await.unwrap();
-    let mut ack = [0u8; PREFACE.len()];
-    framed.read_exact(&mut ack).await.unwrap();
-    assert_eq!(&ack, PREFACE);
-    let item = apb::GetItem { namespace: "data".into(), key: "x".into(), region_id: "r".into(), ..Default::default() };
-    let streamed = apb::StreamedGet { index: 8, session_id: session.clone(), item: Some(item) };
-    let mut frame = Vec::new();
-    push_gets(&mut frame, &apb::GetStreamRequest { gets: vec![streamed], cancel: vec![] });
-    framed.write_all(&frame).await.unwrap();
-    match FrameReader::new(&mut framed).next().await.unwrap() {
-        Some(Frame::Answer(apb::GetManyItem { index: 8, result: Some(apb::get_many_item::Result::Error(d)) })) => {
-            assert_eq!(d.code, Code::Unauthenticated as i32, "{d:?}")
-        }
-        other => panic!("a session used from another origin on a framed connection: {other:?}"),
-    }
+    let framed = tokio::net::UnixStream::connect(stack.dir.path().join("agent.sock")).await.unwrap();
+    assert_eq!(framed_get(framed, &session).await, Code::Unauthenticated as i32);
     assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 5.0);
+    // On TCP, framed GETs carry the connection's origin: the session opened
+    // from 127.0.0.1 passes the check there (its GET fails on its region)...
+    let framed = tokio::net::TcpStream::connect(stack.grpc_addr).await.unwrap();
+    let code = framed_get(framed, &session).await;
+    assert_ne!(code, Code::Unauthenticated as i32, "the session's own origin");
+    // ...and one opened over the Unix socket is refused there.
+    let unix_session = open_session(&mut unix, &stack, "alpha", "alpha-shim").await.expect("a session over Unix");
+    let framed = tokio::net::TcpStream::connect(stack.grpc_addr).await.unwrap();
+    assert_eq!(framed_get(framed, &unix_session).await, Code::Unauthenticated as i32);
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 6.0);
     // Still alive and usable from its origin.
     tcp.stats(apb::StatsRequest { session_id: session }).await.expect("still usable where it was opened");
+}
+
+/// The code of the answer to one framed GET under `session` (of a region
+/// that does not exist) on `conn`, a new connection to the agent.
+async fn framed_get(mut conn: impl AsyncReadExt + AsyncWriteExt + Unpin, session: &str) -> i32 {
+    conn.write_all(PREFACE).await.unwrap();
+    let mut ack = [0u8; PREFACE.len()];
+    conn.read_exact(&mut ack).await.unwrap();
+    assert_eq!(&ack, PREFACE);
+    let item = apb::GetItem { namespace: "data".into(), key: "x".into(), region_id: "r".into(), ..Default::default() };
+    let streamed = apb::StreamedGet { index: 8, session_id: session.into(), item: Some(item) };
+    let mut frame = Vec::new();
+    push_gets(&mut frame, &apb::GetStreamRequest { gets: vec![streamed], cancel: vec![] });
+    conn.write_all(&frame).await.unwrap();
+    match FrameReader::new(&mut conn).next().await.unwrap() {
+        Some(Frame::Answer(apb::GetManyItem { index: 8, result: Some(apb::get_many_item::Result::Error(d)) })) => {
+            d.code
+        }
+        other => panic!("a framed GET of a region that is not there: {other:?}"),
+    }
 }
 
 /// Two free TCP ports on the loopback.

@@ -15,6 +15,27 @@ fn tls_stack() -> Stack {
     Stack::with(Options { tls: true, grpc_over_tcp: true, ..Default::default() })
 }
 
+/// A TLS stack whose shim serves its metrics at the address returned.
+fn tls_stack_with_ops(agent_failover: &str) -> (Stack, std::net::SocketAddr) {
+    let ops = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let stack = Stack::with(Options {
+        tls: true,
+        grpc_over_tcp: true,
+        agent_failover: agent_failover.into(),
+        shim_extra: format!("metrics_listen = \"{ops}\"\n"),
+        ..Default::default()
+    });
+    (stack, ops)
+}
+
+/// The shim's single GETs went framed over TLS (no HTTP/2), all of them.
+fn gets_went_framed(stack: &Stack, ops: std::net::SocketAddr, at_least: f64) {
+    let framed = sluice_tests::counter_at(ops, "sluice_shim_agent_gets_framed_total");
+    let streamed = sluice_tests::counter_at(ops, "sluice_shim_agent_gets_streamed_total");
+    assert!(framed >= at_least && framed == streamed, "framed {framed} of {streamed} streamed GETs");
+    assert!(stack.metric("sluice_agent_framed_get_connections", &[]) >= 1.0);
+}
+
 /// An `[agent]` table for https:// to the stack's agent with these files.
 fn https(stack: &Stack, ca: &str, cert: &str, key: &str) -> String {
     format!("grpc = \"https://{}\"\ntls = {{ ca = \"{ca}\", cert = \"{cert}\", key = \"{key}\" }}", stack.grpc_addr)
@@ -42,7 +63,7 @@ async fn first_request(socket: &Path) -> sluice_client::ClientError {
 
 #[tokio::test]
 async fn shims_and_agent_speak_mutual_tls() {
-    let stack = tls_stack();
+    let (stack, ops) = tls_stack_with_ops("");
     let c = stack.client().await;
     assert_eq!(c.tenant(), "alpha");
     let data = pattern((3 << 20) + 1, 5);
@@ -53,6 +74,7 @@ async fn shims_and_agent_speak_mutual_tls() {
     c.get("data/tls.bin", &r, 0, None).await.unwrap();
     assert_eq!(sha256(r.as_slice()), sha256(&data));
     assert!(stack.log("sluice-shim").contains("https://127.0.0.1:"), "the shim dialled https");
+    gets_went_framed(&stack, ops, 1.0);
     for f in ["ca.key", "agent.key", "shim-alpha.key"] {
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(stack.dir.path().join("tls").join(f)).unwrap().permissions(),
@@ -144,13 +166,9 @@ async fn tcp_without_tls_or_insecure_does_not_start() {
 
 #[tokio::test]
 async fn per_core_runtimes_serve_mutual_tls_and_refuse_a_foreign_ca() {
-    // Handshakes run on the core a connection was dealt to.
-    let mut stack = Stack::with(Options {
-        tls: true,
-        grpc_over_tcp: true,
-        agent_failover: "[runtime]\nper_core = true\nthreads = 2\n".into(),
-        ..Default::default()
-    });
+    // Handshakes run on the core a connection was dealt to, and framed
+    // GETs are served there.
+    let (mut stack, ops) = tls_stack_with_ops("[runtime]\nper_core = true\nthreads = 2\n");
     assert!(stack.log("sluice-agent").contains("per-core runtimes"));
     let c = stack.client().await;
     let data = pattern((1 << 20) + 7, 9);
@@ -162,6 +180,7 @@ async fn per_core_runtimes_serve_mutual_tls_and_refuse_a_foreign_ca() {
         c.get("data/tls-cores.bin", &r, 0, None).await.unwrap();
         assert_eq!(sha256(r.as_slice()), sha256(&data));
     }
+    gets_went_framed(&stack, ops, 4.0);
     other_ca(&stack);
     let agent = https(&stack, "tls/ca.crt", "other/shim-alpha.crt", "other/shim-alpha.key");
     let socket = stack.start_extra_shim("shim-foreign-cert", &agent).unwrap();
