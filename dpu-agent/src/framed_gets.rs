@@ -27,12 +27,21 @@
 //!   past its bound of untaken answers, and a write that waits longer than
 //!   [`WRITE_WAIT`] closes the connection.
 //!
+//! * at most [`FRAMED_AT_ONCE`] framed connections are served at once per
+//!   listener (and per core); one more is closed unanswered, and its shim
+//!   sends that stream's GETs as a call.
+//!
 //! The sorting places are shared by every connection of a listener: a
 //! peer that fills them with silent connections delays the shim's too (by
 //! [`FIRST_BYTES_WAIT`] at a time), as the TLS listeners' handshake places
 //! do. Only the shim's user and group reach the Unix socket
-//! (`socket_mode`); a TCP listener's peers are what `shim_origins` and TLS
-//! let in, and a session is used only from where it was opened.
+//! (`socket_mode`). Any peer that reaches a TCP listener can connect
+//! (with TLS, only with a certificate of the client CA): `shim_origins`
+//! is checked when a session opens, and a session is used only from where
+//! it was opened; so on plaintext TCP (`[tls] insecure`, for a trusted
+//! link only) a peer can hold sorting places as it can hold TLS handshake
+//! places. A framed connection holds at most one frame of
+//! [`fg::MAX_FRAME`] being read, as a gRPC call holds one message.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -58,6 +67,10 @@ pub const FIRST_BYTES_WAIT: Duration = Duration::from_secs(3);
 pub const SORTING: usize = 256;
 /// Longest one write of answers may wait for the peer to take them.
 pub const WRITE_WAIT: Duration = Duration::from_secs(30);
+/// Most framed connections served at once by one sorter (a listener, or
+/// one core's share of it): a shim keeps `[agent] connections` (8 by
+/// default, 64 at most) open.
+pub const FRAMED_AT_ONCE: usize = 1024;
 /// Most bytes of answers gathered into one write.
 const WRITE_BATCH: usize = 256 << 10;
 
@@ -84,6 +97,10 @@ macro_rules! first_byte {
     }};
 }
 
+/// Where a connection comes from: its address (none on the Unix socket)
+/// and its verified client certificate (TLS only).
+pub type Peer = (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>);
+
 /// A connection a listener can sort: a Unix or TCP socket, or TLS over
 /// TCP.
 pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin + 'static {
@@ -91,8 +108,10 @@ pub trait Conn: AsyncRead + AsyncWrite + Send + Unpin + 'static {
     /// `None` if it closed before saying.
     fn asks_framed(&self) -> impl std::future::Future<Output = std::io::Result<Option<bool>>> + Send;
     /// Where it comes from: the peer's address (none on the Unix socket)
-    /// and the leaf of the certificate chain TLS verified (TLS only).
-    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>);
+    /// and the leaf of the certificate chain TLS verified (TLS only). A TCP
+    /// peer whose address cannot be read fails (it is never taken for the
+    /// Unix socket).
+    fn peer(&self) -> std::io::Result<Peer>;
     type Read: AsyncRead + Send + Unpin + 'static;
     type Write: AsyncWrite + Send + Unpin + 'static;
     /// Its two halves, each used by one task (owned halves where the
@@ -114,8 +133,8 @@ impl Conn for UnixStream {
     async fn asks_framed(&self) -> std::io::Result<Option<bool>> {
         first_byte!(self)
     }
-    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>) {
-        (None, None)
+    fn peer(&self) -> std::io::Result<Peer> {
+        Ok((None, None))
     }
 }
 
@@ -131,8 +150,8 @@ impl Conn for TcpStream {
     async fn asks_framed(&self) -> std::io::Result<Option<bool>> {
         first_byte!(self)
     }
-    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>) {
-        (self.peer_addr().ok(), None)
+    fn peer(&self) -> std::io::Result<Peer> {
+        Ok((Some(self.peer_addr()?), None))
     }
 }
 
@@ -151,11 +170,11 @@ impl Conn for TlsStream<TcpStream> {
         // clients offer `h2` alone.
         Ok(Some(self.get_ref().1.alpn_protocol() == Some(fg::ALPN)))
     }
-    fn peer(&self) -> (Option<std::net::SocketAddr>, Option<Arc<crate::tls::ClientCert>>) {
+    fn peer(&self) -> std::io::Result<Peer> {
         let (tcp, tls) = self.get_ref();
         // The leaf of the chain TLS verified against the client CA.
         let cert = tls.peer_certificates().and_then(|chain| chain.first()).map(|c| crate::tls::ClientCert::from_der(c));
-        (tcp.peer_addr().ok(), cert)
+        Ok((Some(tcp.peer_addr()?), cert))
     }
 }
 
@@ -170,15 +189,17 @@ where
     F: Fn(C) -> Fut + Clone + Send + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    sort_within(conns, framed, FIRST_BYTES_WAIT, SORTING)
+    sort_within(conns, framed, FIRST_BYTES_WAIT, SORTING, FRAMED_AT_ONCE)
 }
 
-/// [`sort`], with at most `places` connections given `wait` each.
+/// [`sort`], with at most `places` connections given `wait` each, and at
+/// most `at_once` served framed.
 fn sort_within<C, S, F, Fut>(
     conns: S,
     framed: F,
     wait: Duration,
     places: usize,
+    at_once: usize,
 ) -> (ReceiverStream<std::io::Result<C>>, TaskTracker)
 where
     C: Conn,
@@ -191,6 +212,10 @@ where
     let sorting = tasks.clone();
     tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(places));
+        let serving = Arc::new(Semaphore::new(at_once));
+        // Refusals past the bound are logged once per sorter: a flood of
+        // them would flood the log.
+        let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut conns = std::pin::pin!(conns);
         loop {
             let slot = tokio::select! {
@@ -201,13 +226,23 @@ where
             let Some(conn) = crate::accept::next_conn(&mut conns, grpc.closed(), "a control connection").await else {
                 break;
             };
-            let (grpc, framed) = (grpc.clone(), framed.clone());
+            let (grpc, framed, serving, warned) = (grpc.clone(), framed.clone(), serving.clone(), warned.clone());
             sorting.spawn(async move {
                 let sorted = tokio::time::timeout(wait, preface(conn)).await;
                 // The place is held until the whole preface has come.
                 drop(slot);
                 match sorted {
-                    Ok(Ok(Sorted::Framed(conn))) => framed(conn).await,
+                    Ok(Ok(Sorted::Framed(conn))) => match serving.try_acquire_owned() {
+                        Ok(_serving) => framed(conn).await,
+                        Err(_) => {
+                            if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                tracing::warn!(
+                                    "{at_once} framed GET connections are open on one listener: another was closed \
+                                     unanswered (its shim sends those GETs as calls); further ones are not logged"
+                                );
+                            }
+                        }
+                    },
                     Ok(Ok(Sorted::Grpc(conn))) => {
                         let _ = grpc.send(Ok(conn)).await;
                     }
@@ -260,7 +295,10 @@ pub async fn serve<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<b
 }
 
 async fn serve_conn<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<bool>>) -> Result<(), String> {
-    conn.watch_peer().map_err(|e| format!("setting TCP keepalive: {e}"))?;
+    if let Err(e) = conn.watch_peer() {
+        // Served without: a vanished peer is then noticed only by a write.
+        tracing::warn!(error = %e, "framed GETs: could not set TCP keepalive on a connection");
+    }
     let (rd, mut wr) = conn.halves();
     written(wr.write_all(fg::PREFACE)).await?;
     let inbound = futures::stream::unfold(Some(FrameReader::new(rd)), |reader| async move {

@@ -249,7 +249,7 @@ async fn sorted(
             count.fetch_add(1, SeqCst);
         }
     };
-    let (grpc, tasks) = sort_within(tokio_stream::wrappers::UnixListenerStream::new(l), framed, wait, places);
+    let (grpc, tasks) = sort_within(tokio_stream::wrappers::UnixListenerStream::new(l), framed, wait, places, 4);
     (path, grpc, served, tasks)
 }
 
@@ -352,7 +352,7 @@ type Seen = Arc<std::sync::Mutex<Vec<(Option<std::net::SocketAddr>, Option<Arc<c
 fn recording<C: Conn>(seen: &Seen) -> impl Fn(C) -> std::future::Ready<()> + Clone + Send + 'static {
     let seen = seen.clone();
     move |conn: C| {
-        seen.lock().unwrap().push(conn.peer());
+        seen.lock().unwrap().push(conn.peer().unwrap());
         std::future::ready(())
     }
 }
@@ -467,4 +467,35 @@ async fn tls_connections_are_sorted_by_the_protocol_their_handshake_chose() {
     let read = tokio::time::timeout(Duration::from_secs(5), wrong.read(&mut b)).await.expect("closed in time");
     assert!(!matches!(read, Ok(n) if n > 0), "closed unanswered: {read:?}");
     assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn framed_connections_past_the_bound_are_closed_unanswered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.sock");
+    let l = tokio::net::UnixListener::bind(&path).unwrap();
+    let held = Arc::new(AtomicUsize::new(0));
+    let count = held.clone();
+    // Each framed connection served holds its place until the test ends.
+    let framed = move |conn: UnixStream| {
+        let count = count.clone();
+        async move {
+            let _conn = conn;
+            count.fetch_add(1, SeqCst);
+            std::future::pending::<()>().await;
+        }
+    };
+    let (_grpc, _tasks) =
+        sort_within(tokio_stream::wrappers::UnixListenerStream::new(l), framed, FIRST_BYTES_WAIT, SORTING, 2);
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut c = UnixStream::connect(&path).await.unwrap();
+        c.write_all(fg::PREFACE).await.unwrap();
+        open.push(c);
+    }
+    eventually("two served", || held.load(SeqCst) == 2).await;
+    let mut third = UnixStream::connect(&path).await.unwrap();
+    third.write_all(fg::PREFACE).await.unwrap();
+    assert_eq!(until_closed(&mut third).await, vec![], "closed unanswered");
+    assert_eq!(held.load(SeqCst), 2);
 }

@@ -170,9 +170,17 @@ impl GrpcService {
         conn: C,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let open = self.agent.metrics().framed_connections.clone();
-        let (addr, cert) = conn.peer();
-        let origin = self.origin(addr, cert);
-        let served = crate::framed_gets::serve(conn, self.streamed_gets(origin), self.stop.clone());
+        let served = match conn.peer() {
+            Ok((addr, cert)) => {
+                let origin = self.origin(addr, cert);
+                Some(crate::framed_gets::serve(conn, self.streamed_gets(origin), self.stop.clone()))
+            }
+            Err(e) => {
+                // Its origin unknown, it is served nothing.
+                tracing::debug!(error = %e, "a framed GET connection without a peer address; closed");
+                None
+            }
+        };
         /// Counted open until dropped (served, or its task aborted).
         struct Open(prometheus::IntGauge);
         impl Drop for Open {
@@ -181,6 +189,7 @@ impl GrpcService {
             }
         }
         async move {
+            let Some(served) = served else { return };
             open.inc();
             let _open = Open(open);
             served.await;

@@ -52,10 +52,9 @@ pub struct AgentLink {
     channels: Vec<AgentClient<Channel>>,
     next: std::sync::atomic::AtomicUsize,
     memory_socket: PathBuf,
-    /// The agent's socket, on a Unix link.
-    unix_socket: Option<PathBuf>,
-    /// Where framed GETs go: the agent's address, as the channels'.
-    framed: Arc<crate::framed_link::Target>,
+    /// Where framed GETs go: the agent's address, as the channels'; none
+    /// with `framed_gets = false`, or when their TLS could not be set up.
+    framed: Option<Arc<crate::framed_link::Target>>,
     /// One memory-socket connection, reused; exchanges are serialised.
     memory: Mutex<Option<BufReader<UnixStream>>>,
 }
@@ -68,10 +67,9 @@ impl AgentLink {
         // (Err: one is installed already.)
         let _ = rustls::crypto::ring::default_provider().install_default();
         let connections = cfg.connections.max(1);
-        let unix_socket = cfg.grpc.strip_prefix("unix:").map(PathBuf::from);
         let (channels, framed) = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
-            let framed = crate::framed_link::Target::Unix(path.clone());
+            let framed = Ok(crate::framed_link::Target::Unix(path.clone()));
             let channels = (0..connections)
                 .map(|_| {
                     let path = path.clone();
@@ -95,22 +93,24 @@ impl AgentLink {
             } else {
                 LinkKind::Plaintext.remember();
             }
-            let framed = crate::framed_link::Target::tcp(e.uri(), cfg.tls.as_ref())?;
+            let framed = crate::framed_link::Target::tcp(e.uri(), cfg.tls.as_ref());
             ((0..connections).map(|_| AgentClient::new(e.connect_lazy())).collect(), framed)
         };
         Ok(Self {
             channels,
             next: std::sync::atomic::AtomicUsize::new(0),
             memory_socket: cfg.memory_socket.clone(),
-            unix_socket,
-            framed: Arc::new(framed),
+            framed: match framed {
+                _ if !cfg.framed_gets => None,
+                Ok(t) => Some(Arc::new(t)),
+                // The gRPC link stands on its own: GETs go as calls.
+                Err(e) => {
+                    tracing::warn!(error = %e, "framed GETs cannot be set up; single GETs go as GetStream calls");
+                    None
+                }
+            },
             memory: Mutex::new(None),
         })
-    }
-
-    /// The agent's Unix socket, when the link is one (a co-located agent).
-    pub fn unix_socket(&self) -> Option<&std::path::Path> {
-        self.unix_socket.as_deref()
     }
 
     /// Opens every connection now (a cheap call on each), so the shim's
@@ -128,8 +128,8 @@ impl AgentLink {
         }
     }
 
-    /// Where framed GETs go: the agent's address.
-    pub fn framed_target(&self) -> Arc<crate::framed_link::Target> {
+    /// Where framed GETs go (the agent's address), if they do.
+    pub fn framed_target(&self) -> Option<Arc<crate::framed_link::Target>> {
         self.framed.clone()
     }
 

@@ -22,6 +22,9 @@ use crate::error::StartupError;
 /// Longest connecting (and TLS's handshake) and the agent's answer to the
 /// preface may take.
 const OPEN_WAIT: Duration = Duration::from_secs(5);
+/// Longest one of the agent's addresses is tried before the next (the
+/// gRPC channel moves on after 300 ms, to the other address family).
+const PER_ADDRESS_WAIT: Duration = Duration::from_secs(1);
 /// Longest one write of GETs may wait for the agent to take them; past
 /// it the connection is given up (its GETs fail, the next opens another).
 const WRITE_WAIT: Duration = Duration::from_secs(30);
@@ -42,7 +45,8 @@ impl Target {
     /// address, `tls` for `https`).
     pub fn tcp(uri: &tonic::codegen::http::Uri, tls: Option<&AgentTls>) -> Result<Self, StartupError> {
         let host = uri.host().ok_or_else(|| StartupError::AgentHost(uri.to_string()))?;
-        let port = uri.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
+        // The port the gRPC channel dials: the scheme's when none is given.
+        let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
         // `[::1]` in a URI, `::1` to resolve and as a name.
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let address = if bare.contains(':') { format!("[{bare}]:{port}") } else { format!("{bare}:{port}") };
@@ -76,10 +80,13 @@ fn client_tls(t: &AgentTls) -> Result<tokio_rustls::TlsConnector, StartupError> 
     let fail = |what: &str, p: &std::path::Path, e: &dyn std::fmt::Display| {
         StartupError::Tls(format!("{what} {}: {e}", p.display()))
     };
+    // As the gRPC link reads it: certificates that do not parse are
+    // skipped, not fatal.
     let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(&t.ca).map_err(|e| fail("ca", &t.ca, &e))? {
-        roots.add(c.map_err(|e| fail("ca", &t.ca, &e))?).map_err(|e| fail("ca", &t.ca, &e))?;
-    }
+    let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.ca)
+        .and_then(|i| i.collect::<Result<_, _>>())
+        .map_err(|e| fail("ca", &t.ca, &e))?;
+    roots.add_parsable_certificates(cas);
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)
         .and_then(|i| i.collect::<Result<_, _>>())
         .map_err(|e| fail("certificate", &t.cert, &e))?;
@@ -130,7 +137,7 @@ async fn open_now(to: &Target) -> Opened {
             Err(e) => failed(e),
         },
         Target::Tcp { address, tls } => {
-            let tcp = match TcpStream::connect(address.as_str()).await {
+            let tcp = match connect_tcp(address).await {
                 Ok(c) => c,
                 Err(e) => return failed(e),
             };
@@ -155,6 +162,24 @@ async fn open_now(to: &Target) -> Opened {
             }
         }
     }
+}
+
+/// Connects to the first of `address`'s addresses that answers, in the
+/// resolver's order, giving each [`PER_ADDRESS_WAIT`]: one that drops
+/// packets does not hold every framed open until [`OPEN_WAIT`].
+async fn connect_tcp(address: &str) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(address).await? {
+        match tokio::time::timeout(PER_ADDRESS_WAIT, TcpStream::connect(a)).await {
+            Ok(Ok(c)) => return Ok(c),
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => {
+                let why = format!("{a}: no answer in {PER_ADDRESS_WAIT:?}");
+                last = Some(std::io::Error::new(std::io::ErrorKind::TimedOut, why));
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "the name has no address")))
 }
 
 /// Says the preface on `conn` and reads the agent's answer; framed, its
@@ -538,5 +563,6 @@ mod tests {
         assert_eq!(addr(tcp_target("http://10.0.0.2:50051", None)), "10.0.0.2:50051");
         assert_eq!(addr(tcp_target("http://[fd00::2]:7", None)), "[fd00::2]:7");
         assert_eq!(addr(tcp_target("http://dpu.example", None)), "dpu.example:80");
+        assert_eq!(addr(tcp_target("https://dpu.example", None)), "dpu.example:443");
     }
 }

@@ -69,8 +69,8 @@ impl SessionContext {
     ) -> Self {
         let GetCounters { coalesced, streamed, framed_links, framed_gets } = counters;
         let coalescer = config.agent.coalesce_gets.then(|| crate::coalesce::Coalescer::new(coalesced));
-        let framed = config.agent.framed_gets.then(|| crate::get_stream::FramedTo {
-            target: agent.framed_target(),
+        let framed = agent.framed_target().map(|target| crate::get_stream::FramedTo {
+            target,
             links: framed_links,
             gets: framed_gets,
         });

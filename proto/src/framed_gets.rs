@@ -1,11 +1,13 @@
-//! Single GETs between a shim and a co-located agent without HTTP/2.
+//! Single GETs between a shim and its agent without HTTP/2.
 //!
-//! Why: on the Unix socket between a shim and an agent on the same machine,
+//! Why: on the link between a shim and its agent (the Unix socket of a
+//! co-located agent, or TCP with mutual TLS to one on a BlueField),
 //! `GetStream`'s messages still pay for HTTP/2 on both sides (frames, flow
 //! control, and hyper's body pump, which wakes a second runtime worker for
 //! each answer). This carries the same messages (`GetStreamRequest` in,
 //! `GetManyItem` out, with the same rules and checks at the agent) as
-//! length-prefixed frames on a connection of their own.
+//! length-prefixed frames on a connection of their own, to the same
+//! address (over TLS, chosen by ALPN: [`ALPN`]).
 //!
 //! The connection starts with [`PREFACE`] from the shim; an agent that
 //! serves it answers the same 24 bytes. (An agent that does not reads them

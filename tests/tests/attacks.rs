@@ -589,8 +589,7 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
     // On TCP, framed GETs carry the connection's origin: the session opened
     // from 127.0.0.1 passes the check there (its GET fails on its region)...
     let framed = tokio::net::TcpStream::connect(stack.grpc_addr).await.unwrap();
-    let code = framed_get(framed, &session).await;
-    assert_ne!(code, Code::Unauthenticated as i32, "the session's own origin");
+    assert_eq!(framed_get(framed, &session).await, Code::UnknownRegion as i32, "the session's own origin");
     // ...and one opened over the Unix socket is refused there.
     let unix_session = open_session(&mut unix, &stack, "alpha", "alpha-shim").await.expect("a session over Unix");
     let framed = tokio::net::TcpStream::connect(stack.grpc_addr).await.unwrap();
@@ -668,15 +667,21 @@ async fn a_tenants_own_listener_names_the_tenant() {
     let st = open_session(&mut b_listener, &stack, "alpha", "alpha-shim").await.unwrap_err();
     assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
     assert!(st.message().contains("serves tenant \"beta\" only"), "{}", st.message());
-    // A's session presented on B's listener.
+    // A's session presented on B's listener, as a call and as a framed GET;
+    // on A's own listener a framed GET passes the check (its region is
+    // not there).
     let st = b_listener.stats(apb::StatsRequest { session_id: session.clone() }).await.unwrap_err();
     assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    let on_b = tokio::net::TcpStream::connect(("127.0.0.1", pb)).await.unwrap();
+    assert_eq!(framed_get(on_b, &session).await, Code::Unauthenticated as i32);
+    let on_a = tokio::net::TcpStream::connect(("127.0.0.1", pa)).await.unwrap();
+    assert_eq!(framed_get(on_a, &session).await, Code::UnknownRegion as i32);
     // A anywhere but its own listener: the agent's general TCP listener.
     let mut general = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
     let st = open_session(&mut general, &stack, "alpha", "alpha-shim").await.unwrap_err();
     assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
     assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["tenant=\"alpha\"", "reason=\"listener\""]), 2.0);
-    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 1.0);
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &["reason=\"origin_mismatch\""]), 2.0);
     // B on its own listener; A's session still fine on A's.
     open_session(&mut b_listener, &stack, "beta", "beta-shim").await.expect("B on its own listener");
     a_listener.stats(apb::StatsRequest { session_id: session }).await.expect("A's session where it was opened");
