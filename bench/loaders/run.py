@@ -131,6 +131,13 @@ def parse_args() -> argparse.Namespace:
         "serving whole connections (per-core: for an agent on cores of its own, as with --split)",
     )
     ap.add_argument(
+        "--link",
+        choices=["unix", "tls"],
+        default="unix",
+        help="how the shim reaches the agent: its Unix socket (a co-located agent, the default), or TCP with "
+        "mutual TLS on the loopback, as a shim reaches the agent on its BlueField (sluice up --tcp)",
+    )
+    ap.add_argument(
         "--dpu-cores",
         default="",
         help="with --split: also run the Sluice readers with the agent on only the first N of the dpu cores, "
@@ -146,14 +153,16 @@ def parse_args() -> argparse.Namespace:
 
 # ----------------------------------------------------------------- stack --
 class Stack:
-    def __init__(self, bin_dir: str, runtime_threads: int = 0, per_core: bool = False) -> None:
+    def __init__(self, bin_dir: str, runtime_threads: int = 0, per_core: bool = False, link: str = "unix") -> None:
         """``runtime_threads``: the daemons' tokio runtimes get this many
         workers (``TOKIO_WORKER_THREADS``; the shim keeps its configured
         one). With a core split the daemons are pinned after they start, so
         by default each would size its runtime to the whole machine and run
         16 workers on the 6 cores it is given; an agent on a BlueField sees
         only its own cores. ``per_core``: the agent serves connections on
-        per-core runtimes (as many as ``runtime_threads``)."""
+        per-core runtimes (as many as ``runtime_threads``). ``link``: "unix"
+        (the shim on the agent's Unix socket) or "tls" (TCP with mutual
+        TLS, ``sluice up --tcp``)."""
         self.bin_dir = os.path.abspath(bin_dir)
         self.sluice = os.path.join(self.bin_dir, "sluice")
         # Short path: Unix socket names are limited to 108 bytes.
@@ -163,7 +172,8 @@ class Stack:
             env["TOKIO_WORKER_THREADS"] = str(runtime_threads)
         out = subprocess.run(
             [self.sluice, "up", "--dir", self.dir, "--bin-dir", self.bin_dir, "--json", "--rdma"]
-            + (["--per-core"] if per_core else []),
+            + (["--per-core"] if per_core else [])
+            + (["--tcp"] if link == "tls" else []),
             capture_output=True,
             text=True,
             env=env,
@@ -446,7 +456,10 @@ def main() -> None:
     # The agent's runtime sized to the DPU cores it is pinned to (the
     # gateway's to the same number: 6 and 6 in the default split).
     stack = Stack(
-        args.bin_dir, runtime_threads=len(split["dpu"]) if split else 0, per_core=args.agent_runtime == "per-core"
+        args.bin_dir,
+        runtime_threads=len(split["dpu"]) if split else 0,
+        per_core=args.agent_runtime == "per-core",
+        link=args.link,
     )
     interrupted = False
     prefix_cmd: List[str] = []
@@ -776,7 +789,8 @@ def report(
         "method": {
             "stack": "sluice up --rdma in a temp dir: sluice-gateway (embedded directory store, loopback HTTP), "
             "sluice-agent, sluice-shim; namespace 'data' (HTTP data path) and 'data-rdma' "
-            "(RDMA path, software tcp transport) over the same bucket",
+            "(RDMA path, software tcp transport) over the same bucket; shim -> agent "
+            + ("over TCP with mutual TLS (sluice up --tcp)" if args.link == "tls" else "on the agent's Unix socket"),
             "objects": "put once through the gateway; every reader verifies object 0 of each size (MD5)",
             "cell": "untimed warm-up pass over min(objects, 2 x concurrency) objects, then `repeats` timed passes "
             "over all objects; medians per metric",
@@ -791,6 +805,7 @@ def report(
         },
         "machine": machine_info(),
         "split": args.split or None,
+        "link": args.link,
         # TOKIO_WORKER_THREADS for the gateway and the agent (0: the machine's cores).
         "runtime_threads": len(benchlib.parse_split(args.split)["dpu"]) if args.split else 0,
         "agent_runtime": args.agent_runtime,
