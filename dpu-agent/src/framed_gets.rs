@@ -28,8 +28,9 @@
 //!   [`WRITE_WAIT`] closes the connection.
 //!
 //! * at most [`FRAMED_AT_ONCE`] framed connections are served at once per
-//!   listener (and per core); one more is closed unanswered, and its shim
-//!   sends that stream's GETs as a call.
+//!   listener (and per core), [`FRAMED_PER_PEER`] of them from one address;
+//!   one more is closed unanswered, and its shim sends that stream's GETs
+//!   as a call.
 //!
 //! The sorting places are shared by every connection of a listener: a
 //! peer that fills them with silent connections delays the shim's too (by
@@ -71,6 +72,9 @@ pub const WRITE_WAIT: Duration = Duration::from_secs(30);
 /// one core's share of it): a shim keeps `[agent] connections` (8 by
 /// default, 64 at most) open.
 pub const FRAMED_AT_ONCE: usize = 1024;
+/// Most of them from one peer address (twice the 64 connections a shim
+/// opens at most: room for links being replaced).
+pub const FRAMED_PER_PEER: usize = 128;
 /// Most bytes of answers gathered into one write.
 const WRITE_BATCH: usize = 256 << 10;
 
@@ -212,10 +216,7 @@ where
     let sorting = tasks.clone();
     tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(places));
-        let serving = Arc::new(Semaphore::new(at_once));
-        // Refusals past the bound are logged once per sorter: a flood of
-        // them would flood the log.
-        let warned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let serving = Arc::new(Serving::new(at_once, FRAMED_PER_PEER.min(at_once)));
         let mut conns = std::pin::pin!(conns);
         loop {
             let slot = tokio::select! {
@@ -226,23 +227,20 @@ where
             let Some(conn) = crate::accept::next_conn(&mut conns, grpc.closed(), "a control connection").await else {
                 break;
             };
-            let (grpc, framed, serving, warned) = (grpc.clone(), framed.clone(), serving.clone(), warned.clone());
+            let (grpc, framed, serving) = (grpc.clone(), framed.clone(), serving.clone());
             sorting.spawn(async move {
                 let sorted = tokio::time::timeout(wait, preface(conn)).await;
                 // The place is held until the whole preface has come.
                 drop(slot);
                 match sorted {
-                    Ok(Ok(Sorted::Framed(conn))) => match serving.try_acquire_owned() {
-                        Ok(_serving) => framed(conn).await,
-                        Err(_) => {
-                            if !warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                                tracing::warn!(
-                                    "{at_once} framed GET connections are open on one listener: another was closed \
-                                     unanswered (its shim sends those GETs as calls); further ones are not logged"
-                                );
-                            }
+                    Ok(Ok(Sorted::Framed(conn))) => {
+                        // (A peer whose address cannot be read is refused
+                        // by `framed` itself.)
+                        let ip = conn.peer().ok().and_then(|(addr, _)| addr).map(|a| a.ip());
+                        if let Some(_admitted) = serving.admit(ip) {
+                            framed(conn).await;
                         }
-                    },
+                    }
                     Ok(Ok(Sorted::Grpc(conn))) => {
                         let _ = grpc.send(Ok(conn)).await;
                     }
@@ -256,6 +254,75 @@ where
         sorting.close();
     });
     (ReceiverStream::new(out), tasks)
+}
+
+/// The framed connections one sorter serves: at most `total` in all and
+/// `per_peer` from one address (the Unix socket is one), so no one peer
+/// takes every place.
+struct Serving {
+    total: Arc<Semaphore>,
+    per_peer: usize,
+    peers: std::sync::Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>,
+    /// When a refusal was last logged (a flood of them would flood the log).
+    warned: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+/// A place among those [`Serving`] has; given back when dropped.
+struct Admitted {
+    _total: tokio::sync::OwnedSemaphorePermit,
+    serving: Arc<Serving>,
+    ip: Option<std::net::IpAddr>,
+}
+
+impl Serving {
+    fn new(total: usize, per_peer: usize) -> Self {
+        Self { total: Arc::new(Semaphore::new(total)), per_peer, peers: Default::default(), warned: Default::default() }
+    }
+
+    fn peers(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<Option<std::net::IpAddr>, usize>> {
+        self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A place for a framed connection from `ip`, if one is free; a
+    /// refusal is logged (at most once a minute) and the connection is
+    /// closed unanswered: its shim sends those GETs as calls.
+    fn admit(self: &Arc<Self>, ip: Option<std::net::IpAddr>) -> Option<Admitted> {
+        let why = match self.total.clone().try_acquire_owned() {
+            Ok(total) => {
+                let mut peers = self.peers();
+                let n = peers.entry(ip).or_insert(0);
+                if *n < self.per_peer {
+                    *n += 1;
+                    return Some(Admitted { _total: total, serving: self.clone(), ip });
+                }
+                format!("{} from one address", self.per_peer)
+            }
+            Err(_) => "all of the listener's".to_owned(),
+        };
+        let mut warned = self.warned.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+            *warned = Some(std::time::Instant::now());
+            let from = ip.map_or("the Unix socket".to_owned(), |ip| ip.to_string());
+            tracing::warn!(
+                %from,
+                "a framed GET connection was closed unanswered: {why} places are taken (its shim sends those \
+                 GETs as calls; further refusals within a minute are not logged)"
+            );
+        }
+        None
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut peers = self.serving.peers();
+        if let Some(n) = peers.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                peers.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// What a connection's first bytes said.

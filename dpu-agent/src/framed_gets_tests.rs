@@ -476,13 +476,12 @@ async fn framed_connections_past_the_bound_are_closed_unanswered() {
     let l = tokio::net::UnixListener::bind(&path).unwrap();
     let held = Arc::new(AtomicUsize::new(0));
     let count = held.clone();
-    // Each framed connection served holds its place until the test ends.
-    let framed = move |conn: UnixStream| {
+    // Each framed connection served holds its place until its shim closes.
+    let framed = move |mut conn: UnixStream| {
         let count = count.clone();
         async move {
-            let _conn = conn;
             count.fetch_add(1, SeqCst);
-            std::future::pending::<()>().await;
+            let _ = conn.read_to_end(&mut Vec::new()).await;
         }
     };
     let (_grpc, _tasks) =
@@ -498,4 +497,23 @@ async fn framed_connections_past_the_bound_are_closed_unanswered() {
     third.write_all(fg::PREFACE).await.unwrap();
     assert_eq!(until_closed(&mut third).await, vec![], "closed unanswered");
     assert_eq!(held.load(SeqCst), 2);
+    // A served one that ends gives its place back.
+    drop(open.pop());
+    let mut fourth = UnixStream::connect(&path).await.unwrap();
+    fourth.write_all(fg::PREFACE).await.unwrap();
+    eventually("the fourth served", || held.load(SeqCst) == 3).await;
+}
+
+#[test]
+fn one_peer_address_takes_at_most_its_share_of_the_places() {
+    let serving = Arc::new(Serving::new(4, 2));
+    let (a, b): (std::net::IpAddr, std::net::IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    let a1 = serving.admit(Some(a)).expect("a's first");
+    let _a2 = serving.admit(Some(a)).expect("a's second");
+    assert!(serving.admit(Some(a)).is_none(), "a's share is taken");
+    let _b1 = serving.admit(Some(b)).expect("b is not held back by a");
+    let _unix = serving.admit(None).expect("the Unix socket is a peer of its own");
+    assert!(serving.admit(Some(b)).is_none(), "all four places taken");
+    drop(a1);
+    let _a3 = serving.admit(Some(a)).expect("a place given back is a's again");
 }

@@ -117,6 +117,9 @@ pub struct GrpcService {
     agent: Arc<Agent>,
     /// The tenant whose own listener this service answers on, if any.
     listener: Option<Arc<str>>,
+    /// It answers on a TCP listener: a peer without an address is never
+    /// taken for the Unix socket.
+    tcp: bool,
     /// Becomes true when the agent shuts down: long-lived calls
     /// (`GetStream`) then stop taking work and end, or the servers'
     /// graceful shutdown would wait for them forever.
@@ -125,12 +128,19 @@ pub struct GrpcService {
 
 impl GrpcService {
     pub fn new(agent: Arc<Agent>) -> Self {
-        Self { agent, listener: None, stop: None }
+        Self { agent, listener: None, tcp: false, stop: None }
     }
 
     /// The service on tenant `tenant`'s own listener (`[tenants.nic]`).
     pub fn for_listener(agent: Arc<Agent>, tenant: &str) -> Self {
-        Self { agent, listener: Some(tenant.into()), stop: None }
+        Self { agent, listener: Some(tenant.into()), tcp: true, stop: None }
+    }
+
+    /// The service on a TCP listener.
+    #[must_use]
+    pub fn on_tcp(mut self) -> Self {
+        self.tcp = true;
+        self
     }
 
     /// Long-lived calls end once `stop` becomes true.
@@ -213,6 +223,9 @@ impl GrpcService {
                 cert,
             },
             (None, Some(a)) => ShimOrigin::Network { ip: a.ip(), cert },
+            // A TCP peer whose address could not be read: an address no
+            // shim has, never the Unix socket's sessions.
+            (None, None) if self.tcp => ShimOrigin::Network { ip: std::net::Ipv4Addr::UNSPECIFIED.into(), cert },
             (None, None) => ShimOrigin::Unix,
         }
     }

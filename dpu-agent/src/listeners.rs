@@ -81,6 +81,7 @@ impl Listeners {
     /// Besides gRPC it serves framed GETs (`framed_gets.rs`): chosen by
     /// the TLS handshake, or by a plaintext connection's first byte.
     pub fn tcp(&mut self, l: TcpListener, svc: GrpcService, tenant: &str) {
+        let svc = svc.on_tcp();
         let Some(cores) = self.cores.clone() else {
             let stop = stopped(self.stop.clone());
             match &self.tls {

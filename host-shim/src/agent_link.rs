@@ -69,7 +69,7 @@ impl AgentLink {
         let connections = cfg.connections.max(1);
         let (channels, framed) = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
-            let framed = Ok(crate::framed_link::Target::Unix(path.clone()));
+            let framed = cfg.framed_gets.then(|| Ok(crate::framed_link::Target::Unix(path.clone())));
             let channels = (0..connections)
                 .map(|_| {
                     let path = path.clone();
@@ -93,7 +93,7 @@ impl AgentLink {
             } else {
                 LinkKind::Plaintext.remember();
             }
-            let framed = crate::framed_link::Target::tcp(e.uri(), cfg.tls.as_ref());
+            let framed = cfg.framed_gets.then(|| crate::framed_link::Target::tcp(e.uri(), cfg.tls.as_ref()));
             ((0..connections).map(|_| AgentClient::new(e.connect_lazy())).collect(), framed)
         };
         Ok(Self {
@@ -101,11 +101,11 @@ impl AgentLink {
             next: std::sync::atomic::AtomicUsize::new(0),
             memory_socket: cfg.memory_socket.clone(),
             framed: match framed {
-                _ if !cfg.framed_gets => None,
-                Ok(t) => Some(Arc::new(t)),
-                // The gRPC link stands on its own: GETs go as calls.
-                Err(e) => {
-                    tracing::warn!(error = %e, "framed GETs cannot be set up; single GETs go as GetStream calls");
+                None => None,
+                Some(Ok(t)) => Some(Arc::new(t)),
+                // The gRPC link stands on its own: GETs go over it.
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "framed GETs cannot be set up; single GETs go over the gRPC link");
                     None
                 }
             },

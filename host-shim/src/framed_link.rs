@@ -86,7 +86,10 @@ fn client_tls(t: &AgentTls) -> Result<tokio_rustls::TlsConnector, StartupError> 
     let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.ca)
         .and_then(|i| i.collect::<Result<_, _>>())
         .map_err(|e| fail("ca", &t.ca, &e))?;
-    roots.add_parsable_certificates(cas);
+    let (usable, _) = roots.add_parsable_certificates(cas);
+    if usable == 0 {
+        return Err(fail("ca", &t.ca, &"no usable certificate"));
+    }
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)
         .and_then(|i| i.collect::<Result<_, _>>())
         .map_err(|e| fail("certificate", &t.cert, &e))?;
@@ -144,7 +147,9 @@ async fn open_now(to: &Target) -> Opened {
             // No Nagle delay, and an agent that vanished is noticed as
             // HTTP/2 pings notice it on the gRPC link.
             if let Err(e) = fg::watch_tcp_peer(&tcp) {
-                return failed(e);
+                // Served without: a vanished agent is then noticed only by
+                // a write, or by the GETs' deadlines.
+                tracing::warn!(error = %e, "framed GETs: could not set TCP keepalive on a connection");
             }
             let Some((connector, name)) = tls else {
                 return greet(tcp, &at, TcpStream::into_split).await;
@@ -165,16 +170,21 @@ async fn open_now(to: &Target) -> Opened {
 }
 
 /// Connects to the first of `address`'s addresses that answers, in the
-/// resolver's order, giving each [`PER_ADDRESS_WAIT`]: one that drops
-/// packets does not hold every framed open until [`OPEN_WAIT`].
+/// resolver's order, giving each but the last [`PER_ADDRESS_WAIT`]: one
+/// that drops packets does not hold every framed open until
+/// [`OPEN_WAIT`].
 async fn connect_tcp(address: &str) -> std::io::Result<TcpStream> {
+    let addresses: Vec<_> = tokio::net::lookup_host(address).await?.collect();
     let mut last = None;
-    for a in tokio::net::lookup_host(address).await? {
-        match tokio::time::timeout(PER_ADDRESS_WAIT, TcpStream::connect(a)).await {
+    for (i, a) in addresses.iter().enumerate() {
+        // The last address gets what is left of the open's wait (a lost
+        // SYN is sent again after a second).
+        let wait = if i + 1 < addresses.len() { PER_ADDRESS_WAIT } else { OPEN_WAIT };
+        match tokio::time::timeout(wait, TcpStream::connect(a)).await {
             Ok(Ok(c)) => return Ok(c),
             Ok(Err(e)) => last = Some(e),
             Err(_) => {
-                let why = format!("{a}: no answer in {PER_ADDRESS_WAIT:?}");
+                let why = format!("{a}: no answer in {wait:?}");
                 last = Some(std::io::Error::new(std::io::ErrorKind::TimedOut, why));
             }
         }

@@ -307,8 +307,8 @@ pub struct GetStreams {
 }
 
 impl GetStreams {
-    /// Streams over `channels`; framed on the agent's Unix socket
-    /// `framed` (counting them), if given, where the agent serves it.
+    /// Streams over `channels`; framed to `framed`'s address (counting
+    /// them), if given, where the agent serves it.
     pub fn new(
         channels: Vec<AgentClient<Channel>>,
         streamed: prometheus::IntCounter,
@@ -320,7 +320,7 @@ impl GetStreams {
         Arc::new(Self { channels, links, next: AtomicUsize::new(0), streamed, off, framed })
     }
 
-    /// Framed connections opened so far (none without a Unix link).
+    /// Framed connections opened so far (none without framing).
     pub fn framed_opened(&self) -> usize {
         self.framed.as_ref().map_or(0, |f| f.to.links.get() as usize)
     }
