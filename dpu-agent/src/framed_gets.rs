@@ -367,7 +367,7 @@ async fn serve_conn<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<
         tracing::warn!(error = %e, "framed GETs: could not set TCP keepalive on a connection");
     }
     let (rd, mut wr) = conn.halves();
-    written(wr.write_all(fg::PREFACE)).await?;
+    written(send(&mut wr, fg::PREFACE)).await?;
     let inbound = futures::stream::unfold(Some(FrameReader::new(rd)), |reader| async move {
         let mut r = reader?;
         // Whatever ends the shim's side ends the stream, and the driver
@@ -403,7 +403,7 @@ async fn serve_conn<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<
                 Err(_) => break,
             }
         }
-        written(wr.write_all(&out)).await?;
+        written(send(&mut wr, &out)).await?;
         if ended {
             break;
         }
@@ -412,6 +412,14 @@ async fn serve_conn<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<
     }
     // Dropping `answers` (a write failed) stops the GETs still running.
     written(wr.shutdown()).await
+}
+
+/// Writes `bytes` and flushes them: over TLS a write the socket cannot
+/// take at once stays in the session's buffer until flushed (on a socket
+/// the flush costs nothing).
+async fn send<W: AsyncWrite + Unpin>(wr: &mut W, bytes: &[u8]) -> std::io::Result<()> {
+    wr.write_all(bytes).await?;
+    wr.flush().await
 }
 
 /// Appends `a`; `true` when it ends the stream.

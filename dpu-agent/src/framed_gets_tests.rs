@@ -517,3 +517,68 @@ fn one_peer_address_takes_at_most_its_share_of_the_places() {
     drop(a1);
     let _a3 = serving.admit(Some(a)).expect("a place given back is a's again");
 }
+
+#[tokio::test]
+async fn over_tls_every_answer_arrives_though_the_socket_was_full() {
+    // Small socket buffers on both ends and a shim that reads late: the
+    // agent's writes find the socket full, and what TLS could not send at
+    // once must still go out (a write over TLS leaves it in the session's
+    // buffer until flushed).
+    crate::tls::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let (cfg, connector) = pki(dir.path());
+    let acceptor = cfg.acceptor().unwrap().unwrap();
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let counts = Arc::new(Counts::default());
+    let run = runner(&counts);
+    tokio::spawn(async move {
+        let (tcp, _) = l.accept().await.unwrap();
+        nix::sys::socket::setsockopt(&tcp, nix::sys::socket::sockopt::SndBuf, &4096).unwrap();
+        let mut tls = acceptor.accept(tcp).await.unwrap();
+        // As `sort` does, the preface is read before the connection is served.
+        let mut preface = [0u8; fg::PREFACE.len()];
+        tls.read_exact(&mut preface).await.unwrap();
+        serve(tls, run, None).await;
+    });
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let tcp = socket.connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut shim = connector(&[fg::ALPN]).connect(name, tcp).await.unwrap();
+    shim.write_all(fg::PREFACE).await.unwrap();
+    shim.flush().await.unwrap();
+    let mut ack = [0u8; fg::PREFACE.len()];
+    shim.read_exact(&mut ack).await.unwrap();
+    // Under the 512 a stream runs at once (an answer not yet written is
+    // still running).
+    const GETS: u32 = 500;
+    for first in (0..GETS).step_by(250) {
+        let gets = (first..first + 250)
+            .map(|index| {
+                // Long request ids (each echoed in its answer): ~130 KiB of
+                // answers in all, far more than the sockets hold.
+                let request_id = format!("{index:0>250}");
+                let item = pb::GetItem { key: "k".into(), request_id, ..Default::default() };
+                pb::StreamedGet { index, session_id: "s".into(), item: Some(item) }
+            })
+            .collect();
+        let mut out = Vec::new();
+        fg::push_gets(&mut out, &pb::GetStreamRequest { gets, cancel: vec![] });
+        shim.write_all(&out).await.unwrap();
+    }
+    shim.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut r = FrameReader::new(&mut shim);
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < GETS as usize {
+        let f = tokio::time::timeout(Duration::from_secs(10), r.next())
+            .await
+            .unwrap_or_else(|_| panic!("answers stopped at {} of {GETS}", seen.len()))
+            .unwrap();
+        let Some(f) = f else { panic!("closed after {} answers", seen.len()) };
+        let (index, request_id) = answered(f);
+        assert_eq!(request_id, format!("{index:0>250}"));
+        seen.insert(index);
+    }
+}

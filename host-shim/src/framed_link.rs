@@ -200,7 +200,14 @@ where
     R: AsyncRead + Send + Unpin + 'static,
     W: AsyncWrite + Send + Unpin + 'static,
 {
-    if let Err(e) = conn.write_all(fg::PREFACE).await {
+    // Flushed: over TLS what the socket cannot take at once stays in the
+    // session's buffer until then.
+    if let Err(e) = async {
+        conn.write_all(fg::PREFACE).await?;
+        conn.flush().await
+    }
+    .await
+    {
         return Opened::Failed(format!("{at}: {e}"));
     }
     let mut answer = [0u8; fg::PREFACE.len()];
@@ -251,7 +258,12 @@ where
         while let Some(m) = body.next().await {
             out.clear();
             fg::push_gets(&mut out, &m);
-            let why = match tokio::time::timeout(WRITE_WAIT, wr.write_all(&out)).await {
+            let why = match tokio::time::timeout(WRITE_WAIT, async {
+                wr.write_all(&out).await?;
+                wr.flush().await
+            })
+            .await
+            {
                 Ok(Ok(())) => {
                     sent.inc_by(m.gets.len() as u64);
                     // A large message's room is not kept for the link's life.
