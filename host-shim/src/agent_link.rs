@@ -12,7 +12,7 @@ use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use crate::config::{AgentLink as LinkConfig, AgentTls};
+use crate::config::{AgentLink as LinkConfig, AgentTlsPem};
 use crate::error::{ShimError, StartupError};
 use crate::link_kind::LinkKind;
 
@@ -31,16 +31,14 @@ fn endpoint(e: Endpoint) -> Endpoint {
 
 /// Mutual TLS to the agent: its certificate checked against `ca`, ours
 /// presented.
-fn client_tls(tls: &AgentTls) -> Result<ClientTlsConfig, StartupError> {
-    let read =
-        |p: &std::path::Path| std::fs::read(p).map_err(|e| StartupError::Tls(format!("reading {}: {e}", p.display())));
-    let mut c = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
-        .identity(Identity::from_pem(read(&tls.cert)?, read(&tls.key)?));
-    if let Some(name) = &tls.server_name {
-        c = c.domain_name(name.clone());
+fn client_tls(pem: &AgentTlsPem) -> ClientTlsConfig {
+    let c = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(&pem.ca))
+        .identity(Identity::from_pem(&pem.cert, &pem.key));
+    match &pem.server_name {
+        Some(name) => c.domain_name(name.clone()),
+        None => c,
     }
-    Ok(c)
 }
 
 /// Shared by all client connections of one shim.
@@ -87,13 +85,17 @@ impl AgentLink {
         } else {
             let address_err = |source| StartupError::AgentAddress { address: cfg.grpc.clone(), source };
             let mut e = endpoint(Endpoint::from_shared(cfg.grpc.clone()).map_err(address_err)?).tcp_nodelay(true);
-            if let Some(tls) = &cfg.tls {
-                e = e.tls_config(client_tls(tls)?).map_err(address_err)?;
+            let pem = match &cfg.tls {
+                Some(tls) => Some(tls.read().map_err(|e| StartupError::Tls(e.to_string()))?),
+                None => None,
+            };
+            if let Some(pem) = &pem {
+                e = e.tls_config(client_tls(pem)).map_err(address_err)?;
                 LinkKind::Tls.remember();
             } else {
                 LinkKind::Plaintext.remember();
             }
-            let framed = cfg.framed_gets.then(|| crate::framed_link::Target::tcp(e.uri(), cfg.tls.as_ref()));
+            let framed = cfg.framed_gets.then(|| crate::framed_link::Target::tcp(e.uri(), pem.as_ref()));
             ((0..connections).map(|_| AgentClient::new(e.connect_lazy())).collect(), framed)
         };
         Ok(Self {

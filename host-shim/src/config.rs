@@ -156,6 +156,31 @@ pub struct AgentTls {
     pub server_name: Option<String>,
 }
 
+impl AgentTls {
+    /// Reads the three files once: the gRPC link and framed GETs are both
+    /// set up from these bytes, so they cannot see different files.
+    pub fn read(&self) -> std::io::Result<AgentTlsPem> {
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", p.display())))
+        };
+        Ok(AgentTlsPem {
+            ca: read(&self.ca)?,
+            cert: read(&self.cert)?,
+            key: read(&self.key)?,
+            server_name: self.server_name.clone(),
+        })
+    }
+}
+
+/// `[agent.tls]` as read ([`AgentTls::read`]): PEM bytes.
+#[derive(Clone)]
+pub struct AgentTlsPem {
+    pub ca: Vec<u8>,
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+    pub server_name: Option<String>,
+}
+
 /// What one client may hold in the shim. The shim is shared by every local
 /// user, so each bound keeps one of them from starving the rest.
 #[derive(Debug, Clone, Deserialize)]

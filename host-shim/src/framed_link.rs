@@ -16,8 +16,7 @@ use sluice_proto::framed_gets::{self as fg, Frame, FrameReader};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::config::AgentTls;
-use crate::error::StartupError;
+use crate::config::AgentTlsPem;
 
 /// Longest connecting (and TLS's handshake) and the agent's answer to the
 /// preface may take.
@@ -43,8 +42,8 @@ pub enum Target {
 impl Target {
     /// The target of a TCP link to `uri` (an `http(s)://host:port`
     /// address, `tls` for `https`).
-    pub fn tcp(uri: &tonic::codegen::http::Uri, tls: Option<&AgentTls>) -> Result<Self, StartupError> {
-        let host = uri.host().ok_or_else(|| StartupError::AgentHost(uri.to_string()))?;
+    pub fn tcp(uri: &tonic::codegen::http::Uri, tls: Option<&AgentTlsPem>) -> Result<Self, FramedSetupError> {
+        let host = uri.host().ok_or_else(|| FramedSetupError::NoHost(uri.to_string()))?;
         // The port the gRPC channel dials: the scheme's when none is given.
         let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
         // `[::1]` in a URI, `::1` to resolve and as a name.
@@ -55,7 +54,7 @@ impl Target {
             Some(t) => {
                 let name = t.server_name.clone().unwrap_or_else(|| bare.to_owned());
                 let name = rustls::pki_types::ServerName::try_from(name)
-                    .map_err(|e| StartupError::Tls(format!("server name: {e}")))?;
+                    .map_err(|e| FramedSetupError::Tls(format!("server name: {e}")))?;
                 Some((client_tls(t)?, name))
             }
         };
@@ -74,34 +73,40 @@ impl Target {
 /// checked against `ca`, ours presented, framed GETs asked for first and
 /// `h2` besides, so an agent that does not serve them chooses `h2` (and
 /// says so) rather than failing the handshake.
-fn client_tls(t: &AgentTls) -> Result<tokio_rustls::TlsConnector, StartupError> {
+fn client_tls(pem: &AgentTlsPem) -> Result<tokio_rustls::TlsConnector, FramedSetupError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let fail = |what: &str, p: &std::path::Path, e: &dyn std::fmt::Display| {
-        StartupError::Tls(format!("{what} {}: {e}", p.display()))
-    };
+    let fail = |what: &str, e: &dyn std::fmt::Display| FramedSetupError::Tls(format!("{what}: {e}"));
     // As the gRPC link reads it: certificates that do not parse are
     // skipped, not fatal.
     let mut roots = rustls::RootCertStore::empty();
-    let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.ca)
-        .and_then(|i| i.collect::<Result<_, _>>())
-        .map_err(|e| fail("ca", &t.ca, &e))?;
+    let cas: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(&pem.ca).collect::<Result<_, _>>().map_err(|e| fail("ca", &e))?;
     let (usable, _) = roots.add_parsable_certificates(cas);
     if usable == 0 {
-        return Err(fail("ca", &t.ca, &"no usable certificate"));
+        return Err(fail("ca", &"no usable certificate"));
     }
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&t.cert)
-        .and_then(|i| i.collect::<Result<_, _>>())
-        .map_err(|e| fail("certificate", &t.cert, &e))?;
-    let key = PrivateKeyDer::from_pem_file(&t.key).map_err(|e| fail("key", &t.key, &e))?;
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(&pem.cert).collect::<Result<_, _>>().map_err(|e| fail("cert", &e))?;
+    let key = PrivateKeyDer::from_pem_slice(&pem.key).map_err(|e| fail("key", &e))?;
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
-        .map_err(|e| StartupError::Tls(e.to_string()))?
+        .map_err(|e| FramedSetupError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
-        .map_err(|e| fail("certificate and key", &t.cert, &e))?;
+        .map_err(|e| fail("cert and key", &e))?;
     config.alpn_protocols = vec![fg::ALPN.to_vec(), b"h2".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// Why framed GETs could not be set up on a TCP link; the shim then sends
+/// single GETs over the gRPC link (and starts all the same).
+#[derive(Debug, thiserror::Error)]
+pub enum FramedSetupError {
+    #[error("[agent] grpc = {0:?}: no host to connect to")]
+    NoHost(String),
+    #[error("[agent.tls] for framed GETs: {0}")]
+    Tls(String),
 }
 
 /// A framed connection's two halves.
@@ -317,6 +322,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::AgentTls;
     use crate::get_stream::GetStreams;
     use crate::test_agent::{serve, Fake};
     use sluice_proto::common::TransferReport;
@@ -542,7 +548,7 @@ mod tests {
     }
 
     fn tcp_target(uri: &str, tls: Option<&AgentTls>) -> Target {
-        Target::tcp(&uri.parse().unwrap(), tls).unwrap()
+        Target::tcp(&uri.parse().unwrap(), tls.map(|t| t.read().unwrap()).as_ref()).unwrap()
     }
 
     #[tokio::test]
@@ -586,5 +592,28 @@ mod tests {
         assert_eq!(addr(tcp_target("http://[fd00::2]:7", None)), "[fd00::2]:7");
         assert_eq!(addr(tcp_target("http://dpu.example", None)), "dpu.example:80");
         assert_eq!(addr(tcp_target("https://dpu.example", None)), "dpu.example:443");
+    }
+
+    #[tokio::test]
+    async fn a_ca_file_without_a_usable_certificate_leaves_single_gets_on_the_grpc_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let (uri, mut tls) = tls_agent(dir.path(), &[fg::ALPN, b"h2"]).await;
+        std::fs::write(&tls.ca, "not a certificate\n").unwrap();
+        match Target::tcp(&uri.parse().unwrap(), Some(&tls.read().unwrap())) {
+            Err(e @ FramedSetupError::Tls(_)) => assert!(e.to_string().contains("no usable certificate"), "{e}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a target without a usable CA"),
+        }
+        // The shim still starts: its gRPC link stands on its own.
+        let cfg: crate::config::AgentLink = toml::from_str(&format!("grpc = {uri:?}")).unwrap();
+        tls.server_name = Some("localhost".into());
+        let link =
+            crate::agent_link::AgentLink::new(&crate::config::AgentLink { tls: Some(tls.clone()), ..cfg.clone() })
+                .expect("the shim starts");
+        assert!(link.framed_target().is_none());
+        // A file that cannot be read stops the start, naming it.
+        tls.key = dir.path().join("missing.key");
+        let e = crate::agent_link::AgentLink::new(&crate::config::AgentLink { tls: Some(tls), ..cfg }).err().unwrap();
+        assert!(e.to_string().contains("missing.key"), "{e}");
     }
 }

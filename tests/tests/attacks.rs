@@ -603,6 +603,7 @@ async fn a_session_id_is_honoured_only_from_where_it_was_opened() {
 /// that does not exist) on `conn`, a new connection to the agent.
 async fn framed_get(mut conn: impl AsyncReadExt + AsyncWriteExt + Unpin, session: &str) -> i32 {
     conn.write_all(PREFACE).await.unwrap();
+    conn.flush().await.unwrap(); // over TLS a write may wait in the session until flushed
     let mut ack = [0u8; PREFACE.len()];
     conn.read_exact(&mut ack).await.unwrap();
     assert_eq!(&ack, PREFACE);
@@ -611,12 +612,70 @@ async fn framed_get(mut conn: impl AsyncReadExt + AsyncWriteExt + Unpin, session
     let mut frame = Vec::new();
     push_gets(&mut frame, &apb::GetStreamRequest { gets: vec![streamed], cancel: vec![] });
     conn.write_all(&frame).await.unwrap();
+    conn.flush().await.unwrap();
     match FrameReader::new(&mut conn).next().await.unwrap() {
         Some(Frame::Answer(apb::GetManyItem { index: 8, result: Some(apb::get_many_item::Result::Error(d)) })) => {
             d.code
         }
         other => panic!("a framed GET of a region that is not there: {other:?}"),
     }
+}
+
+/// Over mutual TLS a session is bound to the certificate it was opened
+/// with as well as the address: another tenant's valid certificate (same
+/// CA, same address) presenting it is refused, on a call and on a framed
+/// GET; the opener's certificate passes on both.
+#[tokio::test]
+async fn over_tls_a_session_presented_under_another_certificate_is_refused_framed_or_called() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let stack = Stack::with(Options { tls: true, grpc_over_tcp: true, ..Default::default() });
+    let pem = |f: &str| std::fs::read(stack.dir.path().join("tls").join(f)).unwrap();
+    let client = |who: &str| {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(pem("ca.crt")))
+            .identity(tonic::transport::Identity::from_pem(
+                pem(&format!("shim-{who}.crt")),
+                pem(&format!("shim-{who}.key")),
+            ));
+        let at = tonic::transport::Endpoint::from_shared(format!("https://{}", stack.grpc_addr)).unwrap();
+        AgentClient::new(at.tls_config(tls).unwrap().connect_lazy())
+    };
+    let (mut alpha, mut beta) = (client("alpha"), client("beta"));
+    let session = open_session(&mut alpha, &stack, "alpha", "alpha-shim").await.expect("alpha, its own certificate");
+    let st = beta.stats(apb::StatsRequest { session_id: session.clone() }).await.unwrap_err();
+    assert_eq!(sluice_agent_code(&st), Code::Unauthenticated, "{st:?}");
+    assert_eq!(framed_get(framed_tls(&stack, "beta").await, &session).await, Code::Unauthenticated as i32);
+    // Its own certificate passes the check (the GET fails on its region).
+    assert_eq!(framed_get(framed_tls(&stack, "alpha").await, &session).await, Code::UnknownRegion as i32);
+    let refused = ["tenant=\"alpha\"", "reason=\"origin_mismatch\""];
+    assert_eq!(stack.metric("sluice_agent_auth_failures_total", &refused), 2.0);
+    alpha.stats(apb::StatsRequest { session_id: session }).await.expect("still usable under its own certificate");
+}
+
+/// A framed-GETs connection over TLS to the stack's agent with shim
+/// `who`'s certificate (`sluice certs`' files in `<dir>/tls`).
+async fn framed_tls(stack: &Stack, who: &str) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let dir = stack.dir.path().join("tls");
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_file_iter(dir.join("ca.crt")).unwrap() {
+        roots.add(ca.unwrap()).unwrap();
+    }
+    let chain = CertificateDer::pem_file_iter(dir.join(format!("shim-{who}.crt"))).unwrap().map(Result::unwrap);
+    let key = PrivateKeyDer::from_pem_file(dir.join(format!("shim-{who}.key"))).unwrap();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain.collect(), key)
+        .unwrap();
+    cfg.alpn_protocols = vec![sluice_proto::framed_gets::ALPN.to_vec()];
+    let tcp = tokio::net::TcpStream::connect(stack.grpc_addr).await.unwrap();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let conn = tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await.unwrap();
+    assert_eq!(conn.get_ref().1.alpn_protocol(), Some(sluice_proto::framed_gets::ALPN), "framed GETs chosen");
+    conn
 }
 
 /// Two free TCP ports on the loopback.
