@@ -216,6 +216,25 @@ mod tests {
         }
     }
 
+    /// Nothing here can make a loopback peer vanish (it would need a
+    /// dropped route); what can be checked is that the kernel holds the
+    /// settings that reclaim such a connection, and that they add up to
+    /// the bound the docs give.
+    #[tokio::test]
+    async fn a_watched_tcp_connection_carries_the_settings_that_notice_a_vanished_peer() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = tokio::net::TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        watch_tcp_peer(&c).unwrap();
+        let s = socket2::SockRef::from(&c);
+        assert!(s.tcp_nodelay().unwrap());
+        assert!(s.keepalive().unwrap());
+        let (idle, every, probes) =
+            (s.tcp_keepalive_time().unwrap(), s.tcp_keepalive_interval().unwrap(), s.tcp_keepalive_retries().unwrap());
+        assert_eq!((idle.as_secs(), every.as_secs(), probes), (10, 5, 4));
+        assert!(idle + every * probes <= TCP_PEER_GONE, "an idle peer is given up within {TCP_PEER_GONE:?}");
+        assert_eq!(s.tcp_user_timeout().unwrap(), Some(TCP_PEER_GONE), "and one that leaves bytes unacknowledged");
+    }
+
     #[test]
     fn frames_come_back_as_they_went_even_a_byte_at_a_time() {
         let mut wire = Vec::new();
