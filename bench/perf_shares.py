@@ -11,8 +11,10 @@ times the process's CPU per GET is that kind's CPU per GET.
 
 ``PIDS`` is a ``sluice up`` ``pids`` file (lines ``sluice-agent 1234``):
 processes not named there are left out. The kinds are matched by symbol
-name, so they are approximate (a kernel function shared by both socket
-kinds counts as "kernel, other").
+name, so they are approximate and the named kinds are lower bounds: code
+inlined into other functions, and the copies and allocations done for a
+kind (memcpy, malloc), count as "other", as does a kernel function shared
+by both socket kinds.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ KINDS: List[Tuple[str, Optional[Pattern[str]]]] = [
     (
         "kernel TCP/IP",
         re.compile(
-            r"^(__)?(tcp|inet|ip|ipv4|sk_stream|skb_entail|dev_hard|loopback|netif|process_backlog|net_rx|napi"
-            r"|validate_xmit|nf_)"
+            r"^(__)?(tcp_|inet_|ip_|ipv4_|sk_stream|skb_entail|dev_hard|dev_queue|loopback|netif_|process_backlog"
+            r"|net_rx|napi_|validate_xmit|nf_)"
         ),
     ),
     ("kernel Unix socket", re.compile(r"^(__)?unix_")),
@@ -44,7 +46,10 @@ def kind(sym: str, dso: str) -> str:
     for name, rx in KINDS:
         if rx is not None and rx.search(sym):
             return name
-    return "kernel, other" if "kernel" in dso else "user space, other"
+    # "[kernel.kallsyms]" and modules ("[veth]", "[virtio_net]"); "[vdso]"
+    # runs in user space.
+    in_kernel = dso.startswith("[") and dso != "[vdso]"
+    return "kernel, other" if in_kernel else "user space, other"
 
 
 def main() -> None:

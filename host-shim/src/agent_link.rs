@@ -35,7 +35,7 @@ fn client_tls(pem: &AgentTlsPem) -> ClientTlsConfig {
     let c = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(&pem.ca))
         .identity(Identity::from_pem(&pem.cert, &pem.key));
-    match &pem.server_name {
+    match &pem.files.server_name {
         Some(name) => c.domain_name(name.clone()),
         None => c,
     }
@@ -51,7 +51,7 @@ pub struct AgentLink {
     next: std::sync::atomic::AtomicUsize,
     memory_socket: PathBuf,
     /// Where framed GETs go: the agent's address, as the channels'; none
-    /// with `framed_gets = false`, or when their TLS could not be set up.
+    /// with `framed_gets = false`.
     framed: Option<Arc<crate::framed_link::Target>>,
     /// One memory-socket connection, reused; exchanges are serialised.
     memory: Mutex<Option<BufReader<UnixStream>>>,
@@ -67,7 +67,7 @@ impl AgentLink {
         let connections = cfg.connections.max(1);
         let (channels, framed) = if let Some(path) = cfg.grpc.strip_prefix("unix:") {
             let path = PathBuf::from(path);
-            let framed = cfg.framed_gets.then(|| Ok(crate::framed_link::Target::Unix(path.clone())));
+            let framed = cfg.framed_gets.then(|| crate::framed_link::Target::Unix(path.clone()));
             let channels = (0..connections)
                 .map(|_| {
                     let path = path.clone();
@@ -89,28 +89,22 @@ impl AgentLink {
                 Some(tls) => Some(tls.read().map_err(|e| StartupError::Tls(e.to_string()))?),
                 None => None,
             };
+            // Checks the TLS files (named in its errors) before tonic takes them.
+            let target = crate::framed_link::Target::tcp(e.uri(), pem.as_ref())?;
             if let Some(pem) = &pem {
                 e = e.tls_config(client_tls(pem)).map_err(address_err)?;
                 LinkKind::Tls.remember();
             } else {
                 LinkKind::Plaintext.remember();
             }
-            let framed = cfg.framed_gets.then(|| crate::framed_link::Target::tcp(e.uri(), pem.as_ref()));
+            let framed = cfg.framed_gets.then_some(target);
             ((0..connections).map(|_| AgentClient::new(e.connect_lazy())).collect(), framed)
         };
         Ok(Self {
             channels,
             next: std::sync::atomic::AtomicUsize::new(0),
             memory_socket: cfg.memory_socket.clone(),
-            framed: match framed {
-                None => None,
-                Some(Ok(t)) => Some(Arc::new(t)),
-                // The gRPC link stands on its own: GETs go over it.
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "framed GETs cannot be set up; single GETs go over the gRPC link");
-                    None
-                }
-            },
+            framed: framed.map(Arc::new),
             memory: Mutex::new(None),
         })
     }

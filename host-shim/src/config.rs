@@ -163,22 +163,18 @@ impl AgentTls {
         let read = |p: &Path| {
             std::fs::read(p).map_err(|e| std::io::Error::new(e.kind(), format!("reading {}: {e}", p.display())))
         };
-        Ok(AgentTlsPem {
-            ca: read(&self.ca)?,
-            cert: read(&self.cert)?,
-            key: read(&self.key)?,
-            server_name: self.server_name.clone(),
-        })
+        Ok(AgentTlsPem { ca: read(&self.ca)?, cert: read(&self.cert)?, key: read(&self.key)?, files: self.clone() })
     }
 }
 
-/// `[agent.tls]` as read ([`AgentTls::read`]): PEM bytes.
+/// `[agent.tls]` as read ([`AgentTls::read`]): PEM bytes, and the table
+/// they were read from (to name a file in errors).
 #[derive(Clone)]
 pub struct AgentTlsPem {
     pub ca: Vec<u8>,
     pub cert: Vec<u8>,
     pub key: Vec<u8>,
-    pub server_name: Option<String>,
+    pub files: AgentTls,
 }
 
 /// What one client may hold in the shim. The shim is shared by every local

@@ -13,6 +13,8 @@ pub enum StartupError {
     AgentAddress { address: String, source: tonic::transport::Error },
     #[error("[agent.tls]: {0}")]
     Tls(String),
+    #[error("[agent] grpc = {0:?}: no host to connect to")]
+    AgentHost(String),
     #[error("binding {what} at {at}: {source}")]
     Bind { what: &'static str, at: String, source: std::io::Error },
     #[error("metrics: {0}")]

@@ -17,6 +17,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::config::AgentTlsPem;
+use crate::error::StartupError;
 
 /// Longest connecting (and TLS's handshake) and the agent's answer to the
 /// preface may take.
@@ -41,9 +42,12 @@ pub enum Target {
 
 impl Target {
     /// The target of a TCP link to `uri` (an `http(s)://host:port`
-    /// address, `tls` for `https`).
-    pub fn tcp(uri: &tonic::codegen::http::Uri, tls: Option<&AgentTlsPem>) -> Result<Self, FramedSetupError> {
-        let host = uri.host().ok_or_else(|| FramedSetupError::NoHost(uri.to_string()))?;
+    /// address, `tls` for `https`). Made for every TCP link, framed GETs
+    /// on or not: rustls checks here what tonic takes on trust until the
+    /// first handshake (a CA file with no usable certificate, a server
+    /// name that cannot be one), so such a shim does not start.
+    pub fn tcp(uri: &tonic::codegen::http::Uri, tls: Option<&AgentTlsPem>) -> Result<Self, StartupError> {
+        let host = uri.host().ok_or_else(|| StartupError::AgentHost(uri.to_string()))?;
         // The port the gRPC channel dials: the scheme's when none is given.
         let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
         // `[::1]` in a URI, `::1` to resolve and as a name.
@@ -52,9 +56,9 @@ impl Target {
         let tls = match tls {
             None => None,
             Some(t) => {
-                let name = t.server_name.clone().unwrap_or_else(|| bare.to_owned());
-                let name = rustls::pki_types::ServerName::try_from(name)
-                    .map_err(|e| FramedSetupError::Tls(format!("server name: {e}")))?;
+                let name = t.files.server_name.clone().unwrap_or_else(|| bare.to_owned());
+                let name = rustls::pki_types::ServerName::try_from(name.clone())
+                    .map_err(|e| StartupError::Tls(format!("server name {name:?}: {e}")))?;
                 Some((client_tls(t)?, name))
             }
         };
@@ -73,40 +77,36 @@ impl Target {
 /// checked against `ca`, ours presented, framed GETs asked for first and
 /// `h2` besides, so an agent that does not serve them chooses `h2` (and
 /// says so) rather than failing the handshake.
-fn client_tls(pem: &AgentTlsPem) -> Result<tokio_rustls::TlsConnector, FramedSetupError> {
+fn client_tls(pem: &AgentTlsPem) -> Result<tokio_rustls::TlsConnector, StartupError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let fail = |what: &str, e: &dyn std::fmt::Display| FramedSetupError::Tls(format!("{what}: {e}"));
+    let f = &pem.files;
+    let fail = |what: &str, p: &std::path::Path, e: &dyn std::fmt::Display| {
+        StartupError::Tls(format!("{what} {}: {e}", p.display()))
+    };
     // As the gRPC link reads it: certificates that do not parse are
-    // skipped, not fatal.
+    // skipped, not fatal; but with none left it could verify no agent.
     let mut roots = rustls::RootCertStore::empty();
     let cas: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(&pem.ca).collect::<Result<_, _>>().map_err(|e| fail("ca", &e))?;
+        CertificateDer::pem_slice_iter(&pem.ca).collect::<Result<_, _>>().map_err(|e| fail("ca", &f.ca, &e))?;
     let (usable, _) = roots.add_parsable_certificates(cas);
     if usable == 0 {
-        return Err(fail("ca", &"no usable certificate"));
+        return Err(fail("ca", &f.ca, &"no usable CA certificate"));
     }
     let chain: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(&pem.cert).collect::<Result<_, _>>().map_err(|e| fail("cert", &e))?;
-    let key = PrivateKeyDer::from_pem_slice(&pem.key).map_err(|e| fail("key", &e))?;
+        CertificateDer::pem_slice_iter(&pem.cert).collect::<Result<_, _>>().map_err(|e| fail("cert", &f.cert, &e))?;
+    if chain.is_empty() {
+        return Err(fail("cert", &f.cert, &"no certificate"));
+    }
+    let key = PrivateKeyDer::from_pem_slice(&pem.key).map_err(|e| fail("key", &f.key, &e))?;
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
-        .map_err(|e| FramedSetupError::Tls(e.to_string()))?
+        .map_err(|e| StartupError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, key)
-        .map_err(|e| fail("cert and key", &e))?;
+        .map_err(|e| fail("cert and key", &f.cert, &e))?;
     config.alpn_protocols = vec![fg::ALPN.to_vec(), b"h2".to_vec()];
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
-}
-
-/// Why framed GETs could not be set up on a TCP link; the shim then sends
-/// single GETs over the gRPC link (and starts all the same).
-#[derive(Debug, thiserror::Error)]
-pub enum FramedSetupError {
-    #[error("[agent] grpc = {0:?}: no host to connect to")]
-    NoHost(String),
-    #[error("[agent.tls] for framed GETs: {0}")]
-    Tls(String),
 }
 
 /// A framed connection's two halves.
@@ -595,25 +595,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_ca_file_without_a_usable_certificate_leaves_single_gets_on_the_grpc_link() {
+    async fn tls_files_that_could_verify_no_agent_stop_the_start_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let (uri, mut tls) = tls_agent(dir.path(), &[fg::ALPN, b"h2"]).await;
-        std::fs::write(&tls.ca, "not a certificate\n").unwrap();
-        match Target::tcp(&uri.parse().unwrap(), Some(&tls.read().unwrap())) {
-            Err(e @ FramedSetupError::Tls(_)) => assert!(e.to_string().contains("no usable certificate"), "{e}"),
-            Err(e) => panic!("{e}"),
-            Ok(_) => panic!("a target without a usable CA"),
-        }
-        // The shim still starts: its gRPC link stands on its own.
+        let (uri, tls) = tls_agent(dir.path(), &[fg::ALPN, b"h2"]).await;
         let cfg: crate::config::AgentLink = toml::from_str(&format!("grpc = {uri:?}")).unwrap();
-        tls.server_name = Some("localhost".into());
-        let link =
-            crate::agent_link::AgentLink::new(&crate::config::AgentLink { tls: Some(tls.clone()), ..cfg.clone() })
-                .expect("the shim starts");
-        assert!(link.framed_target().is_none());
-        // A file that cannot be read stops the start, naming it.
-        tls.key = dir.path().join("missing.key");
-        let e = crate::agent_link::AgentLink::new(&crate::config::AgentLink { tls: Some(tls), ..cfg }).err().unwrap();
-        assert!(e.to_string().contains("missing.key"), "{e}");
+        let start = |tls: AgentTls, framed_gets: bool| {
+            crate::agent_link::AgentLink::new(&crate::config::AgentLink { tls: Some(tls), framed_gets, ..cfg.clone() })
+        };
+        // The files as issued: the shim starts, framed GETs set up.
+        assert!(start(tls.clone(), true).expect("starts").framed_target().is_some());
+        assert!(start(tls.clone(), false).expect("starts").framed_target().is_none());
+        // tonic would take each of these and fail every handshake later.
+        let garbage = dir.path().join("garbage.pem");
+        std::fs::write(&garbage, "not a certificate\n").unwrap();
+        for framed_gets in [true, false] {
+            let e = start(AgentTls { ca: garbage.clone(), ..tls.clone() }, framed_gets).err().expect("refused");
+            assert!(e.to_string().contains("no usable CA certificate") && e.to_string().contains("garbage.pem"), "{e}");
+            let e = start(AgentTls { cert: garbage.clone(), ..tls.clone() }, framed_gets).err().expect("refused");
+            assert!(e.to_string().contains("garbage.pem"), "{e}");
+            let e = start(AgentTls { key: dir.path().join("missing.key"), ..tls.clone() }, framed_gets).err().unwrap();
+            assert!(e.to_string().contains("missing.key"), "{e}");
+        }
     }
 }

@@ -322,9 +322,11 @@ secret_key = "{SK}"
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
-    def cli(self, ns, shim, *args):
-        return run("ip", "netns", "exec", ns, BIN / "sluice", "--socket", self.work / f"{shim}.sock", *map(str, args),
-                   check=False)
+    def cli(self, ns, shim, *args, timeout=None):
+        """`sluice` against `shim`'s socket in `ns`; with `timeout`, a run
+        that takes longer is killed and raises `subprocess.TimeoutExpired`."""
+        cmd = ["ip", "netns", "exec", ns, BIN / "sluice", "--socket", self.work / f"{shim}.sock", *map(str, args)]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=timeout)
 
     # ---- diagnostics and teardown ----------------------------------------
 

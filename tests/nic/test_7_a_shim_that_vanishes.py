@@ -6,6 +6,7 @@ up; a dead peer may not hold the agent's connections for ever. Once the
 link is back, the shim is served again."""
 
 import os
+import subprocess
 import time
 
 import lab
@@ -42,8 +43,16 @@ def test_a_vanished_shims_framed_connections_are_given_up_and_it_is_served_again
     finally:
         lab.run("ip", "-n", "sla", "link", "set", "eth0", "up")
     assert stack.daemons["agent"].alive(), stack.daemons["agent"].tail()
-    # Back: A's shim reconnects on its next request and reads byte-exact.
+    # Back: A's shim reconnects on its next request, reads byte-exact, and
+    # its single GETs go framed again (not only over the gRPC link).
     back = stack.work / "vanish.back2"
-    lab.wait_for("A to be served again", 60, lambda: stack.cli(
-        "sla", "shima", "get", "data/lane/vanish", back).returncode == 0, every=1)
+    lab.wait_for("A to be served again", 60, lambda: served(stack, back), every=1)
     assert back.read_bytes() == obj
+    lab.wait_for("A's framed GET connections again", 10, lambda: framed_open(stack))
+
+
+def served(stack, back):
+    try:
+        return stack.cli("sla", "shima", "get", "data/lane/vanish", back, timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
