@@ -10,14 +10,19 @@
 
 # ceph_lane [BUDGET_S]: exit status 0 when every test passed.
 ceph_lane() {
-  local budget="${1:-600}" t0 status=0 left rc out run
+  local budget="${1:-600}" t0 status=0 left rc out run features
   t0=$(date +%s)
+  # The whole workspace is selected, with the features of the suite's build
+  # (SLUICE_WORKSPACE_FEATURES, set by scripts/test), so only sluice-tests
+  # compiles again: cargo resolves features per invocation, and
+  # `-p sluice-tests` alone compiled some forty crates again.
+  features="sluice-tests/ceph${SLUICE_WORKSPACE_FEATURES:+,$SLUICE_WORKSPACE_FEATURES}"
   if ! scripts/ceph install; then
     echo "ceph-lane: FAILED: could not install Ceph (scripts/ceph install)"
     echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
     return 1
   fi
-  if ! cargo test -p sluice-tests --features ceph --test operations --test ceph_rgw --test ceph_failover --no-run --locked --quiet; then
+  if ! cargo test --workspace --features "$features" --test operations --test ceph_rgw --test ceph_failover --no-run --locked --quiet; then
     echo "ceph-lane: FAILED: the test binaries did not build"
     echo "test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out"
     return 1
@@ -29,7 +34,7 @@ ceph_lane() {
     # shellcheck disable=SC2086 # "binary [filter]"
     set -- $run
     timeout --kill-after=10 "$((left > 1 ? left : 1))" \
-      cargo test -p sluice-tests --features ceph --locked --test "$1" -- ${2:+"$2"} 2>&1 | tee "$out"
+      cargo test --workspace --features "$features" --locked --test "$1" -- ${2:+"$2"} 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ]; then
       status=$rc
