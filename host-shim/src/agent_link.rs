@@ -171,7 +171,14 @@ impl AgentLink {
                 })?;
                 *guard = Some(BufReader::new(s));
             }
-            let Some(conn) = guard.as_mut() else { continue };
+            // Out of the slot while the exchange runs, back only once it is
+            // whole: an exchange cut short (this call's timeout, or the
+            // caller's request dropped) would leave the agent's answer on
+            // the connection, and the next caller, of any tenant, would
+            // read it as its own ticket and redeem this caller's memory.
+            // Dropped instead, the connection closes; the ticket nobody
+            // read expires unredeemed at the agent.
+            let Some(mut conn) = guard.take() else { continue };
             let mut line = String::new();
             let res = async {
                 sluice_shm::send_with_fds(conn.get_ref(), frame, &[fd]).await?;
@@ -179,19 +186,79 @@ impl AgentLink {
             }
             .await;
             match res {
-                Ok(n) if n > 0 => {
+                Ok(n) if n > 0 && line.ends_with('\n') => {
+                    *guard = Some(conn);
                     let line = line.trim_end();
                     return match line.strip_prefix("OK ") {
                         Some(t) => Ok(t.to_owned()),
                         None => Err(ShimError::AgentUnavailable(format!("agent refused the region: {line}"))),
                     };
                 }
-                _ if attempt == 0 => *guard = None,
+                // A connection that ended (or ended mid-line) is dropped:
+                // once more on a fresh one.
+                _ if attempt == 0 => {}
                 Ok(_) => break,
                 Err(e) => return Err(ShimError::AgentUnavailable(format!("memory socket: {e}"))),
             }
         }
         *guard = None;
         Err(ShimError::AgentUnavailable("memory socket closed by the agent".into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test's panic is its failure report
+    use super::*;
+    use std::os::fd::AsFd;
+    use tokio::io::AsyncWriteExt;
+
+    /// A memory socket that answers each descriptor with its own ticket,
+    /// the first one late (an agent busy for a while).
+    async fn slow_first_memory_socket(listener: tokio::net::UnixListener) {
+        let mut n = 0;
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            loop {
+                let mut buf = [0u8; 64];
+                let mut fds = Vec::new();
+                match sluice_shm::recv_with_fds(&s, &mut buf, &mut fds).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                n += 1;
+                if n == 1 {
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                }
+                if s.write_all(format!("OK ticket-{n}\n").as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// A hand-over cut short (its caller gave up) must not leave the
+    /// agent's answer for the next caller to take as its own ticket: that
+    /// ticket would redeem the first caller's memory.
+    #[tokio::test]
+    async fn a_hand_over_cut_short_never_gives_its_ticket_to_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("mem.sock");
+        tokio::spawn(slow_first_memory_socket(tokio::net::UnixListener::bind(&sock).unwrap()));
+        let mut cfg: crate::config::AgentLink = toml::from_str("grpc = \"unix:/nonexistent\"").unwrap();
+        cfg.memory_socket = sock;
+        let link = AgentLink::new(&cfg).unwrap();
+        let first = sluice_shm::create_memfd("first", 4096).unwrap();
+        let second = sluice_shm::create_memfd("second", 4096).unwrap();
+        // The first caller gives up before the agent answers.
+        let cut = tokio::time::timeout(std::time::Duration::from_millis(50), link.hand_over(first.as_fd())).await;
+        assert!(cut.is_err(), "the first hand-over should still be waiting");
+        // Long after the agent answered it, the next caller gets its own.
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let ticket = link.hand_over(second.as_fd()).await.unwrap();
+        assert_eq!(ticket, "ticket-2", "the second caller took the first one's ticket");
+        // And the connection is reused once an exchange completed.
+        let third = sluice_shm::create_memfd("third", 4096).unwrap();
+        assert_eq!(link.hand_over(third.as_fd()).await.unwrap(), "ticket-3");
     }
 }

@@ -239,6 +239,15 @@ pub async fn serve(ctx: Arc<ConnectionContext>, stream: UnixStream) {
     let _ = writer.await;
 }
 
+/// Closes the descriptors that came with frames already read and that no
+/// request claimed (every path of a frame ends here, handled or refused).
+fn discard_stray_fds<S: AsRef<tokio::net::UnixStream>>(reader: &mut FrameReader<S>) {
+    let stray = reader.discard_fds();
+    if stray > 0 {
+        warn!(stray, "client sent descriptors no request claimed; closed them");
+    }
+}
+
 fn error_frame(id: u64, request_id: String, e: &ShimError) -> Outgoing {
     let resp = pb::Response { id, request_id, result: Some(Res::Error(e.detail())), item: 0 };
     Outgoing { frame: encode_frame(&resp), fd: None }
@@ -314,7 +323,9 @@ async fn read_loop(
         let req = match pb::Request::decode(frame.as_slice()) {
             Ok(r) => r,
             Err(e) => {
-                // Framing is intact, so the connection can go on.
+                // Framing is intact, so the connection can go on; any
+                // descriptor that came with the frame is closed.
+                discard_stray_fds(&mut reader);
                 let _ = tx
                     .send(error_frame(0, String::new(), &ShimError::Protocol(format!("undecodable request: {e}"))))
                     .await;
@@ -324,6 +335,7 @@ async fn read_loop(
         let (id, timeout_ms) = (req.id, req.timeout_ms);
         let request_id = if req.request_id.is_empty() { new_request_id() } else { req.request_id };
         let Some(op) = req.op else {
+            discard_stray_fds(&mut reader);
             let _ = tx
                 .send(error_frame(id, request_id, &ShimError::BadRequest("request without an operation".into())))
                 .await;
@@ -334,6 +346,7 @@ async fn read_loop(
             Op::Register(r) if r.fd_attached => match reader.take_fd() {
                 Some(fd) => Some(fd),
                 None => {
+                    discard_stray_fds(&mut reader);
                     let e = ShimError::Protocol("Register says fd_attached but no descriptor came with it".into());
                     let _ = tx.send(error_frame(id, request_id, &e)).await;
                     continue;
@@ -341,10 +354,7 @@ async fn read_loop(
             },
             _ => None,
         };
-        let stray = reader.discard_fds();
-        if stray > 0 {
-            warn!(stray, "client sent descriptors no request claimed; closed them");
-        }
+        discard_stray_fds(&mut reader);
 
         if let Op::Hello(h) = op {
             let joining = !h.join.is_empty();

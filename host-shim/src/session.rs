@@ -144,12 +144,34 @@ struct Inner {
     /// Bumped each time the agent session is replaced.
     generation: u64,
     regions: HashMap<String, Region>,
+    /// Registrations on their way, per connection: they count against
+    /// `max_regions_per_connection` from their start, so requests sent at
+    /// once cannot all pass the check before any is kept.
+    registering: HashMap<u64, usize>,
     closed: bool,
 }
 
 /// A session bound to a connection at Hello: the session, the tenant's
 /// namespaces and what the session can do.
 pub type Bound = (Arc<Session>, Vec<String>, Arc<Capabilities>);
+
+/// A registration on its way ([`Session::region_slot`]).
+struct RegionSlot<'s> {
+    session: &'s Session,
+    conn: u64,
+}
+
+impl Drop for RegionSlot<'_> {
+    fn drop(&mut self) {
+        let mut inner = self.session.inner();
+        if let Some(n) = inner.registering.get_mut(&self.conn) {
+            *n -= 1;
+            if *n == 0 {
+                inner.registering.remove(&self.conn);
+            }
+        }
+    }
+}
 
 /// One client connection, as the session knows it: which regions are its
 /// own, and whether it has ended (a region registered after that is not
@@ -335,6 +357,7 @@ impl Session {
                 get_stream: opened.get_stream,
                 generation: 0,
                 regions: HashMap::new(),
+                registering: HashMap::new(),
                 closed: false,
             }),
             reopen: tokio::sync::Mutex::new(()),
@@ -423,6 +446,20 @@ impl Session {
         self.inner().regions.values().filter(|r| r.conn == conn).count()
     }
 
+    /// A place for one more region of connection `conn`, held until the
+    /// registration ends (kept or not), or the connection's limit.
+    fn region_slot(&self, conn: u64) -> Result<RegionSlot<'_>, ShimError> {
+        let max = self.limits().max_regions_per_connection;
+        let mut inner = self.inner();
+        let held = inner.regions.values().filter(|r| r.conn == conn).count();
+        let on_the_way = inner.registering.entry(conn).or_insert(0);
+        if held + *on_the_way >= max {
+            return Err(ShimError::Limit(format!("{max} regions per connection (max_regions_per_connection)")));
+        }
+        *on_the_way += 1;
+        Ok(RegionSlot { session: self, conn })
+    }
+
     /// The current agent session and, if `region` is given, the agent's id
     /// for that region of this connection.
     pub fn snapshot(&self, region: Option<&str>) -> Result<Snapshot, ShimError> {
@@ -498,10 +535,7 @@ impl Session {
         source: RegionSource,
         guard: ExportGuard,
     ) -> Result<String, ShimError> {
-        let max = self.limits().max_regions_per_connection;
-        if self.region_count(conn.id) >= max {
-            return Err(ShimError::Limit(format!("{max} regions per connection (max_regions_per_connection)")));
-        }
+        let _slot = self.region_slot(conn.id)?;
         let source = Arc::new(source);
         // Twice at most: once more if the agent session changed meanwhile.
         for _ in 0..2 {

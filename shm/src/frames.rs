@@ -73,6 +73,13 @@ impl<S: AsRef<UnixStream>> FrameReader<S> {
                 if avail.len() >= 4 + len {
                     let frame = avail[4..4 + len].to_vec();
                     self.frame_at = self.base + self.start as u64;
+                    // Descriptors that came wholly before this frame can
+                    // never be claimed: close them now, whether or not the
+                    // caller took or discarded the last frame's (a frame
+                    // it could not decode, say). A peer cannot pile them up.
+                    while self.fds.front().is_some_and(|q| q.to <= self.frame_at) {
+                        self.fds.pop_front();
+                    }
                     self.start += 4 + len;
                     if self.start == self.buf.len() {
                         self.base += self.buf.len() as u64;
@@ -252,6 +259,26 @@ mod tests {
         assert!(rd.fds.len() <= 1, "{} descriptors held", rd.fds.len());
         rd.discard_fds();
         assert!(rd.fds.is_empty());
+    }
+
+    #[tokio::test]
+    async fn descriptors_of_frames_nobody_claimed_are_closed_by_the_next_frame() {
+        // A peer sends frames with descriptors that the caller never takes
+        // nor discards (frames it could not decode): reading on must not
+        // keep them all.
+        let (a, b) = UnixStream::pair().unwrap();
+        let r = MappedRegion::create("c", 16).unwrap();
+        let mut rd = FrameReader::new(b, 1024);
+        for i in 0..200u32 {
+            send_with_fds(&a, &frame(&i.to_be_bytes()), &[r.fd().as_fd(), r.fd().as_fd()]).await.unwrap();
+            assert_eq!(rd.next_frame().await.unwrap().unwrap(), i.to_be_bytes());
+            // Only the frame just returned may still claim its own.
+            assert!(rd.fds.len() <= 2, "{} descriptors held after frame {i}", rd.fds.len());
+        }
+        send_with_fds(&a, &frame(b"last"), &[]).await.unwrap();
+        assert_eq!(rd.next_frame().await.unwrap().unwrap(), b"last");
+        assert!(rd.fds.is_empty(), "{} descriptors held", rd.fds.len());
+        assert!(rd.take_fd().is_none());
     }
 
     #[tokio::test]

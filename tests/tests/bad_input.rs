@@ -226,3 +226,60 @@ async fn store_dying_mid_transfer_is_an_error_never_partial_success() {
 fn code_of(e: ClientError) -> Code {
     code(e)
 }
+
+/// Descriptors sent with frames that no request can claim (undecodable, or
+/// without an operation) are closed at once, the connection still open: a
+/// client sending them in a loop cannot fill the shim's descriptor table.
+#[tokio::test]
+async fn descriptors_with_frames_no_request_claims_are_closed() {
+    let stack = Stack::start();
+    let mut s = raw_hello(&stack.socket).await;
+    let region = MappedRegion::create("stray", 4096).unwrap();
+    let fds = [region.fd(); 4];
+    let before = stack.fd_count("sluice-shim");
+    for i in 0..200 {
+        // Garbage inside a frame, then a frame without an operation.
+        let frame: &[u8] = if i % 2 == 0 { &[0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff] } else { &[0, 0, 0, 0] };
+        sluice_shm::send_with_fds(&s, frame, &fds).await.unwrap();
+        let resp = read_frame(&mut s).await.expect("an answer to each frame");
+        let want = if i % 2 == 0 { Code::Protocol } else { Code::BadRequest };
+        assert_eq!(error_code(&resp), want, "frame {i}");
+    }
+    // 800 descriptors were sent; at most a frame's few may be held.
+    let after = stack.fd_count("sluice-shim");
+    assert!(after <= before + 8, "shim descriptors {before} -> {after}: {:?}", stack.fd_targets("sluice-shim"));
+    // The connection still serves.
+    let stats = pb::Request { id: 9, op: Some(pb::request::Op::Stats(pb::Stats {})), ..Default::default() };
+    s.write_all(&encode_frame(&stats)).await.unwrap();
+    assert!(matches!(read_frame(&mut s).await.unwrap().result, Some(pb::response::Result::Stats(_))));
+}
+
+/// Registrations sent at once count against the connection's limit from
+/// their start: they cannot all pass the check before any is kept.
+#[tokio::test]
+async fn registrations_sent_at_once_stay_within_the_connection_limit() {
+    let stack = Stack::with(Options { shim_limits: "max_regions_per_connection = 4".into(), ..Default::default() });
+    let mut s = raw_hello(&stack.socket).await;
+    let mut burst = Vec::new();
+    for id in 100..132u64 {
+        let reg = pb::Request {
+            id,
+            op: Some(pb::request::Op::Register(pb::Register { length: 4096, ..Default::default() })),
+            ..Default::default()
+        };
+        burst.extend_from_slice(&encode_frame(&reg));
+    }
+    s.write_all(&burst).await.unwrap();
+    let (mut kept, mut refused) = (0, 0);
+    for _ in 0..32 {
+        let resp = read_frame(&mut s).await.expect("an answer to each Register");
+        match &resp.result {
+            Some(pb::response::Result::Registered(_)) => kept += 1,
+            _ => {
+                assert_eq!(error_code(&resp), Code::ResourceExhausted, "{resp:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((kept, refused), (4, 28), "max_regions_per_connection = 4");
+}
