@@ -359,11 +359,13 @@ impl ObjectStore {
             }
             Err(e) => return Err(e),
         };
-        let (body_start, object_size, etag) = reply_span(&resp, start)?;
-        let whole = body_start == 0 && first_end + 1 >= object_size;
+        let (body_start, object_size, etag) = reply_span(&resp, start, first_end)?;
+        // (Saturating: a start near u64::MAX, which no object reaches.)
+        let asked_end = first_end.saturating_add(1);
+        let whole = body_start == 0 && asked_end >= object_size;
         let expected = Expected::from_headers(&resp.headers, whole);
         self.note_checksums(endpoint, whole, &expected, &etag);
-        let part = FirstPart { resp, body_start, asked_end: first_end + 1, expected };
+        let part = FirstPart { resp, body_start, asked_end, expected };
         Ok(First::Part { object_size, etag, part })
     }
 
@@ -393,7 +395,7 @@ impl ObjectStore {
             if resp.status != http::StatusCode::PARTIAL_CONTENT {
                 return Err(S3Error::Protocol(format!("ranged GET answered {}", resp.status)));
             }
-            version.check(&resp.headers, from, to)?;
+            version.check_http(&resp.headers, from, to)?;
             land(&mut resp.body, region, dst, to - from).await
         })
         .await

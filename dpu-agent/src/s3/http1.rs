@@ -264,12 +264,23 @@ impl Head {
         if self.status == http::StatusCode::NO_CONTENT || self.status == http::StatusCode::NOT_MODIFIED {
             return Ok(Framing::Length(0));
         }
-        let te = super::client::header(&self.headers, "transfer-encoding");
-        if !te.is_empty() {
-            return if te.eq_ignore_ascii_case("chunked") {
-                Ok(Framing::Chunked)
-            } else {
-                Err(format!("unsupported Transfer-Encoding {te:?}"))
+        // Every Transfer-Encoding header counts (codings listed over several
+        // headers apply in turn), and only a body that is chunked alone can
+        // be read: chunked then gzip, or a value that is not text, is not
+        // one this client can frame. With Content-Length as well, the
+        // framing is ambiguous (RFC 9112 6.3): refused, not guessed.
+        let mut codings = Vec::new();
+        for v in self.headers.get_all("transfer-encoding") {
+            let v = v.to_str().map_err(|_| format!("a Transfer-Encoding that is not text: {v:?}"))?;
+            codings.extend(v.split(',').map(str::trim).filter(|c| !c.is_empty()));
+        }
+        if !codings.is_empty() {
+            if self.headers.contains_key("content-length") {
+                return Err("both Transfer-Encoding and Content-Length".into());
+            }
+            return match codings[..] {
+                [c] if c.eq_ignore_ascii_case("chunked") => Ok(Framing::Chunked),
+                _ => Err(format!("unsupported Transfer-Encoding {:?}", codings.join(", "))),
             };
         }
         // Every Content-Length must say the same (else the framing is
@@ -477,6 +488,9 @@ impl Socket {
     }
 }
 
+/// Most bytes of trailers after a chunked body's last chunk.
+const MAX_TRAILERS: usize = 8 << 10;
+
 /// Moves the complete chunks at the start of `raw` into `out`; `true` once
 /// the last chunk (and the trailers) are through.
 fn dechunk(raw: &mut BytesMut, out: &mut BytesMut) -> Result<bool, String> {
@@ -488,8 +502,16 @@ fn dechunk(raw: &mut BytesMut, out: &mut BytesMut) -> Result<bool, String> {
         let hex = line.split(';').next().unwrap_or_default().trim();
         let size = usize::from_str_radix(hex, 16).map_err(|_| format!("chunk size {hex:?}"))?;
         if size == 0 {
-            // Trailers, then an empty line.
-            let Some(end) = raw[eol..].windows(4).position(|w| w == b"\r\n\r\n") else { return Ok(false) };
+            // Trailers, then an empty line; at most MAX_TRAILERS of them,
+            // so a store dripping trailer bytes costs a bounded scan per
+            // read, not one over all it sent.
+            let Some(end) = raw[eol..].windows(4).position(|w| w == b"\r\n\r\n") else {
+                return if raw.len() - eol > MAX_TRAILERS {
+                    Err(format!("chunked trailers longer than {MAX_TRAILERS} bytes"))
+                } else {
+                    Ok(false)
+                };
+            };
             raw.advance(eol + end + 4);
             return Ok(true);
         }

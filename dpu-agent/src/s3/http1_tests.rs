@@ -272,6 +272,12 @@ async fn replies_that_cannot_be_framed_count_against_the_endpoint() {
         b"HTTP/1.1 200 OK\r\ncontent-length: ten\r\n\r\n",
         b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\ncontent-length: 11\r\n\r\n0123456789",
         b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+        // Chunked then gzip, over two headers or in one.
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\n0\r\n\r\n",
+        // Both framings: which one holds is a guess.
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n5\r\nabcde\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: \xffchunked\r\n\r\n0\r\n\r\n",
         b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\n",
         b"SSH-2.0-OpenSSH\r\n\r\n",
     ] {
@@ -285,6 +291,21 @@ async fn replies_that_cannot_be_framed_count_against_the_endpoint() {
             "{what:?}: {e}"
         );
     }
+}
+
+#[tokio::test]
+async fn endless_chunked_trailers_fail_the_transfer() {
+    // The last chunk, then trailer lines that never end with an empty one.
+    let (addr, _) = serve(Arc::new(move |_, _| {
+        let mut reply = b"HTTP/1.1 404 Not Found\r\ntransfer-encoding: chunked\r\n\r\n0\r\n".to_vec();
+        for i in 0..2000 {
+            reply.extend_from_slice(format!("x-trailer-{i}: yes\r\n").as_bytes());
+        }
+        (reply, true)
+    }))
+    .await;
+    let e = client().get(request(&addr, "http://odd", None)).await.err().unwrap();
+    assert!(matches!(&e, S3Error::TransferFailed { message, .. } if message.contains("trailers")), "{e}");
 }
 
 #[tokio::test]

@@ -252,9 +252,10 @@ impl HttpClient {
         let token = signed.security_token.as_deref().map(|t| ("x-amz-security-token", t));
         for (n, v) in p.headers.iter().map(|(n, v)| (*n, v.as_str())).chain(fixed).chain(token) {
             // Values come from the config, the caller and earlier replies;
-            // none may end the header early.
-            if v.bytes().any(|b| b == b'\r' || b == b'\n') {
-                return Err(S3Error::Protocol(format!("header {n} would carry a line break")));
+            // none may end the header early, nor carry other control bytes
+            // (which reqwest, on the other path, refuses too).
+            if v.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+                return Err(S3Error::Protocol(format!("header {n} would carry a control character")));
             }
             head.extend_from_slice(n.as_bytes());
             head.extend_from_slice(b": ");
@@ -542,17 +543,45 @@ impl Prepared<'_> {
 }
 
 /// `host[:port]` of an endpoint URL, as the Host header carries it.
+/// The `Host` header a request to `endpoint` carries, as signed: without
+/// the scheme's default port, as the URL parser under reqwest writes it
+/// (signing `store:443` while `store` is sent fails every request with
+/// SignatureDoesNotMatch).
 fn host_of(endpoint: &str) -> Result<String, S3Error> {
-    let rest = endpoint
-        .strip_prefix("http://")
-        .or_else(|| endpoint.strip_prefix("https://"))
-        .ok_or_else(|| S3Error::Protocol(format!("endpoint {endpoint:?} is not an http(s) URL")))?;
-    Ok(rest.split('/').next().unwrap_or(rest).to_owned())
+    let (rest, default_port) = match (endpoint.strip_prefix("http://"), endpoint.strip_prefix("https://")) {
+        (Some(rest), _) => (rest, ":80"),
+        (_, Some(rest)) => (rest, ":443"),
+        _ => return Err(S3Error::Protocol(format!("endpoint {endpoint:?} is not an http(s) URL"))),
+    };
+    let host = rest.split('/').next().unwrap_or(rest);
+    Ok(host.strip_suffix(default_port).unwrap_or(host).to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_signed_host_is_the_one_sent() {
+        for (endpoint, host) in [
+            ("http://store:80", "store"),
+            ("https://store:443/", "store"),
+            ("http://store:443", "store:443"),
+            ("https://store:80", "store:80"),
+            ("http://10.0.0.1:9000", "10.0.0.1:9000"),
+            ("https://[fd00::1]:443", "[fd00::1]"),
+            ("http://[fd00::1]:8080", "[fd00::1]:8080"),
+        ] {
+            assert_eq!(host_of(endpoint).unwrap(), host, "{endpoint}");
+            // As reqwest (the url crate) writes the Host header.
+            let url = reqwest::Url::parse(endpoint).unwrap();
+            let sent = match url.port() {
+                Some(p) => format!("{}:{p}", url.host_str().unwrap()),
+                None => url.host_str().unwrap().to_owned(),
+            };
+            assert_eq!(sent, host, "{endpoint}");
+        }
+    }
 
     #[test]
     fn keys_are_encoded_like_s3_expects() {

@@ -227,7 +227,7 @@ impl ObjectStore {
             if object_max.is_some() {
                 self.learned.size_check_reply(at.endpoint, !fits_said.is_empty());
             }
-            let (body_start, object_size, etag) = super::version::reply_span(&resp, start)?;
+            let (body_start, object_size, etag) = super::version::reply_span(&resp, start, asked_end - 1)?;
             let whole = body_start == 0 && asked_end >= object_size;
             let expected = Expected::from_headers(&resp.headers, whole);
             if object_max.is_some_and(|max| object_size > max) {
