@@ -402,9 +402,12 @@ async fn read_loop(
             }
         }
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
+        // A client's own deadline, but never past the operator's: a request
+        // (and the connection place it holds) cannot be kept for weeks.
+        let most = Duration::from_millis(limits.request_timeout_ms);
         let limit = match timeout_ms {
-            0 => Duration::from_millis(limits.request_timeout_ms),
-            ms => Duration::from_millis(u64::from(ms)) + DEADLINE_GRACE,
+            0 => most,
+            ms => Duration::from_millis(u64::from(ms)).min(most) + DEADLINE_GRACE,
         };
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
         let served = Served {

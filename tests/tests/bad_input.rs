@@ -283,3 +283,32 @@ async fn registrations_sent_at_once_stay_within_the_connection_limit() {
     }
     assert_eq!((kept, refused), (4, 28), "max_regions_per_connection = 4");
 }
+
+/// A client's deadline is kept only up to the shim's own
+/// (`request_timeout_ms`): a client asking for ten minutes against a store
+/// that went silent gets its answer at the operator's limit, not later.
+#[tokio::test]
+async fn no_client_deadline_outlasts_the_shims_own() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    upload(&c, "data/silent", b"never read").await;
+    let proxy = Proxy::start(stack.gateway_addr.unwrap(), None);
+    let via_proxy = Stack::with(Options {
+        endpoints: vec![format!("http://{}", proxy.addr)],
+        gateway: false,
+        shim_limits: "request_timeout_ms = 1500".into(),
+        ..Default::default()
+    });
+    let c2 = via_proxy.client().await;
+    let r = c2.register(4096).await.unwrap();
+    proxy.stall(true);
+    let started = std::time::Instant::now();
+    let got = sluice_client::with_timeout(Some(std::time::Duration::from_secs(600)), c2.get("data/silent", &r, 0, None));
+    let err = got.await.expect_err("nothing came from the store");
+    let waited = started.elapsed();
+    // 1.5 s and the shim's 2 s of grace; the agent's own first-byte
+    // deadline (5 s) would end it later, and the client's 600 s never.
+    assert_eq!(code(err), Code::DeadlineExceeded, "after {waited:?}");
+    assert!(waited < std::time::Duration::from_millis(4900), "{waited:?}");
+    proxy.stall(false);
+}
