@@ -303,7 +303,8 @@ async fn no_client_deadline_outlasts_the_shims_own() {
     let r = c2.register(4096).await.unwrap();
     proxy.stall(true);
     let started = std::time::Instant::now();
-    let got = sluice_client::with_timeout(Some(std::time::Duration::from_secs(600)), c2.get("data/silent", &r, 0, None));
+    let got =
+        sluice_client::with_timeout(Some(std::time::Duration::from_secs(600)), c2.get("data/silent", &r, 0, None));
     let err = got.await.expect_err("nothing came from the store");
     let waited = started.elapsed();
     // 1.5 s and the shim's 2 s of grace; the agent's own first-byte

@@ -56,6 +56,11 @@ const MAX_READ: u64 = 4 << 20;
 #[derive(Debug)]
 pub struct Http1 {
     idle: Mutex<HashMap<usize, IdleByAuthority>>,
+    /// When every runtime's idle connections were last swept, in ms since
+    /// `born`: connections to a store no GET goes to any more are closed
+    /// too, not kept until a GET to it comes.
+    swept_ms: std::sync::atomic::AtomicU64,
+    born: Instant,
     connect_timeout: Duration,
     read_timeout: Duration,
 }
@@ -88,7 +93,13 @@ pub struct Response {
 
 impl Http1 {
     pub fn new(connect_timeout: Duration, read_timeout: Duration) -> Arc<Self> {
-        Arc::new(Self { idle: Mutex::new(HashMap::new()), connect_timeout, read_timeout })
+        Arc::new(Self {
+            idle: Mutex::new(HashMap::new()),
+            swept_ms: Default::default(),
+            born: Instant::now(),
+            connect_timeout,
+            read_timeout,
+        })
     }
 
     /// Sends `req` and reads the response head; the body streams from the
@@ -182,8 +193,18 @@ impl Http1 {
 
     /// Keeps `conn`, opened or taken on runtime `core`, for that runtime.
     fn put(&self, core: usize, authority: &str, conn: TcpStream) {
+        use std::sync::atomic::Ordering::Relaxed;
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let conns = idle.entry(core).or_default().entry(authority.to_owned()).or_default();
+        let now_ms = self.born.elapsed().as_millis() as u64;
+        if now_ms.saturating_sub(self.swept_ms.load(Relaxed)) >= IDLE_FOR.as_millis() as u64 {
+            self.swept_ms.store(now_ms, Relaxed);
+            sweep(&mut idle, Instant::now());
+        }
+        let per_core = idle.entry(core).or_default();
+        let conns = match per_core.get_mut(authority) {
+            Some(conns) => conns,
+            None => per_core.entry(authority.to_owned()).or_default(),
+        };
         conns.retain(|(_, since)| since.elapsed() < IDLE_FOR);
         if conns.len() < MAX_IDLE {
             conns.push((conn, Instant::now()));
@@ -201,6 +222,17 @@ impl Http1 {
     #[cfg(test)]
     fn idle_count(&self) -> usize {
         self.idle.lock().unwrap().values().flat_map(HashMap::values).map(Vec::len).sum()
+    }
+}
+
+/// Closes the idle connections older than [`IDLE_FOR`] at `now`, of every
+/// runtime and store, and forgets stores left with none.
+fn sweep(idle: &mut HashMap<usize, IdleByAuthority>, now: Instant) {
+    for per_core in idle.values_mut() {
+        per_core.retain(|_, conns| {
+            conns.retain(|(_, since)| now.saturating_duration_since(*since) < IDLE_FOR);
+            !conns.is_empty()
+        });
     }
 }
 

@@ -531,3 +531,21 @@ mod wire {
         }
     }
 }
+
+#[tokio::test]
+async fn idle_connections_to_a_store_nobody_reads_from_are_swept() {
+    use std::collections::HashMap;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut idle: HashMap<usize, super::IdleByAuthority> = HashMap::new();
+    let now = std::time::Instant::now();
+    for (core, store, age) in [(0, "old:80", 30), (0, "fresh:80", 1), (1, "old:80", 25), (1, "fresh:80", 30)] {
+        let conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let since = now.checked_sub(Duration::from_secs(age)).unwrap();
+        idle.entry(core).or_default().entry(store.to_owned()).or_default().push((conn, since));
+    }
+    super::sweep(&mut idle, now);
+    // Only core 0's fresh one is left; a store with none is forgotten.
+    assert_eq!(idle[&0].keys().collect::<Vec<_>>(), ["fresh:80"]);
+    assert!(idle[&1].is_empty());
+}
