@@ -176,7 +176,7 @@ async fn register(
                 (fd, Some(theirs))
             }
         };
-        let (source, guard) = memory.prepare_shared(fd, r.length)?;
+        let (source, guard) = memory.prepare_shared_off_runtime(fd, r.length).await?;
         (source, guard, give_back)
     };
     let region_id = s.register(conn, r.length, source, guard).await?;

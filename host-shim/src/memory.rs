@@ -100,6 +100,26 @@ impl MemoryBackend {
         }
     }
 
+    /// [`Self::prepare_shared`], on a blocking thread where it pins the
+    /// memory (DOCA faults in and pins up to `max_region_bytes`): on the
+    /// runtime's thread that would stall every other client's requests.
+    pub async fn prepare_shared_off_runtime(
+        &self,
+        fd: OwnedFd,
+        len: u64,
+    ) -> Result<(RegionSource, ExportGuard), ShimError> {
+        match self {
+            Self::Colocated => self.prepare_shared(fd, len),
+            #[cfg(feature = "doca")]
+            Self::Doca(x) => {
+                let x = x.clone();
+                tokio::task::spawn_blocking(move || x.export_shared(&fd, len))
+                    .await
+                    .map_err(|e| ShimError::Backend(format!("pinning a region: {e}")))?
+            }
+        }
+    }
+
     /// What the shim keeps for a shared-memory region backed by `fd` (a
     /// sealed memfd of at least `len` bytes), to export it now and again
     /// after an agent restart.
@@ -176,6 +196,7 @@ mod doca {
     }
 
     /// Exports regions through the host's BlueField PCI function.
+    #[derive(Clone)]
     pub struct Exporter {
         dev: Arc<Device>,
         pci: String,
