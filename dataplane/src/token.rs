@@ -56,6 +56,8 @@ pub enum TokenError {
     GidFlag,
     #[error("token DCT number {0:#x} does not fit 24 bits")]
     Dct(u32),
+    #[error("token window of {size} bytes at {addr:#x} runs past the end of the address space")]
+    Window { addr: u64, size: u64 },
 }
 
 /// Field widths of the standard form, then the suffix.
@@ -143,7 +145,15 @@ impl Token {
             None
         };
         let tok = Self::new(num(0), num(1) as u32, num(2) as u32, num(3) as u16, num(4) as u32, gid)?;
-        Ok(if fields.len() == 9 { tok.with_transfer(num(7), num(8)) } else { tok })
+        let tok = if fields.len() == 9 { tok.with_transfer(num(7), num(8)) } else { tok };
+        // Every address a transfer computes (the window's start plus what
+        // was moved) must exist: refused here, not wrapped later.
+        for (addr, size) in [(tok.region_addr, u64::from(tok.region_size)), (tok.addr, tok.size)] {
+            if addr.checked_add(size).is_none() {
+                return Err(TokenError::Window { addr, size });
+            }
+        }
+        Ok(tok)
     }
 }
 
@@ -199,6 +209,19 @@ mod tests {
     }
 
     #[test]
+    fn windows_past_the_end_of_the_address_space_are_refused() {
+        let near_end = "fffffffffffff000:00002000:01020304:0102:010203:0:00000000000000000000000000000000";
+        assert!(matches!(Token::parse(near_end), Err(TokenError::Window { .. })));
+        let ext = format!("{EXAMPLE}:fffffffffffff000:0000000000002000");
+        assert!(matches!(Token::parse(&ext), Err(TokenError::Window { .. })));
+        // Its end (one past the last byte) must be an address too.
+        let ends_below = format!("{EXAMPLE}:ffffffffffffe000:0000000000001000");
+        assert!(Token::parse(&ends_below).is_ok());
+        let ends_at_the_top = format!("{EXAMPLE}:fffffffffffff000:0000000000001000");
+        assert!(matches!(Token::parse(&ends_at_the_top), Err(TokenError::Window { .. })));
+    }
+
+    #[test]
     fn rejects_everything_else() {
         for bad in [
             "",
@@ -230,6 +253,8 @@ mod tests {
         #[test]
         fn format_then_parse_is_identity(addr: u64, size: u32, rkey: u32, lid: u16, dct in 0u32..0x100_0000,
                                          gid: Option<[u8; 16]>, ext: Option<(u64, u64)>) {
+            let fits = |a: u64, s: u64| a.checked_add(s).is_some();
+            prop_assume!(fits(addr, u64::from(size)) && ext.is_none_or(|(a, s)| fits(a, s)));
             let mut t = Token::new(addr, size, rkey, lid, dct, gid).unwrap();
             if let Some((a, s)) = ext {
                 t = t.with_transfer(a, s);

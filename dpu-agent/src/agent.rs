@@ -395,7 +395,7 @@ impl Agent {
                 self.limits.max_regions_per_session
             )));
         }
-        if Session::registered_bytes(&regions) + length > self.limits.max_registered_bytes_per_session {
+        if Session::registered_bytes(&regions).saturating_add(length) > self.limits.max_registered_bytes_per_session {
             return Err(AgentError::ResourceExhausted(format!(
                 "{} registered bytes per session",
                 self.limits.max_registered_bytes_per_session

@@ -40,7 +40,14 @@ pub fn sweep(uploads: &Path, expire_after: Duration) -> std::io::Result<Swept> {
         }
         let mut youngest = age(&meta, now);
         let (mut files, mut bytes) = (0usize, 0u64);
-        for f in std::fs::read_dir(&dir)?.flatten() {
+        // An upload completed or aborted since it was listed is simply
+        // gone: the rest of the sweep goes on.
+        let files_in = match std::fs::read_dir(&dir) {
+            Ok(files_in) => files_in,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for f in files_in.flatten() {
             if let Ok(m) = f.metadata() {
                 youngest = youngest.min(age(&m, now));
                 files += 1;

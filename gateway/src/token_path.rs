@@ -28,6 +28,9 @@ use tracing::warn;
 use crate::backend_errors::{error, explain_internal};
 use crate::front::Front;
 
+/// The most bytes one PUT or UploadPart may carry (S3's limit).
+const MAX_PUT_BYTES: u64 = 5 << 30;
+
 /// Counters of RDMA-path requests, for logs and tests.
 #[derive(Debug, Default)]
 pub struct RdmaStats {
@@ -349,6 +352,16 @@ impl<S: S3> Front<S> {
                 INVALID_TOKEN,
                 StatusCode::BAD_REQUEST,
                 "the token's window is empty; an RDMA PUT reads the object from a window of its size",
+            ));
+        }
+        // S3's largest single PUT or part; a window past it would also pass
+        // as a negative length further on.
+        if ask.token.size > MAX_PUT_BYTES {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(error(
+                "EntityTooLarge",
+                StatusCode::BAD_REQUEST,
+                "the token's window is larger than 5 GiB, the most one PUT or part may hold",
             ));
         }
         Ok(())

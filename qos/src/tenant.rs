@@ -310,7 +310,7 @@ impl Tenant {
                 });
             }
         }
-        st.registered += bytes;
+        st.registered = st.registered.saturating_add(bytes);
         Ok(MemoryReservation { tenant: Arc::clone(self), bytes })
     }
 }

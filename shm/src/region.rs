@@ -72,6 +72,16 @@ pub fn check_sealed(fd: BorrowedFd<'_>) -> Result<u64, ShmError> {
     if !seals.contains(SealFlag::F_SEAL_SHRINK) {
         return Err(ShmError::NotSealed(format!("a memfd without F_SEAL_SHRINK (seals: {seals:?})")));
     }
+    // A hugetlbfs memfd (MFD_HUGETLB) cannot be unmapped at the region's
+    // byte length (munmap wants whole huge pages: each release would leave
+    // its mapping behind), and a hole punched in it can fault a later
+    // write: refused. Huge pages come from a plain memfd with THP.
+    let fs = nix::sys::statfs::fstatfs(fd).map_err(os("fstatfs"))?;
+    if fs.filesystem_type() == nix::sys::statfs::HUGETLBFS_MAGIC {
+        return Err(ShmError::NotSealed(
+            "a hugetlbfs memfd (MFD_HUGETLB); use a plain memfd (transparent huge pages serve the same)".into(),
+        ));
+    }
     let size = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(os("fstat"))?.st_size;
     Ok(u64::try_from(size).unwrap_or(0))
 }
@@ -285,6 +295,19 @@ mod tests {
     /// The SIGBUS attack: a region whose file is truncated under the
     /// mapping. Files this crate creates cannot shrink; files it did not
     /// create are mapped only when they cannot either.
+    /// A sealed hugetlbfs memfd is refused: released, its mapping could not
+    /// be unmapped at the region's length and would stay behind.
+    #[test]
+    fn a_hugetlb_memfd_is_refused() {
+        let flags = MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING | MemFdCreateFlag::MFD_HUGETLB;
+        let huge = memfd_create(c"huge", flags).expect("memfd_create(MFD_HUGETLB) (a kernel with hugetlbfs)");
+        File::from(huge.try_clone().unwrap()).set_len(2 << 20).unwrap();
+        fcntl(huge.as_raw_fd(), FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).unwrap();
+        let e = check_sealed(huge.as_fd()).unwrap_err();
+        assert!(matches!(&e, ShmError::NotSealed(why) if why.contains("hugetlbfs")), "{e}");
+        assert!(MappedRegion::map(huge, 4096).is_err());
+    }
+
     #[test]
     fn only_files_that_cannot_shrink_are_mapped() {
         let ours = create_memfd("t", 4096).unwrap();

@@ -140,6 +140,13 @@ def suffix_ranges_larger_than_the_object_return_it_whole():
     c = code(lambda: s3.get_object(Bucket=BUCKET, Key="r", Range="bytes=10-"))
     expect(c == ("InvalidRange", 416), f"past the end: {c}")
     s3.delete_object(Bucket=BUCKET, Key="r")
+    # No byte of an empty object can be asked for, by a suffix either.
+    s3.put_object(Bucket=BUCKET, Key="e", Body=b"")
+    for rng in ("bytes=-5", "bytes=0-0"):
+        c = code(lambda: s3.get_object(Bucket=BUCKET, Key="e", Range=rng))
+        expect(c == ("InvalidRange", 416), f"{rng} of an empty object: {c}")
+    expect(s3.get_object(Bucket=BUCKET, Key="e")["Body"].read() == b"", "whole empty object")
+    s3.delete_object(Bucket=BUCKET, Key="e")
 
 
 @check

@@ -33,7 +33,7 @@ pub struct Upload {
 }
 
 /// What `<n>.json` holds.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PartInfo {
     pub etag: String,
     pub size: u64,
@@ -145,10 +145,12 @@ impl DirStore {
         let have = self.parts(dir).map_err(super::s3::store_error)?;
         let mut md5s = Vec::with_capacity(16 * listed.len());
         let mut crc = 0u64;
+        let mut checked = Vec::with_capacity(listed.len());
         for (i, (n, etag)) in listed.iter().enumerate() {
             let Some((info, _)) = have.get(n) else {
                 return Err(s3_error!(InvalidPart, "part {n} was not uploaded"));
             };
+            checked.push(info);
             if etag.trim_matches('"') != info.etag {
                 return Err(s3_error!(InvalidPart, "part {n} has ETag \"{}\", not {etag}", info.etag));
             }
@@ -173,9 +175,23 @@ impl DirStore {
         }
         let mut tmp = self.temp_file().map_err(super::s3::store_error)?;
         let mut out = tmp.file.take().expect("fresh temp file");
-        for (n, _) in listed {
-            let mut part = std::fs::File::open(dir.join(n.to_string()))
-                .map_err(|_| s3_error!(InvalidPart, "part {n} disappeared (aborted or expired meanwhile)"))?;
+        for ((n, _), info) in listed.iter().zip(checked) {
+            // The part's file is opened under the lock its upload renames
+            // and describes it under, and only if it is still the part
+            // checked above: one uploaded again meanwhile (same number,
+            // other bytes) would otherwise be copied under the first one's
+            // ETag and CRC.
+            let mut part = {
+                let _g = self.stripe(&format!("{}/{n}", dir.display()));
+                let now = std::fs::read(dir.join(format!("{n}.json")))
+                    .ok()
+                    .and_then(|raw| serde_json::from_slice::<PartInfo>(&raw).ok());
+                if now.as_ref() != Some(info) {
+                    return Err(s3_error!(InvalidPart, "part {n} was uploaded again while the upload completed"));
+                }
+                std::fs::File::open(dir.join(n.to_string()))
+                    .map_err(|_| s3_error!(InvalidPart, "part {n} disappeared (aborted or expired meanwhile)"))?
+            };
             // std::io::copy between files is copy_file_range on Linux.
             std::io::copy(&mut part, &mut out).map_err(|e| super::s3::store_error(io("assembling the object")(e)))?;
         }

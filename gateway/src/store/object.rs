@@ -93,7 +93,9 @@ pub fn open(
     let (span, ranged) = match range {
         None => (0..size, false),
         Some(r) => {
-            let s = r.check(size).map_err(|_| {
+            // No byte of an empty object is satisfiable, a suffix range's
+            // neither (it was answered 206 with `bytes 0-0/0`).
+            let s = r.check(size).ok().filter(|s| !s.is_empty()).ok_or_else(|| {
                 s3_error!(
                     InvalidRange,
                     "the range {} is not satisfiable for a {size}-byte object",

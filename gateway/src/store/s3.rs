@@ -554,7 +554,7 @@ impl S3 for Store {
         let s = self.0.clone();
         let all = blocking(move || s.parts(&dir).map_err(store_error)).await?;
         let mut parts: Vec<Part> = all
-            .range(marker + 1..)
+            .range(marker.saturating_add(1)..)
             .map(|(n, (info, when))| Part {
                 part_number: Some(*n),
                 e_tag: Some(ETag::Strong(info.etag.clone())),
