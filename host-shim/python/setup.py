@@ -11,6 +11,9 @@ client works the same, only slower per call (docs/performance.md).
   ``0``     do not build it.
 ``SLUICE_NATIVE_PROFILE``: ``release`` (default) or ``debug`` (a quicker
 build for tests that reuses a debug workspace build).
+``SLUICE_NATIVE_LIB``: the path of an extension cargo built already (the
+workspace's ``lib_native.so``, as ``scripts/test`` builds it with the rest):
+installed as it is, nothing built here.
 
 ``python3 setup.py --native-inplace`` builds it into ``src/sluice`` for a
 client run from its source folder.
@@ -48,6 +51,20 @@ def _build_native(out_dir: Path) -> None:
     if mode == "0":
         print("sluice: SLUICE_NATIVE_BUILD=0: installing the pure-Python client", file=sys.stderr)
         return
+    built = os.environ.get("SLUICE_NATIVE_LIB")
+    if built:
+        dest = out_dir / "sluice" / "_native.abi3.so"
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built, dest)
+            print(f"sluice: installing the native read path built at {built}", file=sys.stderr)
+            return
+        except OSError as e:
+            why = f"SLUICE_NATIVE_LIB={built}: {e}"
+            if mode == "required":
+                raise SystemExit(f"sluice: SLUICE_NATIVE_BUILD=required, but the native read path was not built: {why}")
+            print(f"sluice: WARNING: no native read path ({why}); installing the pure-Python client", file=sys.stderr)
+            return
     cargo = _cargo()
     why = None if cargo and MANIFEST.exists() else ("cargo not found" if MANIFEST.exists() else f"{MANIFEST} not found")
     if why is None:
