@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod backend_errors;
+mod conn_limits;
 pub mod expiry;
 pub mod front;
 pub mod metrics;
@@ -96,6 +97,16 @@ pub struct GatewayConfig {
     /// limit holds for the TLS handshake before it.
     #[serde(default = "default_header_timeout_ms")]
     pub header_timeout_ms: u64,
+    /// A connection on which nothing moves either way for this long is
+    /// closed: a client that stopped sending the body it announced, or
+    /// stopped reading its response. Longer than `[rdma]
+    /// transfer_timeout_ms`, because a request served over RDMA sends
+    /// nothing on its connection until the transfer is done.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Most client connections open at once; more wait to be accepted.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
     /// Incomplete multipart uploads (directory backend).
     #[serde(default)]
     pub multipart: MultipartConfig,
@@ -112,6 +123,14 @@ pub struct GatewayConfig {
 
 fn default_header_timeout_ms() -> u64 {
     10_000
+}
+
+fn default_idle_timeout_ms() -> u64 {
+    120_000
+}
+
+fn default_max_connections() -> usize {
+    4096
 }
 
 /// `[multipart]`: what happens to uploads nobody completes.
@@ -316,6 +335,16 @@ impl GatewayConfig {
         if self.header_timeout_ms == 0 {
             return Err(GatewayError::Invalid("header_timeout_ms must be > 0".into()));
         }
+        if self.idle_timeout_ms <= self.rdma.transfer_timeout_ms {
+            return Err(GatewayError::Invalid(format!(
+                "idle_timeout_ms ({}) must be longer than [rdma] transfer_timeout_ms ({}): a request served \
+                 over RDMA sends nothing on its connection until its transfer ends",
+                self.idle_timeout_ms, self.rdma.transfer_timeout_ms
+            )));
+        }
+        if self.max_connections == 0 {
+            return Err(GatewayError::Invalid("max_connections must be > 0".into()));
+        }
         if self.multipart.expire_after_secs == 0 || self.multipart.sweep_every_secs == 0 {
             return Err(GatewayError::Invalid("[multipart] expire_after_secs and sweep_every_secs must be > 0".into()));
         }
@@ -331,6 +360,8 @@ pub struct Gateway {
     /// The operations endpoint, when `metrics_listen` is set.
     ops: Option<(TcpListener, std::sync::Arc<metrics::GatewayMetrics>)>,
     header_timeout: std::time::Duration,
+    idle_timeout: std::time::Duration,
+    max_connections: usize,
     /// HTTPS, when `[tls]` is configured.
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// The directory store's root and the expiry settings (none upstream:
@@ -415,7 +446,9 @@ impl Gateway {
         info!(addr = %local, url = %format_args!("{scheme}://{local}"), data_dir = %cfg.data_dir.display(),
               buckets = ?cfg.buckets, backend = ?cfg.backend, rdma_tcp = cfg.rdma.tcp, "gateway listening");
         let header_timeout = std::time::Duration::from_millis(cfg.header_timeout_ms);
-        Ok(Self { listener, service, ops, header_timeout, tls, sweep })
+        let idle_timeout = std::time::Duration::from_millis(cfg.idle_timeout_ms);
+        let max_connections = cfg.max_connections;
+        Ok(Self { listener, service, ops, header_timeout, idle_timeout, max_connections, tls, sweep })
     }
 
     /// The address the gateway is listening on.
@@ -440,20 +473,29 @@ impl Gateway {
         http.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(self.header_timeout);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut admission = conn_limits::Admission::new(self.max_connections);
         sluice_telemetry::notify_ready();
         loop {
+            let place = tokio::select! {
+                place = admission.place() => place,
+                () = shutdown.as_mut() => break,
+            };
             let (socket, peer) = tokio::select! {
                 res = self.listener.accept() => match res {
                     Ok(accepted) => accepted,
                     Err(e) => {
                         warn!(error = %e, "accept failed");
+                        // Out of descriptors, typically: a pause instead
+                        // of a busy loop.
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }
                 },
                 () = shutdown.as_mut() => break,
             };
             let _ = socket.set_nodelay(true);
-            let open = metrics::ConnectionGuard::new(&self.service.metrics);
+            let open = (metrics::ConnectionGuard::new(&self.service.metrics), place);
+            let socket = conn_limits::Idle::new(socket, self.idle_timeout);
             let Some(acceptor) = &self.tls else {
                 let conn = http.serve_connection(TokioIo::new(socket), self.service.clone());
                 let conn = graceful.watch(conn.into_owned());

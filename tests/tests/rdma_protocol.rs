@@ -42,20 +42,10 @@ impl Probe {
         Self { base: format!("http://{gw}"), host: gw.to_string(), http: reqwest::Client::new() }
     }
 
-    /// Sends a request signed over `signed` headers; `unsigned` headers are
-    /// added after signing.
-    async fn send(
-        &self,
-        method: &str,
-        path: &str,
-        signed: &[(&str, String)],
-        unsigned: &[(&str, String)],
-        body: Vec<u8>,
-    ) -> reqwest::Response {
+    /// The headers of a request to `path` signed over `headers` (which must
+    /// hold `host`): `headers` followed by the signature's.
+    fn sign(&self, method: &str, path: &str, mut headers: Vec<(&'static str, String)>) -> Vec<(&'static str, String)> {
         let url = format!("{}{path}", self.base);
-        let mut headers: Vec<(&str, String)> =
-            vec![("host", self.host.clone()), ("content-length", body.len().to_string())];
-        headers.extend(signed.iter().cloned());
         let identity = aws_credential_types::Credentials::new(ACCESS_KEY, SECRET_KEY, None, None, "test").into();
         let mut settings = SigningSettings::default();
         settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
@@ -76,16 +66,51 @@ impl Probe {
         )
         .unwrap();
         let (instructions, _) = sign(signable, &params).unwrap().into_parts();
+        let extra: Vec<(&'static str, String)> = instructions
+            .headers()
+            .map(|(n, v)| match n {
+                "authorization" => ("authorization", v.to_owned()),
+                "x-amz-date" => ("x-amz-date", v.to_owned()),
+                "x-amz-content-sha256" => ("x-amz-content-sha256", v.to_owned()),
+                other => panic!("unexpected signing header {other}"),
+            })
+            .collect();
+        headers.extend(extra);
+        headers
+    }
+
+    /// Sends a request signed over `signed` headers; `unsigned` headers are
+    /// added after signing.
+    async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        signed: &[(&'static str, String)],
+        unsigned: &[(&'static str, String)],
+        body: Vec<u8>,
+    ) -> reqwest::Response {
+        let url = format!("{}{path}", self.base);
+        let mut headers: Vec<(&'static str, String)> =
+            vec![("host", self.host.clone()), ("content-length", body.len().to_string())];
+        headers.extend(signed.iter().cloned());
         let mut rb = self.http.request(method.parse().unwrap(), &url);
-        for (n, v) in headers.iter().chain(unsigned.iter()) {
+        for (n, v) in self.sign(method, path, headers).iter().chain(unsigned.iter()) {
             if *n != "host" {
                 rb = rb.header(*n, v);
             }
         }
-        for (n, v) in instructions.headers() {
-            rb = rb.header(n, v);
-        }
         rb.body(body).send().await.unwrap()
+    }
+
+    /// The head of a signed request, as sent on the wire.
+    fn raw_head(&self, method: &str, path: &str, content_length: u64) -> String {
+        let headers = vec![("host", self.host.clone()), ("content-length", content_length.to_string())];
+        let mut head = format!("{method} {path} HTTP/1.1\r\n");
+        for (n, v) in self.sign(method, path, headers) {
+            head.push_str(&format!("{n}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        head
     }
 }
 
@@ -398,4 +423,74 @@ async fn tokens_cannot_aim_the_gateway_elsewhere() {
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("InvalidRDMAToken"));
     assert!(!stack.stored_file("data", "aim/empty").exists(), "an empty object was stored");
+}
+
+/// Clients that stop half-way hold no connection for long: a PUT whose body
+/// stops after its first bytes, and a GET whose client never reads its
+/// response, are closed once nothing has moved for `idle_timeout_ms`; with
+/// `max_connections` of them open, the next client waits instead of being
+/// served beside them, and is served once they are gone. The stopped PUT
+/// stores nothing and leaves no temporary file.
+#[tokio::test]
+async fn stalled_clients_are_closed_and_connections_are_bounded() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    let stack = Stack::with(sluice_tests::Options {
+        gateway_extra: "idle_timeout_ms = 1500\nmax_connections = 4\n".into(),
+        gateway_rdma: "transfer_timeout_ms = 700".into(),
+        ..Default::default()
+    });
+    let p = Probe::new(&stack);
+    let gw = stack.gateway_addr.unwrap();
+    // Stored by another process, so no connection of this one is open.
+    let big = put_object(&stack, "idle/big", pattern(32 << 20, 3));
+
+    // Three PUTs that stop after 1,000 of their 1 MiB, one GET of 32 MiB
+    // that is never read.
+    let mut stalled: Vec<std::net::TcpStream> = (0..3)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(gw).unwrap();
+            s.write_all(p.raw_head("PUT", &format!("/data/idle/stopped-{i}"), 1 << 20).as_bytes()).unwrap();
+            s.write_all(&[7u8; 1000]).unwrap();
+            s
+        })
+        .collect();
+    let mut reader = std::net::TcpStream::connect(gw).unwrap();
+    reader.write_all(p.raw_head("GET", "/data/idle/big", 0).as_bytes()).unwrap();
+    stalled.push(reader);
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // A fifth client waits for a place, then gets the whole object.
+    let fifth = Probe::new(&stack).send("GET", "/data/idle/big", &[], &[], vec![]).await;
+    let waited = t0.elapsed();
+    assert_eq!(fifth.status(), 200);
+    assert_eq!(sha256(&fifth.bytes().await.unwrap()), sha256(&big));
+    assert!(waited >= Duration::from_millis(1000), "the fifth client was served beside four held ones ({waited:?})");
+
+    // Every stalled connection was closed by the gateway.
+    for (i, s) in stalled.iter_mut().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut sink = vec![0u8; 1 << 20];
+        let closed = loop {
+            match s.read(&mut sink) {
+                Ok(0) => break true,
+                Ok(_) => {} // a response's start, or what was buffered
+                Err(e) => break e.kind() == std::io::ErrorKind::ConnectionReset,
+            }
+        };
+        assert!(closed, "stalled connection {i} still open after {:?}", t0.elapsed());
+    }
+    let took = t0.elapsed();
+    for i in 0..3 {
+        let r = p.send("HEAD", &format!("/data/idle/stopped-{i}"), &[], &[], vec![]).await;
+        assert_eq!(r.status(), 404, "a stopped PUT stored its object");
+    }
+    let tmp: Vec<_> = std::fs::read_dir(stack.data_dir.join(".sluice/tmp")).into_iter().flatten().flatten().collect();
+    assert!(tmp.is_empty(), "temporary files left by the stopped PUTs: {tmp:?}");
+    sluice_tests::report(&format!(
+        "gateway: 4 stalled clients closed within {} ms; the fifth waited {} ms for a place",
+        took.as_millis(),
+        waited.as_millis()
+    ));
 }
