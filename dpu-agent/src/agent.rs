@@ -109,6 +109,8 @@ pub struct Agent {
     quotas: Quotas,
     /// Every namespace's request signer (credentials rotate on SIGHUP).
     signers: Signers,
+    /// The regions each tenant holds over all its sessions.
+    region_places: crate::tenant_places::TenantPlaces,
     /// The endpoints' health and the upload journal (`s3::setup`).
     failover: Arc<Failover>,
 }
@@ -163,8 +165,10 @@ impl Agent {
         let auth = ShimAuth::from_config(cfg)?;
         let quotas = Quotas::new(cfg, metrics.quota_refusals.clone(), metrics.slot_wait.clone())?;
         let limits = cfg.limits.clone();
-        let sessions = Sessions::new(Duration::from_millis(cfg.limits.session_lease_ms));
-        Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas, signers, failover })
+        let sessions =
+            Sessions::new(Duration::from_millis(cfg.limits.session_lease_ms), cfg.limits.max_sessions_per_tenant);
+        let region_places = crate::tenant_places::TenantPlaces::new(cfg.limits.max_regions_per_tenant, "regions");
+        Ok(Self { tenants, sessions, memory, metrics, limits, auth, quotas, signers, region_places, failover })
     }
 
     /// Every namespace's store, as `tenant/namespace` (readiness probes).
@@ -309,7 +313,10 @@ impl Agent {
                 "this shim registers no memory this agent can reach: its regions will be refused");
         }
         let id = random_id();
-        self.sessions.open(id.clone(), tenant, origin);
+        if let Err(e) = self.sessions.open(id.clone(), tenant, origin) {
+            tracing::warn!(tenant, shim_id, error = %e, "session refused");
+            return Err(e);
+        }
         self.metrics.sessions.inc();
         info!(tenant, shim_id, "session opened");
         let namespaces = capabilities.namespaces.iter().map(|n| n.name.clone()).collect();
@@ -403,10 +410,11 @@ impl Agent {
         }
         // The tenant's quota over all its sessions; refused (not queued):
         // registration is on the connection path.
+        let place = self.region_places.take(&s.tenant)?;
         let quota = self.quotas.qos().reserve_memory(&s.tenant, length)?;
         let region = self.memory.import(export, length)?;
         let id = random_id();
-        regions.insert(id.clone(), Registered { region, _quota: quota });
+        regions.insert(id.clone(), Registered { region, _quota: quota, _place: place });
         self.metrics.regions.with_label_values(&[&s.tenant]).inc();
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).add(length as i64);
         Ok(id)

@@ -32,6 +32,7 @@ pub mod s3;
 pub mod server;
 pub mod session;
 pub mod startup;
+mod tenant_places;
 pub mod tls;
 pub mod transports;
 

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use crate::error::AgentError;
 use crate::hostmem::HostRegion;
 use crate::identity::ShimOrigin;
+use crate::tenant_places::{Place, TenantPlaces};
 
 /// Per-session counters reported by Stats.
 #[derive(Default)]
@@ -31,6 +32,8 @@ pub struct SessionStats {
 pub(crate) struct Registered {
     pub region: Arc<dyn HostRegion>,
     pub _quota: sluice_qos::MemoryReservation,
+    /// Its place among the tenant's regions (`max_regions_per_tenant`).
+    pub _place: Place,
 }
 
 pub(crate) struct Session {
@@ -42,6 +45,8 @@ pub(crate) struct Session {
     pub stats: SessionStats,
     /// When a call or a Renew last named it (ms since the table's epoch).
     last_seen_ms: AtomicU64,
+    /// Its place among the tenant's sessions (`max_sessions_per_tenant`).
+    _place: Place,
 }
 
 impl Session {
@@ -84,11 +89,18 @@ pub(crate) struct Sessions {
     map: Mutex<HashMap<String, Arc<Session>>>,
     epoch: Instant,
     lease: Duration,
+    places: TenantPlaces,
 }
 
 impl Sessions {
-    pub fn new(lease: Duration) -> Self {
-        Self { map: Mutex::default(), epoch: Instant::now(), lease }
+    /// Sessions renewed within `lease`, at most `max_per_tenant` of one tenant.
+    pub fn new(lease: Duration, max_per_tenant: usize) -> Self {
+        Self {
+            map: Mutex::default(),
+            epoch: Instant::now(),
+            lease,
+            places: TenantPlaces::new(max_per_tenant, "sessions"),
+        }
     }
 
     pub fn lease(&self) -> Duration {
@@ -103,16 +115,19 @@ impl Sessions {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn open(&self, id: String, tenant: &str, origin: &ShimOrigin) -> Arc<Session> {
+    /// Opens a session, unless the tenant holds `max_per_tenant` already.
+    pub fn open(&self, id: String, tenant: &str, origin: &ShimOrigin) -> Result<Arc<Session>, AgentError> {
+        let place = self.places.take(tenant)?;
         let s = Arc::new(Session {
             tenant: tenant.to_owned(),
             origin: origin.clone(),
             regions: Mutex::default(),
             stats: SessionStats::default(),
             last_seen_ms: AtomicU64::new(self.now_ms()),
+            _place: place,
         });
         self.map().insert(id, s.clone());
-        s
+        Ok(s)
     }
 
     /// The session, renewed; `UnknownSession` if it is not open.
@@ -193,10 +208,10 @@ mod tests {
 
     #[test]
     fn sessions_expire_unless_named() {
-        let t = Sessions::new(Duration::from_millis(40));
-        t.open("a".into(), "alpha", &ShimOrigin::Unix);
-        t.open("b".into(), "alpha", &ShimOrigin::Unix);
-        t.open("c".into(), "alpha", &ShimOrigin::Unix);
+        let t = Sessions::new(Duration::from_millis(40), 16);
+        t.open("a".into(), "alpha", &ShimOrigin::Unix).expect("open");
+        t.open("b".into(), "alpha", &ShimOrigin::Unix).expect("open");
+        t.open("c".into(), "alpha", &ShimOrigin::Unix).expect("open");
         for _ in 0..4 {
             std::thread::sleep(Duration::from_millis(15));
             assert!(t.get("a").is_ok());
@@ -211,8 +226,8 @@ mod tests {
 
     #[test]
     fn a_session_is_scoped_only_from_its_origin() {
-        let t = Sessions::new(Duration::from_secs(10));
-        t.open("a".into(), "alpha", &ShimOrigin::Unix);
+        let t = Sessions::new(Duration::from_secs(10), 16);
+        t.open("a".into(), "alpha", &ShimOrigin::Unix).expect("open");
         let other = ShimOrigin::Network { ip: "10.0.0.9".parse().expect("ip"), cert: None };
         let mut seen = None;
         let e = t.scoped("a", &other, |s| seen = Some(s.tenant.clone())).err().expect("refused");
@@ -226,11 +241,28 @@ mod tests {
 
     #[test]
     fn renewals_from_another_origin_do_not_count() {
-        let t = Sessions::new(Duration::from_millis(10));
-        t.open("a".into(), "alpha", &ShimOrigin::Unix);
+        let t = Sessions::new(Duration::from_millis(10), 16);
+        t.open("a".into(), "alpha", &ShimOrigin::Unix).expect("open");
         let other = ShimOrigin::Network { ip: "10.0.0.9".parse().expect("ip"), cert: None };
         assert_eq!(t.renew(&["a".into()], &other), ["a"]);
         std::thread::sleep(Duration::from_millis(25));
         assert_eq!(t.take_expired().len(), 1);
+    }
+
+    #[test]
+    fn a_tenant_opens_at_most_its_sessions_and_expired_ones_give_places_back() {
+        let t = Sessions::new(Duration::from_millis(10), 2);
+        t.open("a".into(), "alpha", &ShimOrigin::Unix).expect("first");
+        t.open("b".into(), "alpha", &ShimOrigin::Unix).expect("second");
+        let e = t.open("c".into(), "alpha", &ShimOrigin::Unix).err().expect("a third is refused");
+        assert!(matches!(e, AgentError::ResourceExhausted(_)), "{e}");
+        assert!(t.get("c").is_err(), "nothing was opened");
+        t.open("d".into(), "beta", &ShimOrigin::Unix).expect("another tenant is not held back");
+        t.remove("a");
+        t.open("e".into(), "alpha", &ShimOrigin::Unix).expect("a closed session's place");
+        std::thread::sleep(Duration::from_millis(25));
+        assert_eq!(t.take_expired().len(), 3);
+        t.open("f".into(), "alpha", &ShimOrigin::Unix).expect("expired sessions' places");
+        t.open("g".into(), "alpha", &ShimOrigin::Unix).expect("expired sessions' places");
     }
 }

@@ -313,3 +313,45 @@ async fn no_client_deadline_outlasts_the_shims_own() {
     assert!(waited < std::time::Duration::from_millis(4900), "{waited:?}");
     proxy.stall(false);
 }
+
+/// The agent bounds each tenant over all its sessions, not only per
+/// session: no more than `max_sessions_per_tenant` sessions (one per client
+/// connection) and `max_regions_per_tenant` regions in all; what is
+/// released or closed gives its place back.
+#[tokio::test]
+async fn a_tenant_holds_at_most_its_sessions_and_regions_over_all_of_them() {
+    let stack = Stack::with(Options {
+        agent_limits: "max_sessions_per_tenant = 2\nmax_regions_per_tenant = 3\n".into(),
+        ..Default::default()
+    });
+    let c1 = stack.client().await;
+    let c2 = stack.client().await;
+    let third = Client::connect(&stack.socket).await.err().expect("a third session is refused");
+    assert_eq!(code(third), Code::ResourceExhausted);
+
+    let r1 = c1.register(4096).await.expect("region 1");
+    let _r2 = c1.register(4096).await.expect("region 2");
+    let _r3 = c2.register(4096).await.expect("region 3, in the other session");
+    let e = c2.register(4096).await.expect_err("a fourth region of the tenant is refused");
+    assert_eq!(code(e), Code::ResourceExhausted);
+    c1.release(r1).await.expect("release");
+    let r4 = c2.register(4096).await.expect("a released region's place");
+    c2.release(r4).await.expect("release");
+    upload(&c2, "data/places", b"still serves").await;
+
+    drop(c1);
+    // The closed connection's session gives its place back (the shim closes
+    // it at the agent when the client goes).
+    let t0 = std::time::Instant::now();
+    let c3 = loop {
+        match Client::connect(&stack.socket).await {
+            Ok(c) => break c,
+            Err(e) if t0.elapsed() < std::time::Duration::from_secs(10) => {
+                assert_eq!(code(e), Code::ResourceExhausted);
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the closed session's place never came back: {e}"),
+        }
+    };
+    c3.register(4096).await.expect("the closed session's regions gave their places back");
+}

@@ -50,6 +50,8 @@ pub enum ConfigError {
     SocketMode(u32),
     #[error("invalid config: limits: session_lease_ms must be >= 100")]
     SessionLease,
+    #[error("invalid config: limits: max_regions_per_session, max_sessions_per_tenant and max_regions_per_tenant must be >= 1")]
+    ZeroLimit,
     #[error("invalid config: qos: global_slots >= 1 and queue_timeout_ms >= 1")]
     Qos,
     #[error("invalid config: [runtime] {0}")]
@@ -152,11 +154,24 @@ pub struct Limits {
     /// a shim that died: it is closed and its regions are released. Live
     /// shims renew every third of it.
     pub session_lease_ms: u64,
+    /// Most sessions one tenant may hold open (a shim opens one per client
+    /// connection), over all its shims.
+    pub max_sessions_per_tenant: usize,
+    /// Most regions one tenant may hold over all its sessions. Each is a
+    /// mapping in the agent, and the kernel allows a process about 65,000
+    /// (`vm.max_map_count`): this keeps one tenant from taking them all.
+    pub max_regions_per_tenant: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_regions_per_session: 4096, max_registered_bytes_per_session: 64 << 30, session_lease_ms: 15_000 }
+        Self {
+            max_regions_per_session: 4096,
+            max_registered_bytes_per_session: 64 << 30,
+            session_lease_ms: 15_000,
+            max_sessions_per_tenant: 4096,
+            max_regions_per_tenant: 16_384,
+        }
     }
 }
 
@@ -252,6 +267,10 @@ impl AgentConfig {
         }
         if self.limits.session_lease_ms < 100 {
             return Err(ConfigError::SessionLease);
+        }
+        let l = &self.limits;
+        if l.max_regions_per_session == 0 || l.max_sessions_per_tenant == 0 || l.max_regions_per_tenant == 0 {
+            return Err(ConfigError::ZeroLimit);
         }
         if self.qos.global_slots == 0 || self.qos.queue_timeout_ms == 0 {
             return Err(ConfigError::Qos);
