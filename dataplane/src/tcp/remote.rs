@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures::{Stream, StreamExt};
@@ -28,6 +29,17 @@ const ONE_WRITE_MAX: u64 = wire::EAGER_MAX_BYTES;
 /// connection is next taken (it is usually there already).
 const OWED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// A pooled connection unused this long is closed. Owners come and go (an
+/// agent that restarts listens on a new port), so a pool that only ever
+/// added would keep every owner's connections for the gateway's lifetime.
+const IDLE_MAX: Duration = Duration::from_secs(30);
+
+/// How often the pool is swept for idle connections (on a give-back).
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Most connections pooled per owner.
+const PER_OWNER: usize = 16;
+
 /// A connection to an owner, what that owner takes (it said so in a reply
 /// on this very connection: see `wire`), and how many answers to posted
 /// WRITEs are still to be read on it.
@@ -36,13 +48,34 @@ struct Conn {
     eager: bool,
     posted: bool,
     owed: u32,
+    /// When it was last given back to the pool.
+    idle_since: Instant,
+}
+
+/// Idle connections by owner, and when they were last swept.
+#[derive(Default)]
+struct Pool {
+    by_owner: HashMap<SocketAddr, Vec<Conn>>,
+    swept: Option<Instant>,
+}
+
+impl Pool {
+    /// Closes connections idle for `IDLE_MAX` at `now`, and forgets owners
+    /// left with none.
+    fn sweep(&mut self, now: Instant) {
+        self.swept = Some(now);
+        self.by_owner.retain(|_, conns| {
+            conns.retain(|c| now.saturating_duration_since(c.idle_since) < IDLE_MAX);
+            !conns.is_empty()
+        });
+    }
 }
 
 /// Remote-side `tcp` transport with a small connection pool per owner.
 /// Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct TcpRemote {
-    pool: Arc<Mutex<HashMap<SocketAddr, Vec<Conn>>>>,
+    pool: Arc<Mutex<Pool>>,
     /// Largest single operation; transfers are split into pieces this size.
     max_op: u64,
 }
@@ -59,7 +92,7 @@ impl TcpRemote {
 
     async fn conn(&self, addr: SocketAddr) -> Result<Conn, TransportError> {
         loop {
-            let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&addr).and_then(Vec::pop);
+            let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).by_owner.get_mut(&addr).and_then(Vec::pop);
             let Some(mut c) = pooled else { break };
             // The answers to its posted WRITEs come first. One that failed
             // was the requester's to find (its bytes never landed); the
@@ -73,14 +106,14 @@ impl TcpRemote {
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
         // Nothing has answered on it yet: its first WRITE waits for a go-ahead.
-        Ok(Conn { s, eager: false, posted: false, owed: 0 })
+        Ok(Conn { s, eager: false, posted: false, owed: 0, idle_since: Instant::now() })
     }
 
     /// Answers owed for posted WRITEs on the pooled connections.
     #[cfg(test)]
     pub(crate) fn owed(&self) -> u32 {
         let pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        pool.values().flatten().map(|c| c.owed).sum()
+        pool.by_owner.values().flatten().map(|c| c.owed).sum()
     }
 
     /// Reads the answers owed for posted WRITEs.
@@ -92,10 +125,15 @@ impl TcpRemote {
         Ok(())
     }
 
-    fn give_back(&self, addr: SocketAddr, c: Conn) {
+    fn give_back(&self, addr: SocketAddr, mut c: Conn) {
+        let now = Instant::now();
+        c.idle_since = now;
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
-        let v = pool.entry(addr).or_default();
-        if v.len() < 16 {
+        if pool.swept.is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY) {
+            pool.sweep(now);
+        }
+        let v = pool.by_owner.entry(addr).or_default();
+        if v.len() < PER_OWNER {
             v.push(c);
         }
     }
@@ -352,5 +390,33 @@ where
         Some(Ok(b)) => Ok(b),
         Some(Err(e)) => Err(TransportError::Protocol(format!("source failed: {e}"))),
         None => Err(TransportError::Protocol(format!("source ended after {got} of {len} bytes"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test's panic is its failure report
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_connections_and_owners_gone_quiet_are_let_go() {
+        let owner = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = owner.local_addr().unwrap();
+        let remote = TcpRemote::new(1 << 20);
+        for _ in 0..3 {
+            let c = remote.conn(addr).await.unwrap();
+            remote.give_back(addr, c);
+        }
+        let pooled = |r: &TcpRemote| r.pool.lock().unwrap().by_owner.values().map(Vec::len).sum::<usize>();
+        assert_eq!(pooled(&remote), 1, "one connection, taken and given back");
+        let (a, b) = (remote.conn(addr).await.unwrap(), remote.conn(addr).await.unwrap());
+        remote.give_back(addr, a);
+        remote.give_back(addr, b);
+        assert_eq!(pooled(&remote), 2);
+        let mut pool = remote.pool.lock().unwrap();
+        pool.sweep(Instant::now() + IDLE_MAX / 2);
+        assert_eq!(pool.by_owner.len(), 1, "not idle long enough yet");
+        pool.sweep(Instant::now() + IDLE_MAX);
+        assert!(pool.by_owner.is_empty(), "closed, and the owner forgotten");
     }
 }
