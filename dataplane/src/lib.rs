@@ -10,6 +10,7 @@ pub mod dc;
 pub mod file;
 pub mod landing;
 pub mod memory;
+mod peer_cache;
 pub mod s3_names;
 pub mod tcp;
 pub mod token;

@@ -441,11 +441,6 @@ impl Session {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Regions registered through connection `conn`.
-    pub fn region_count(&self, conn: u64) -> usize {
-        self.inner().regions.values().filter(|r| r.conn == conn).count()
-    }
-
     /// A place for one more region of connection `conn`, held until the
     /// registration ends (kept or not), or the connection's limit.
     fn region_slot(&self, conn: u64) -> Result<RegionSlot<'_>, ShimError> {

@@ -494,3 +494,27 @@ async fn stalled_clients_are_closed_and_connections_are_bounded() {
         waited.as_millis()
     ));
 }
+
+/// A part number out of range is refused before the part's body is taken:
+/// the answer comes while the client has sent none of its 64 MiB.
+#[tokio::test]
+async fn a_bad_part_number_is_refused_before_the_body() {
+    use std::io::{Read, Write};
+    let stack = Stack::start();
+    let p = Probe::new(&stack);
+    let r = p.send("POST", "/data/parts/obj?uploads", &[], &[], vec![]).await;
+    assert_eq!(r.status(), 200);
+    let xml = r.text().await.unwrap();
+    let id = xml.split("<UploadId>").nth(1).and_then(|s| s.split("</UploadId>").next()).unwrap().to_owned();
+    for n in ["0", "10001"] {
+        let mut s = std::net::TcpStream::connect(stack.gateway_addr.unwrap()).unwrap();
+        let path = format!("/data/parts/obj?partNumber={n}&uploadId={id}");
+        s.write_all(p.raw_head("PUT", &path, 64 << 20).as_bytes()).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).expect("an answer before any of the body");
+        assert_eq!(&head, b"HTTP/1.1 400", "part {n}");
+    }
+    let r = p.send("DELETE", &format!("/data/parts/obj?uploadId={id}"), &[], &[], vec![]).await;
+    assert_eq!(r.status(), 204);
+}

@@ -4,7 +4,6 @@
 //! cached rdma_cm connection per owner) and mlx5 DC (one DC initiator,
 //! an address handle per target built from the standard token).
 
-use std::collections::HashMap;
 use std::net::SocketAddrV4;
 use std::sync::{Arc, Mutex};
 
@@ -15,11 +14,19 @@ use sluice_rdma::dci::{AddressHandle, DcInitiator, DcPeer};
 use sluice_rdma::{Access as MrAccess, Buffer, MemoryRegion, PostResult, ProtectionDomain, QueuePair};
 
 use super::rdma_err;
+use crate::peer_cache::{CacheError, PeerCache};
 use crate::token::Token;
 use crate::transport::TransportError;
 
 /// Bounce-buffer size (one WRITE/READ each).
 const CHUNK: usize = 4 << 20;
+
+/// Most owners connected at once (each an RC queue pair or a DC address
+/// handle, with its registered bounce buffers).
+const MAX_PEERS: usize = 256;
+
+/// An owner no transfer used for this long is let go, with its buffers.
+const PEER_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How this side reaches owners.
 enum Mode {
@@ -76,7 +83,7 @@ struct Conn {
 #[derive(Clone)]
 pub struct VerbsRemote {
     mode: Arc<Mode>,
-    conns: Arc<tokio::sync::Mutex<HashMap<PeerKey, Arc<Conn>>>>,
+    conns: Arc<PeerCache<PeerKey, Conn>>,
 }
 
 impl Default for VerbsRemote {
@@ -113,13 +120,16 @@ impl Conn {
 impl VerbsRemote {
     /// Serves `verbs-rc` descriptors.
     pub fn new() -> Self {
-        Self { mode: Arc::new(Mode::Rc), conns: Arc::default() }
+        Self { mode: Arc::new(Mode::Rc), conns: Arc::new(PeerCache::new(MAX_PEERS, PEER_IDLE)) }
     }
 
     /// Serves standard (mlx5 DC) descriptors through `dci`, reaching
     /// targets from local `port` with source GID `sgid_index`.
     pub fn dc(dci: Arc<DcInitiator>, port: u8, sgid_index: u8) -> Self {
-        Self { mode: Arc::new(Mode::Dc { dci, port, sgid_index }), conns: Arc::default() }
+        Self {
+            mode: Arc::new(Mode::Dc { dci, port, sgid_index }),
+            conns: Arc::new(PeerCache::new(MAX_PEERS, PEER_IDLE)),
+        }
     }
 
     fn peer_key(&self, token: &Token) -> Result<PeerKey, TransportError> {
@@ -130,22 +140,24 @@ impl VerbsRemote {
     }
 
     async fn conn(&self, key: PeerKey) -> Result<Arc<Conn>, TransportError> {
-        let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(&key) {
-            return Ok(c.clone());
-        }
-        let link = match (&*self.mode, key) {
-            (Mode::Rc, PeerKey::Rc(addr)) => Link::Rc(QueuePair::connect(addr).await.map_err(rdma_err)?),
-            (Mode::Dc { dci, port, sgid_index }, PeerKey::Dc { lid, dct_number, gid }) => {
-                let at = DcAddress { dct_number, lid, gid };
-                let ah = AddressHandle::create(dci.pd(), &at, *port, *sgid_index).map_err(rdma_err)?;
-                Link::Dc { dci: dci.clone(), peer: DcPeer { ah, dct_number } }
-            }
-            _ => return Err(TransportError::Protocol("descriptor does not match this transport".into())),
+        let connect = || async {
+            let link = match (&*self.mode, key) {
+                (Mode::Rc, PeerKey::Rc(addr)) => Link::Rc(QueuePair::connect(addr).await.map_err(rdma_err)?),
+                (Mode::Dc { dci, port, sgid_index }, PeerKey::Dc { lid, dct_number, gid }) => {
+                    let at = DcAddress { dct_number, lid, gid };
+                    let ah = AddressHandle::create(dci.pd(), &at, *port, *sgid_index).map_err(rdma_err)?;
+                    Link::Dc { dci: dci.clone(), peer: DcPeer { ah, dct_number } }
+                }
+                _ => return Err(TransportError::Protocol("descriptor does not match this transport".into())),
+            };
+            Ok(Conn { link, pool: Mutex::default() })
         };
-        let c = Arc::new(Conn { link, pool: Mutex::default() });
-        conns.insert(key, c.clone());
-        Ok(c)
+        self.conns.get_or_connect(&key, connect).await.map_err(|e| match e {
+            CacheError::Connect(e) => e,
+            CacheError::Full(n) => TransportError::Io(std::io::Error::other(format!(
+                "{n} memory owners are connected and all in use; try again later"
+            ))),
+        })
     }
 
     /// A broken RC connection is dropped so the next request reconnects; a
@@ -153,7 +165,7 @@ impl VerbsRemote {
     async fn forget(&self, key: PeerKey) {
         match &*self.mode {
             Mode::Rc => {
-                self.conns.lock().await.remove(&key);
+                self.conns.remove(&key);
             }
             Mode::Dc { dci, .. } => {
                 if let Err(e) = dci.recover() {

@@ -489,6 +489,12 @@ impl S3 for Store {
     async fn upload_part(&self, req: S3Request<UploadPartInput>) -> S3Result<S3Response<UploadPartOutput>> {
         let i = req.input;
         let (dir, _) = self.0.upload(&i.upload_id, &i.bucket, &i.key)?;
+        // Checked before the body is taken (put_part checks again): a part
+        // number out of range was refused only after up to 5 GiB were stored.
+        let max = super::multipart::MAX_PART_NUMBER;
+        if !(1..=max).contains(&i.part_number) {
+            return Err(s3_error!(InvalidArgument, "part numbers are 1 to {max}, not {}", i.part_number));
+        }
         // A part on its way keeps the upload from expiring (crate::expiry).
         let _ = std::fs::File::options()
             .write(true)
