@@ -398,8 +398,17 @@ impl AgentRpc for GrpcService {
                 return Err(AgentError::BadRequest("RegisterRegion needs an export (ticket or DOCA blob)".into()).into())
             }
         };
-        let region_id = self.agent.register_region(scoped, export, r.length)?;
-        Ok(Response::new(pb::RegisterRegionReply { region_id, length: r.length }))
+        // Off the runtime's threads: importing a DOCA export or a dma-buf
+        // calls into the driver (milliseconds), and on a per-core runtime
+        // every connection of that core would wait. A registration whose
+        // caller has gone by its end stays with the session (released with
+        // it, and counted against its limits meanwhile).
+        let agent = self.agent.clone();
+        let length = r.length;
+        let region_id = tokio::task::spawn_blocking(move || agent.register_region(scoped, export, length))
+            .await
+            .map_err(|e| Status::internal(format!("the registration task failed: {e}")))??;
+        Ok(Response::new(pb::RegisterRegionReply { region_id, length }))
     }
 
     async fn release_region(
