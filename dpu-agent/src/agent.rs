@@ -231,7 +231,7 @@ impl Agent {
             .get(&session.tenant)
             .and_then(|t| t.namespaces.get(namespace))
             .cloned()
-            .ok_or_else(|| AgentError::UnknownNamespace(namespace.to_owned()))
+            .ok_or_else(|| AgentError::UnknownNamespace(crate::error::echoed(namespace)))
     }
 
     /// The session's tenant's namespace, if its ACL grants `perm`. Names are
@@ -261,7 +261,7 @@ impl Agent {
             .regions()
             .get(region_id)
             .map(|r| r.region.clone())
-            .ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))
+            .ok_or_else(|| AgentError::UnknownRegion(crate::error::echoed(region_id)))
     }
 
     /// The host memory this agent reaches.
@@ -424,7 +424,8 @@ impl Agent {
     /// still using it have finished ([`crate::hostmem::quiesce`]).
     pub fn release_region(&self, scoped: &Scoped, region_id: &str) -> Result<Arc<dyn HostRegion>, AgentError> {
         let s = scoped.session();
-        let r = s.regions().remove(region_id).ok_or_else(|| AgentError::UnknownRegion(region_id.to_owned()))?;
+        let r =
+            s.regions().remove(region_id).ok_or_else(|| AgentError::UnknownRegion(crate::error::echoed(region_id)))?;
         self.metrics.regions.with_label_values(&[&s.tenant]).dec();
         self.metrics.registered_bytes.with_label_values(&[&s.tenant]).sub(r.region.len() as i64);
         Ok(r.region)
@@ -692,7 +693,8 @@ fn check_key_path(key: &str) -> Result<(), AgentError> {
     }
     if key.split('/').any(|seg| seg.is_empty() || seg == "." || seg == "..") {
         return Err(AgentError::BadRequest(format!(
-            "object key {key:?} has an empty, \".\" or \"..\" path segment (keys cannot leave the namespace)"
+            "object key {:?} has an empty, \".\" or \"..\" path segment (keys cannot leave the namespace)",
+            crate::error::echoed(key)
         )));
     }
     Ok(())

@@ -47,6 +47,21 @@ pub enum AgentError {
     S3(#[from] S3Error),
 }
 
+/// A peer's string as an error echoes it: at most 128 bytes of it (with
+/// its length), so that an answer or a log line is never much longer than
+/// its own text, however long the name the peer sent.
+pub fn echoed(s: &str) -> String {
+    const MAX: usize = 128;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
+}
+
 impl AgentError {
     /// The typed code clients see.
     pub fn code(&self) -> ErrorCode {
@@ -88,5 +103,21 @@ impl AgentError {
 impl From<AgentError> for tonic::Status {
     fn from(e: AgentError) -> Self {
         sluice_proto::status::to_status(&e.detail())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_string_is_echoed_at_most_128_bytes_long() {
+        assert_eq!(echoed("data"), "data");
+        let long = "\u{1}".repeat(4 << 20);
+        let e = AgentError::UnknownNamespace(echoed(&long));
+        assert!(e.to_string().len() < 1024, "{} bytes", e.to_string().len());
+        assert!(e.to_string().contains("(4194304 bytes)"), "{e}");
+        // Cut on a character boundary.
+        assert!(echoed(&"é".repeat(100)).starts_with(&"é".repeat(64)));
     }
 }

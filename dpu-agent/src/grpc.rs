@@ -281,32 +281,74 @@ impl AgentRpc for GrpcService {
         use futures::StreamExt;
         let scoped = self.scoped(&req, &req.get_ref().session_id)?;
         let r = req.into_inner();
+        // Checked before anything is made per item: each item's reply
+        // carries the batch's request id, so a long one times many items
+        // asked for terabytes.
+        let max_id = crate::get_stream::MAX_REQUEST_ID;
+        if r.items.len() > crate::model::MAX_BATCH_ITEMS {
+            return Err(AgentError::BadRequest(format!(
+                "a batch of {} items exceeds {}",
+                r.items.len(),
+                crate::model::MAX_BATCH_ITEMS
+            ))
+            .into());
+        }
+        if r.request_id.len() > max_id || r.items.iter().any(|i| i.request_id.len() > max_id) {
+            return Err(AgentError::BadRequest(format!("request ids are at most {max_id} bytes")).into());
+        }
         let request_id = r.request_id;
-        // Each item's request id, for its reply.
-        let mut ids = Vec::with_capacity(r.items.len());
+        let n = r.items.len();
+        // Items' own request ids (a caller's single GET the shim coalesced).
+        let mut own_ids = Vec::with_capacity(n);
         let items: Vec<_> = r
             .items
             .into_iter()
-            .enumerate()
-            .map(|(i, mut item)| {
+            .map(|mut item| {
                 let own = (!item.request_id.is_empty())
                     .then(|| RequestCtx::new(std::mem::take(&mut item.request_id), item.timeout_ms));
-                ids.push(own.as_ref().map_or_else(|| format!("{request_id}.{i}"), |c| c.request_id.clone()));
+                own_ids.push(own.as_ref().map(|c| c.request_id.clone()));
                 (GetObject::from(item), own)
             })
             .collect();
-        let results = self.agent.get_many(scoped, items, RequestCtx::new(request_id, r.timeout_ms))?;
-        let stream = results.map(move |(index, res)| {
+        let results = self.agent.get_many(scoped, items, RequestCtx::new(request_id.clone(), r.timeout_ms))?;
+        let answer = move |(index, res): (u32, Result<agent::TransferSummary, AgentError>)| {
             let result = match res {
                 Ok(out) => {
-                    let id = ids.get(index as usize).map_or("", String::as_str);
-                    pb::get_many_item::Result::Ok(get_reply(id, out))
+                    let id = match own_ids.get(index as usize) {
+                        Some(Some(own)) => own.clone(),
+                        _ => format!("{request_id}.{index}"),
+                    };
+                    pb::get_many_item::Result::Ok(get_reply(&id, out))
                 }
                 Err(e) => pb::get_many_item::Result::Error(e.detail()),
             };
-            Ok(pb::GetManyItem { index, result: Some(result) })
+            pb::GetManyItem { index, result: Some(result) }
+        };
+        // The items run in a task of their own, not in the HTTP/2 body
+        // pump: a peer that stops reading (a zero window) stops the pump,
+        // and items polled only by it would hold the fair scheduler's
+        // slots, every tenant's, mid-transfer and past their deadlines.
+        // Every answer has room (one per item), so the items always run to
+        // their end; a call dropped (the peer reset it or went away) drops
+        // the items still running.
+        let (tx, rx) = tokio::sync::mpsc::channel(n.max(1));
+        tokio::spawn(async move {
+            let mut results = std::pin::pin!(results);
+            loop {
+                tokio::select! {
+                    () = tx.closed() => break,
+                    next = results.next() => match next {
+                        Some(done) => {
+                            if tx.try_send(Ok(answer(done))).is_err() {
+                                break;
+                            }
+                        }
+                        None => break,
+                    },
+                }
+            }
         });
-        Ok(Response::new(Box::pin(stream)))
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     type GetStreamStream = tokio_stream::wrappers::ReceiverStream<Result<pb::GetManyItem, Status>>;

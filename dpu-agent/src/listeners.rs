@@ -24,11 +24,18 @@ const WAITING_PER_CORE: usize = 64;
 
 pub type ServerResult = Result<(), tonic::transport::Error>;
 
+/// Most calls in flight on one connection. tonic otherwise sets no limit
+/// (hyper's own default of 200 does not apply), so one peer could open
+/// calls without end; a shim that reaches it waits for a call to end (its
+/// HTTP/2 client holds new ones back) and spreads over its connections.
+const MAX_CALLS_PER_CONNECTION: u32 = 1024;
+
 /// The gRPC server settings shared by the TCP and Unix listeners: HTTP/2
 /// pings find peers that vanished without closing (a partitioned DPU link)
 /// so their connections do not linger; their sessions then expire.
 fn grpc_server() -> tonic::transport::Server {
     tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(MAX_CALLS_PER_CONNECTION))
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .tcp_keepalive(Some(Duration::from_secs(30)))

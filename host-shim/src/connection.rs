@@ -334,6 +334,18 @@ async fn read_loop(
         };
         let (id, timeout_ms) = (req.id, req.timeout_ms);
         let request_id = if req.request_id.is_empty() { new_request_id() } else { req.request_id };
+        // The agent takes request ids of at most this much (they are
+        // echoed in every answer and log line of the request).
+        if request_id.len() > crate::get_stream::MAX_REQUEST_ID {
+            discard_stray_fds(&mut reader);
+            let e = ShimError::BadRequest(format!(
+                "a request id of {} bytes; at most {}",
+                request_id.len(),
+                crate::get_stream::MAX_REQUEST_ID
+            ));
+            let _ = tx.send(error_frame(id, String::new(), &e)).await;
+            continue;
+        }
         let Some(op) = req.op else {
             discard_stray_fds(&mut reader);
             let _ = tx

@@ -47,9 +47,9 @@ pub const STREAM_BUDGET: usize = 256;
 /// Most messages queued for a stream whose call has not taken them (a
 /// stalled stream): past it, GETs go elsewhere.
 const MAX_QUEUED: usize = 4096;
-/// Longest request id a GET on a stream may have (the agent's limit,
-/// `dpu-agent/src/get_stream.rs`); GETs with longer ones go as calls.
-const MAX_REQUEST_ID: usize = 256;
+/// Longest request id the agent takes (`dpu-agent/src/get_stream.rs`); the
+/// shim refuses longer ones when a request comes (`connection.rs`).
+pub(crate) const MAX_REQUEST_ID: usize = 256;
 /// Largest GET (encoded) a stream carries; larger ones (a key near the
 /// client frame's 1 MiB) go as calls. A message of [`GETS_PER_MESSAGE`]
 /// such GETs stays far below the 4 MiB either end of a stream takes, so no

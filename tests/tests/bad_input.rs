@@ -355,3 +355,22 @@ async fn a_tenant_holds_at_most_its_sessions_and_regions_over_all_of_them() {
     };
     c3.register(4096).await.expect("the closed session's regions gave their places back");
 }
+
+/// A request id longer than the agent takes is refused by the shim at once,
+/// typed; the connection goes on.
+#[tokio::test]
+async fn an_overlong_request_id_is_refused_at_once() {
+    let stack = Stack::start();
+    let mut s = raw_hello(&stack.socket).await;
+    let stats = |id, request_id: String| pb::Request {
+        id,
+        request_id,
+        op: Some(pb::request::Op::Stats(pb::Stats {})),
+        ..Default::default()
+    };
+    s.write_all(&encode_frame(&stats(7, "r".repeat(257)))).await.unwrap();
+    let resp = read_frame(&mut s).await.unwrap();
+    assert_eq!((resp.id, error_code(&resp)), (7, Code::BadRequest), "{resp:?}");
+    s.write_all(&encode_frame(&stats(8, "r".repeat(256)))).await.unwrap();
+    assert!(matches!(read_frame(&mut s).await.unwrap().result, Some(pb::response::Result::Stats(_))));
+}
