@@ -31,6 +31,19 @@ use super::error::S3Error;
 use super::model::ListPage;
 use super::uploads::UploadLog;
 
+/// Marks its key a suspect when dropped: a CreateMultipartUpload whose
+/// caller went away before the answer came (`std::mem::forget` it once the
+/// answer is in).
+struct Unanswered<'a>(Option<(&'a UploadLog, &'a str)>);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if let Some((log, key)) = self.0 {
+            log.suspect(key);
+        }
+    }
+}
+
 /// Wraps the client that sends a namespace's requests.
 pub(super) struct Guarded {
     inner: Arc<dyn S3Client>,
@@ -141,7 +154,12 @@ impl S3Client for Guarded {
 
     fn create_upload<'a>(&'a self, at: Target<'a>, headers: &'a [(&'static str, String)]) -> S3Future<'a, String> {
         Box::pin(async move {
+            // Dropped while the request is out (the caller cancelled, or its
+            // deadline passed), the store may have created an upload no one
+            // will know the id of: a suspect, as an unanswered one is.
+            let unanswered = Unanswered(self.uploads.as_ref().map(|log| (log, at.key)));
             let created = self.call(&at, true, self.inner.create_upload(at, headers)).await;
+            std::mem::forget(unanswered);
             // Sent, never answered (a hung gateway): it may still create the
             // upload when it wakes, an upload no one knows the id of.
             if let (Err(e), Some(log)) = (&created, &self.uploads) {

@@ -325,6 +325,15 @@ pub(super) mod unverified {
     pub const DISABLED: &str = "verify_checksums = false in this namespace";
 }
 
+/// A PUT whose region was written while it was being uploaded: its bytes
+/// no longer match the checksum summed first (which the object's metadata
+/// holds), so nothing is committed.
+pub(super) fn region_changed(part: u64) -> S3Error {
+    S3Error::PreconditionFailed(format!(
+        "the region's bytes changed while part {part} was being uploaded; nothing was stored"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

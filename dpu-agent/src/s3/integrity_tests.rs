@@ -251,3 +251,23 @@ async fn a_completion_without_an_etag_is_answered_by_head_when_parts_have_no_md5
     let create = mock.calls().into_iter().find(|c| c.op == Op::Create).unwrap();
     assert_eq!(create.header(META_CRC64NVME), Some(crc_b64(&data).as_str()));
 }
+
+/// A region written after its CRC was summed and before its parts went
+/// out: the object would be stored with a metadata CRC of other bytes
+/// (every whole read then fails its check); the PUT fails instead, its
+/// upload aborted, nothing stored.
+#[tokio::test]
+async fn a_region_written_during_a_multipart_put_fails_it_and_stores_nothing() {
+    let mock = rgw();
+    let data = pattern((5 * PART + 99) as usize, 3);
+    let r = region(data.len() as u64);
+    r.write_at(0, &data).unwrap();
+    let written = r.clone();
+    let change = Failure::Before(Arc::new(move || written.write_at(7, &[0xab]).unwrap()));
+    let s = store(Arc::new(Failing::new(Arc::new(mock.clone())).fail(super::mock::Op::Create, 0, 1, change)), None);
+    let write = ObjectWrite { key: "changed", region: &r, offset: 0, length: data.len() as u64, content_type: "" };
+    let e = s.put_from(&write, &Call::ungated("req")).await.expect_err("the region changed");
+    assert!(matches!(e, S3Error::PreconditionFailed(_)), "{e}");
+    until("the upload aborted", || mock.open_uploads() == 0).await;
+    assert!(mock.object("t/changed").is_none());
+}

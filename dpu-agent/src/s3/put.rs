@@ -174,6 +174,13 @@ impl ObjectStore {
                 true => Digests::of_region(region, offset + from, n, true).await?,
                 false => Digests { crc: crcs[i as usize], md5: None },
             };
+            // Summed again with the MD5: the bytes sent are those summed
+            // now, and the object's metadata holds the first pass's CRC. A
+            // region written meanwhile would store an object whose every
+            // whole read then fails its check, reported as a success here.
+            if digests.crc != crcs[i as usize] {
+                return Err(super::integrity::region_changed(i + 1));
+            }
             let headers = digests.headers();
             let (headers, digests) = (&headers, &digests);
             let part = Some(PartOf { upload_id: upload, number: i + 1 });

@@ -287,10 +287,17 @@ impl ObjectStore {
         if rdma.placement == Placement::Staged {
             copy(region, offset, &mem, off, len)?;
         }
-        // Staged: summed from the copy the store will READ.
+        // Staged: summed from the copy the store will READ, which must be
+        // the bytes the caller summed (the object's metadata holds theirs).
         let crc = match crc.filter(|_| rdma.placement == Placement::Direct) {
             Some(c) => super::integrity::b64(c),
-            None => crc64nvme_header(&mem, off, len).await?,
+            None => {
+                let copied = crc64nvme_header(&mem, off, len).await?;
+                if crc.is_some_and(|c| super::integrity::b64(c) != copied) {
+                    return Err(super::integrity::region_changed(part.map_or(1, |(n, _)| n)));
+                }
+                copied
+            }
         };
         let exposure = match rdma.transport.expose(self.grant(&mem, off, len, Access::RemoteRead, request_id)) {
             Ok(e) => e,

@@ -215,7 +215,7 @@ impl ObjectStore {
         let tag = sluice_crypt::TAG_LEN as u64;
         let parts = crate::model::max_object_bytes(
             self.tuning.multipart_threshold,
-            (self.tuning.put_part_size / chunk).max(1) * chunk,
+            super::crypto::chunks_per_part(self.tuning.put_part_size, enc.chunk_size) * chunk,
         );
         let stored = (crate::model::MAX_S3_OBJECT_BYTES / (chunk + tag)).saturating_sub(1) * chunk;
         parts.min(stored)

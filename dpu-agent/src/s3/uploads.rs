@@ -248,6 +248,21 @@ fn rewrite(dir: &Path, open: &BTreeMap<String, Entry>) -> std::io::Result<File> 
     File::options().append(true).open(&path)
 }
 
+/// Marks an upload abandoned if the PUT that started it is dropped while
+/// its start is being journaled (`std::mem::forget` it once written).
+struct AbandonIfGone<'a> {
+    gone: Arc<std::sync::atomic::AtomicBool>,
+    journal: Arc<Journal>,
+    upload_id: &'a str,
+}
+
+impl Drop for AbandonIfGone<'_> {
+    fn drop(&mut self) {
+        self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.journal.abandon(self.upload_id);
+    }
+}
+
 /// One namespace's handle on the journal (what `Guarded` records with).
 #[derive(Clone)]
 pub struct UploadLog {
@@ -271,8 +286,24 @@ impl UploadLog {
             key: key.to_owned(),
             upload_id: upload_id.to_owned(),
         };
+        // A caller gone while the write runs (its PUT cancelled) would
+        // leave the upload open in the journal and never abandoned, so
+        // neither aborted by the sweeper nor by the PUT: whichever of the
+        // two sees the other's mark marks it abandoned.
+        let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let on_drop = AbandonIfGone { gone: gone.clone(), journal: self.journal.clone(), upload_id };
         let journal = self.journal.clone();
-        let error = match tokio::task::spawn_blocking(move || journal.started(e)).await {
+        let id = upload_id.to_owned();
+        let written = tokio::task::spawn_blocking(move || {
+            let r = journal.started(e);
+            if gone.load(std::sync::atomic::Ordering::SeqCst) {
+                journal.abandon(&id);
+            }
+            r
+        })
+        .await;
+        std::mem::forget(on_drop);
+        let error = match written {
             Ok(Ok(())) => return,
             Ok(Err(e)) => e.to_string(),
             Err(e) => e.to_string(),

@@ -360,3 +360,25 @@ fn listings_parse() {
     let parts = "<ListPartsResult><Part><PartNumber>1</PartNumber></Part><Part><PartNumber>2</PartNumber></Part></ListPartsResult>";
     assert_eq!((count_listed_parts(parts), count_listed_parts("<ListPartsResult/>")), (2, 0));
 }
+
+/// A PUT dropped while its CreateMultipartUpload is out (its caller
+/// cancelled, or its deadline passed) may have created an upload nobody
+/// knows the id of: its key becomes a suspect, which the sweeper looks for,
+/// as after a create that went unanswered.
+#[tokio::test]
+async fn a_put_dropped_while_its_upload_is_created_leaves_a_suspect() {
+    let dir = tempfile::tempdir().unwrap();
+    let (j, _) = Journal::open(dir.path()).unwrap();
+    let mock = MockStore::new();
+    let failing = Failing::new(Arc::new(mock.clone())).fail(Op::Create, 0, 1, Failure::Hang);
+    let s = store(Arc::new(failing), Some(&j));
+    let data = vec![5u8; (6 * PART) as usize];
+    let r = region(&data);
+    let write = ObjectWrite::from_start("dropped", &r, data.len() as u64);
+    let call = Call::ungated("req");
+    let put = s.put_from(&write, &call);
+    assert!(tokio::time::timeout(Duration::from_millis(300), put).await.is_err(), "the create hangs");
+    let suspects: Vec<String> = j.take_suspects().into_iter().map(|s| s.key).collect();
+    assert_eq!(suspects, ["t/dropped"]);
+    assert!(j.open_uploads().is_empty());
+}
