@@ -367,7 +367,8 @@ impl ObjectStore {
         let sealer = Arc::new(sealer);
         let header = Bytes::copy_from_slice(&header);
         let chunks = layout.chunk_count();
-        let per_part = u32::try_from(chunks_per_part(self.tuning.put_part_size, enc.chunk_size)).unwrap_or(u32::MAX);
+        let per_part =
+            u32::try_from(super::store::chunks_per_part(self.tuning.put_part_size, enc.chunk_size)).unwrap_or(u32::MAX);
         let mut headers: Vec<(&'static str, String)> =
             meta.iter().map(|(k, v)| (meta_header_name(k), v.clone())).collect();
         if !content_type.is_empty() {
@@ -461,14 +462,6 @@ fn meta_header_name(name: &str) -> &'static str {
     }
 }
 
-/// Whole chunks in each part of an encrypted multipart upload: the part
-/// size rounded up to whole chunks. Rounded down, a part size of 6 MiB over
-/// 4 MiB chunks made 4 MiB parts, below S3's 5 MiB minimum, and every such
-/// upload failed at its completion, after all its bytes were sent.
-pub(super) fn chunks_per_part(put_part_size: u64, chunk_size: u32) -> u64 {
-    put_part_size.div_ceil(u64::from(chunk_size).max(1)).max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,7 +482,7 @@ mod tests {
     fn encrypted_parts_are_never_smaller_than_the_part_size() {
         let mib = 1u64 << 20;
         for (part, chunk) in [(6 * mib, 4 * mib), (5 * mib, 4 * mib), (8 * mib, 1 << 16), (5 * mib, 16 * mib)] {
-            let n = chunks_per_part(part, chunk as u32);
+            let n = super::super::store::chunks_per_part(part, chunk as u32);
             assert!(n * chunk >= part, "{part} over {chunk}: {n} chunks");
             assert!((n - 1) * chunk < part, "no more than one chunk over");
         }

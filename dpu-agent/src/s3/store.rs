@@ -215,7 +215,7 @@ impl ObjectStore {
         let tag = sluice_crypt::TAG_LEN as u64;
         let parts = crate::model::max_object_bytes(
             self.tuning.multipart_threshold,
-            super::crypto::chunks_per_part(self.tuning.put_part_size, enc.chunk_size) * chunk,
+            chunks_per_part(self.tuning.put_part_size, enc.chunk_size) * chunk,
         );
         let stored = (crate::model::MAX_S3_OBJECT_BYTES / (chunk + tag)).saturating_sub(1) * chunk;
         parts.min(stored)
@@ -454,4 +454,12 @@ impl ObjectStore {
             String::new()
         })
     }
+}
+
+/// Whole chunks in each part of an encrypted multipart upload: the part
+/// size rounded up to whole chunks. Rounded down, a part size of 6 MiB over
+/// 4 MiB chunks made 4 MiB parts, below S3's 5 MiB minimum, and every such
+/// upload failed at its completion, after all its bytes were sent.
+pub(super) fn chunks_per_part(put_part_size: u64, chunk_size: u32) -> u64 {
+    put_part_size.div_ceil(u64::from(chunk_size).max(1)).max(1)
 }
