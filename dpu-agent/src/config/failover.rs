@@ -31,7 +31,10 @@ pub struct FailoverConfig {
     /// above the store's slowest answer (a listing of a large prefix, the
     /// completion of an upload of many parts). Requests carrying an RDMA
     /// token (whose answer waits for the one-sided transfer) keep only
-    /// `[s3] read_timeout_ms`. 0 turns it off.
+    /// `[s3] read_timeout_ms`. Each retry of a request waits twice as long
+    /// as the try before it (at most 8x): the one endpoint left up may be
+    /// slow under the load that its dead partner's clients bring. 0 turns
+    /// it off.
     pub first_byte_timeout_ms: u64,
     /// Resets, 5xx and timed-out probes in a row that eject an endpoint (a
     /// refused connection or a missed first-byte deadline ejects it at

@@ -37,6 +37,9 @@ pub struct Target<'a> {
     pub key: &'a str,
     /// Sent to the store as `x-sluice-request-id` (ties its logs to ours).
     pub request_id: &'a str,
+    /// Which try of the request this is (0: the first). A retry's
+    /// first-byte deadline grows with it ([`super::endpoints::first_byte_deadline`]).
+    pub attempt: u32,
 }
 
 /// A successful reply: status, headers and (for GET) the body.

@@ -94,6 +94,18 @@ pub(super) fn deadline_error(endpoint: &str, what: &str, after: Duration) -> S3E
     S3Error::Connection { message: format!("{endpoint} {NO_PROGRESS} {} ms ({what})", after.as_millis()), attempts: 1 }
 }
 
+/// The first-byte deadline (`limit`, `None`: off) of a request's
+/// `attempt`-th try: doubled with each retry, up to 8 times `limit`. The
+/// deadline is there to move a request off a gateway that hangs, and the
+/// first miss does; a retry that misses it again has most likely found the
+/// only gateway left up, slow under the load its dead partner's clients
+/// brought, and cutting it short again and again only throws away the work
+/// done and adds load (a 2-gateway cluster with one killed failed writes
+/// that way after 4 tries of 1.5 s each).
+pub fn first_byte_deadline(limit: Option<Duration>, attempt: u32) -> Option<Duration> {
+    limit.map(|d| d.saturating_mul(1 << attempt.min(3)))
+}
+
 /// Whether `e` is RGW refusing to complete a multipart upload because
 /// another completion of it is in progress: one a gateway took on and then
 /// hung in (it holds the upload's lock, for `rgw_mp_lock_max_time`, 10
@@ -145,7 +157,7 @@ impl Probe {
     /// endpoint answered, with an error of the namespace's (a 403, a
     /// missing bucket).
     pub async fn run(&self, endpoint: &str, timeout: Duration) -> Result<Result<(), S3Error>, (FailureKind, String)> {
-        let at = Target { endpoint, key: "", request_id: "endpoint-check" };
+        let at = Target { endpoint, key: "", request_id: "endpoint-check", attempt: 0 };
         let query = ListQuery { prefix: &self.prefix, max_keys: 1, ..Default::default() };
         match tokio::time::timeout(timeout, self.client.list(at, query)).await {
             Ok(Ok(_)) => Ok(Ok(())),

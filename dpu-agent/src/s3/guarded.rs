@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 
 use super::body::{BodySource, Landing};
 use super::client::{Body, ListQuery, PartOf, PutBody, RangedGet, Reply, S3Client, S3Future, Target};
-use super::endpoints::{classify, deadline_error, Endpoint, EndpointSet, FailureKind};
+use super::endpoints::{classify, deadline_error, first_byte_deadline, Endpoint, EndpointSet, FailureKind};
 use super::error::S3Error;
 use super::model::ListPage;
 use super::uploads::UploadLog;
@@ -78,7 +78,8 @@ impl Guarded {
     ) -> Result<T, S3Error> {
         let ep = self.set.member(at.endpoint);
         let was_up = ep.is_some_and(|e| e.is_up());
-        let r = within(if timed { self.first_byte } else { None }, at.endpoint, fut).await;
+        let limit = if timed { first_byte_deadline(self.first_byte, at.attempt) } else { None };
+        let r = within(limit, at.endpoint, fut).await;
         if let Some(ep) = ep {
             record(&self.set, ep, was_up, &r);
         }
@@ -127,7 +128,8 @@ impl S3Client for Guarded {
             let resume = Resume::of(self, &at, &req, &reply);
             let body = std::mem::replace(&mut reply.body, Body::empty());
             let set = self.set.clone();
-            reply.body = watch(BodyWatch { body, idle: self.first_byte, set, endpoint: ep, resume, done: false });
+            let idle = first_byte_deadline(self.first_byte, at.attempt);
+            reply.body = watch(BodyWatch { body, idle, set, endpoint: ep, resume, done: false });
             Ok(reply)
         })
     }
@@ -252,6 +254,8 @@ struct Resume {
     last: u64,
     total: u64,
     left: u32,
+    /// Resumes tried so far (each a retry: see [`first_byte_deadline`]).
+    tried: u32,
     first_byte: Option<Duration>,
     retries: prometheus::IntCounter,
 }
@@ -274,6 +278,7 @@ impl Resume {
             last: b,
             total,
             left: g.resumes,
+            tried: at.attempt,
             first_byte: g.first_byte,
             retries: g.retries.clone(),
         })
@@ -291,8 +296,10 @@ impl Resume {
                 "GET body broke; resuming it from the byte reached on another endpoint");
             let was_up = ep.is_up();
             let req = RangedGet { first: self.next, last: self.last, if_match: Some(&self.etag), ..Default::default() };
-            let at = Target { endpoint: ep.url(), key: &self.key, request_id: &self.request_id };
-            let r = within(self.first_byte, ep.url(), self.inner.get(at, req)).await.and_then(|r| self.check(r));
+            self.tried += 1;
+            let at = Target { endpoint: ep.url(), key: &self.key, request_id: &self.request_id, attempt: self.tried };
+            let limit = first_byte_deadline(self.first_byte, self.tried);
+            let r = within(limit, ep.url(), self.inner.get(at, req)).await.and_then(|r| self.check(r));
             record(&self.set, &ep, was_up, &r);
             match r {
                 Ok(reply) => return Ok((reply.body, ep)),

@@ -42,6 +42,8 @@ enum Mode {
     BreakBodyAfter(u64),
     /// The next GET's body stops (never ends) after this many bytes.
     StallBodyAfter(u64),
+    /// Every request is answered, this long after it came.
+    Slow(Duration),
 }
 
 /// A store whose endpoints misbehave as told.
@@ -85,6 +87,10 @@ impl Faulty {
             }),
             Mode::Hung => futures::future::pending().await,
             Mode::HungOn(o) if o == op => futures::future::pending().await,
+            Mode::Slow(d) => {
+                tokio::time::sleep(d).await;
+                Ok(Mode::Fine)
+            }
             m => Ok(m),
         }
     }
@@ -181,7 +187,7 @@ impl S3Client for Faulty {
         let (this, endpoint, key) = (self.clone(), at.endpoint.to_owned(), at.key.to_owned());
         let inner = self.inner.abort_upload(at, upload_id);
         Box::pin(async move {
-            this.before(Op::Abort, &Target { endpoint: &endpoint, key: &key, request_id: "" }).await?;
+            this.before(Op::Abort, &Target { endpoint: &endpoint, key: &key, request_id: "", attempt: 0 }).await?;
             inner.await
         })
     }
@@ -360,6 +366,29 @@ async fn a_hung_endpoint_costs_a_request_the_first_byte_deadline_once() {
     }
     assert!(slowest < Duration::from_millis(450), "one deadline at most: {slowest:?}");
     assert!(faulty.sent(A, Some(Op::Create)) <= 1, "at most one creation found it hung");
+}
+
+/// Every endpoint answers later than the first-byte deadline, as the one
+/// gateway left up does under the load of its dead partner's clients: the
+/// first try misses it, the retry waits twice as long and is served,
+/// rather than every try being cut short until the request fails.
+#[tokio::test]
+async fn a_retry_waits_longer_than_the_try_that_missed_the_deadline() {
+    let mock = MockStore::new();
+    mock.insert("t/k", vec![7u8; 10]);
+    let faulty = Faulty::new(mock);
+    for e in [A, B, C] {
+        faulty.set(e, Mode::Slow(Duration::from_millis(300)));
+    }
+    let (s, m) = store(Arc::new(faulty.clone()), 200, 3);
+    let t0 = Instant::now();
+    assert_eq!(s.head("k", "req").await.unwrap().size, 10);
+    let took = t0.elapsed();
+    let tries = [A, B, C].map(|e| faulty.sent(e, None));
+    assert_eq!(tries.iter().sum::<usize>(), 2, "served by the second try: {tries:?}");
+    assert!(took >= Duration::from_millis(500) && took < Duration::from_millis(900), "{took:?}");
+    let missed: u64 = [A, B, C].map(|e| m.failures.with_label_values(&[e, "deadline"]).get()).iter().sum();
+    assert_eq!(missed, 1, "only the first try missed its deadline");
 }
 
 /// A GET part whose body breaks midway resumes from the byte it reached,

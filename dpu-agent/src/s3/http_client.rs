@@ -9,6 +9,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use sluice_dataplane::s3_names::{OBJECT_MAX_HEADER, REPLY_HEADER, TOKEN_HEADER, TRANSPORT_HEADER};
 
 use super::client::{ListQuery, PartOf, PutBody, RangedGet, RdmaToken, Reply, S3Client, S3Future, Target};
+use super::endpoints::first_byte_deadline;
 use super::error::S3Error;
 use super::http1::{self, Http1};
 use super::model::ListPage;
@@ -184,7 +185,7 @@ impl HttpClient {
         let req = self.build(spec, at.request_id)?.build().map_err(S3Error::from_reqwest)?;
         // An RDMA answer waits for the one-sided transfer: no first-byte
         // deadline, only the read timeout.
-        let limit = self.first_byte.filter(|_| !rdma);
+        let limit = first_byte_deadline(self.first_byte, at.attempt).filter(|_| !rdma);
         let resp = super::first_byte::execute(&self.http, req, limit, at.endpoint).await?;
         check(resp, Some(at.key), rdma).await
     }
@@ -267,7 +268,7 @@ impl HttpClient {
         let authority = p.headers[0].1.as_str();
         // An RDMA answer waits for the one-sided transfer: no first-byte
         // deadline, only the read timeout.
-        let first_byte = self.first_byte.filter(|_| !rdma);
+        let first_byte = first_byte_deadline(self.first_byte, at.attempt).filter(|_| !rdma);
         let req = http1::Request { endpoint: at.endpoint, authority, head, asked, first_byte, no_body };
         let resp = direct.get(req).await?;
         if !resp.status.is_success() {
@@ -645,7 +646,7 @@ mod tests {
         );
         let digests = super::super::integrity::Digests::of(&[0u8; 100], true);
         let headers = digests.headers();
-        let at = Target { endpoint: &ep, key: "k", request_id: "r" };
+        let at = Target { endpoint: &ep, key: "k", request_id: "r", attempt: 0 };
         let part = Some(PartOf { upload_id: "u", number: 1 });
         client().put(at, part, &headers, PutBody::Region { region, offset: 0, len: 100 }).await.unwrap();
         let req = String::from_utf8_lossy(&server.await.unwrap()).to_ascii_lowercase();
@@ -657,6 +658,40 @@ mod tests {
         }
         let signed = head.lines().find(|l| l.starts_with("authorization:")).unwrap();
         assert!(signed.contains("content-md5") && signed.contains("x-amz-checksum-crc64nvme"), "{signed}");
+    }
+
+    /// A store that answers a PUT later than the first-byte deadline: the
+    /// first try is cut short at the deadline, a retry (`attempt` 1) waits
+    /// twice as long and gets the answer.
+    #[tokio::test]
+    async fn a_retried_put_waits_twice_the_first_byte_deadline() {
+        let limit = Duration::from_millis(200);
+        let slow = |attempt: u32| async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let ep = format!("http://{}", listener.local_addr().unwrap());
+            let server = tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 64 << 10];
+                let _ = sock.read(&mut buf).await;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let _ = sock.write_all(b"HTTP/1.1 200 OK\r\nETag: \"e\"\r\nContent-Length: 0\r\n\r\n").await;
+            });
+            let at = Target { endpoint: &ep, key: "k", request_id: "r", attempt };
+            let body = PutBody::Bytes(bytes::Bytes::from_static(b"abc"));
+            let t0 = std::time::Instant::now();
+            let r = client().with_first_byte_timeout(Some(limit)).put(at, None, &[], body).await;
+            server.abort();
+            (r, t0.elapsed())
+        };
+        let (first, took) = slow(0).await;
+        let e = first.unwrap_err();
+        assert!(e.is_retryable() && e.to_string().contains("made no progress within 200 ms"), "{e}");
+        assert!(took < Duration::from_millis(290), "{took:?}");
+        let (retry, took) = slow(1).await;
+        retry.unwrap();
+        assert!(took >= Duration::from_millis(300), "{took:?}");
+        assert_eq!(super::super::endpoints::first_byte_deadline(Some(limit), 9), Some(limit * 8), "at most 8x");
     }
 
     /// RGW's NoSuchBucket body may not name the bucket: the request does.
@@ -677,7 +712,7 @@ mod tests {
             ),
         ] {
             let (ep, server) = answer_once(reply).await;
-            let at = Target { endpoint: &ep, key: "k", request_id: "r" };
+            let at = Target { endpoint: &ep, key: "k", request_id: "r", attempt: 0 };
             let req = RangedGet { first: 0, last: 9, rdma: token.clone(), ..Default::default() };
             let e = direct_client().get(at, req).await.err().unwrap();
             let sent = String::from_utf8(server.await.unwrap()).unwrap().to_ascii_lowercase();
@@ -691,7 +726,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_header_value_with_a_line_break_is_never_sent() {
-        let at = Target { endpoint: "http://127.0.0.1:9", key: "k", request_id: "r" };
+        let at = Target { endpoint: "http://127.0.0.1:9", key: "k", request_id: "r", attempt: 0 };
         let req = RangedGet { first: 0, last: 9, if_match: Some("\"e\"\r\nx-evil: 1"), ..Default::default() };
         let e = direct_client().get(at, req).await.err().unwrap();
         assert!(matches!(e, S3Error::Protocol(_)) && e.to_string().contains("if-match"), "{e}");
@@ -704,7 +739,7 @@ mod tests {
             format!("HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_boxed_str(),
         );
         let (ep, server) = answer_once(reply).await;
-        let at = Target { endpoint: &ep, key: "k", request_id: "r" };
+        let at = Target { endpoint: &ep, key: "k", request_id: "r", attempt: 0 };
         let e = client().delete(at).await.unwrap_err();
         server.await.unwrap();
         assert_eq!(e.to_string(), "no such bucket \"data\" on the store");

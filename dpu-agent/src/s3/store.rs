@@ -261,7 +261,7 @@ impl ObjectStore {
 
     /// The `attempt`-th try at stored key `full` (see [`Self::endpoint`]).
     pub(super) fn at<'a>(&'a self, base: usize, attempt: u32, full: &'a str, request_id: &'a str) -> Target<'a> {
-        Target { endpoint: self.endpoint(base, attempt), key: full, request_id }
+        Target { endpoint: self.endpoint(base, attempt), key: full, request_id, attempt }
     }
 
     /// A fresh round-robin starting point.

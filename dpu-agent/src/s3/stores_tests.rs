@@ -136,7 +136,7 @@ impl Backend {
         match self {
             Self::Mock(m) => m.insert(full, data),
             Self::Gateway { client, endpoint, .. } => {
-                let at = Target { endpoint, key: full, request_id: "seed" };
+                let at = Target { endpoint, key: full, request_id: "seed", attempt: 0 };
                 client.put(at, None, &[], PutBody::Bytes(Bytes::from(data))).await.unwrap();
             }
         }

@@ -228,7 +228,7 @@ impl S3Client for AbortsFail {
 
 /// An upload open in `mock`, as a killed agent leaves one.
 async fn mock_upload(mock: &MockStore) -> String {
-    let at = Target { endpoint: "http://a:1", key: "t/k", request_id: "r" };
+    let at = Target { endpoint: "http://a:1", key: "t/k", request_id: "r", attempt: 0 };
     mock.create_upload(at, &[]).await.unwrap()
 }
 
