@@ -43,6 +43,22 @@ pub struct Landing {
     notify: Notify,
 }
 
+/// Returns once `count` (copies under way, each a few MiB at most) is 0:
+/// spinning first, then yielding, then sleeping 50 µs at a time.
+pub fn wait_until_zero(count: &AtomicU32) {
+    let mut spins = 0u32;
+    while count.load(Ordering::SeqCst) != 0 {
+        spins = spins.saturating_add(1);
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else if spins < 1024 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
 /// Why the bytes a requester was told of are not all there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Unsettled {
@@ -92,17 +108,7 @@ impl Landing {
     /// consistent), so one of them always sees the other.
     pub fn revoke(&self) {
         self.revoked.store(true, Ordering::SeqCst);
-        let mut spins = 0u32;
-        while self.in_copy.load(Ordering::SeqCst) != 0 {
-            spins = spins.saturating_add(1);
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else if spins < 1024 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        }
+        wait_until_zero(&self.in_copy);
         self.notify.notify_waiters();
     }
 

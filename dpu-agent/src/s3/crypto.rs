@@ -26,6 +26,7 @@ use super::model::ObjectMeta;
 use super::put::PutOutcome;
 use super::store::ObjectStore;
 use super::token_path::Via;
+use super::write_fence::WriteFence;
 use super::xml;
 use crate::hostmem::HostRegion;
 
@@ -56,6 +57,9 @@ struct Dest {
     offset: u64,
     start: u64,
     end: u64,
+    /// Closed when the GET ends: a decrypt still running on its blocking
+    /// thread then writes nothing more ([`WriteFence`]).
+    fence: Arc<WriteFence>,
 }
 
 /// Opens `chunks` held in `buf` (stored bytes from `buf_from`) and writes
@@ -78,6 +82,10 @@ fn open_into(
         let at = layout.chunk_plaintext_offset(i);
         let (lo, hi) = (dst.start.max(at), dst.end.min(at + plain.len() as u64));
         if lo < hi {
+            let Some(_writing) = dst.fence.enter() else {
+                give_buffer(buf);
+                return Err(S3Error::Destination("the GET ended before its bytes were written".into()));
+            };
             dst.region
                 .write_at(dst.offset + (lo - dst.start), &plain[(lo - at) as usize..(hi - at) as usize])
                 .map_err(|e| S3Error::Destination(e.to_string()))?;
@@ -274,7 +282,10 @@ impl ObjectStore {
         {
             have += 1;
         }
-        let dst = Dest { region: region.clone(), offset, start, end };
+        // Dropped with this future (answered, failed, past its deadline or
+        // cancelled): no decrypt writes into the region after that.
+        let (fence, _fenced) = WriteFence::new();
+        let dst = Dest { region: region.clone(), offset, start, end, fence };
         let mut vias = Vec::new();
         if have > chunks.start {
             let (o, d, first) = (opener.clone(), dst.clone(), chunks.start);
@@ -476,6 +487,57 @@ mod tests {
         ] {
             assert_eq!(meta_header_name(k), want);
         }
+    }
+
+    /// An encrypted GET dropped while its chunks are decrypted on blocking
+    /// threads (past its deadline, cancelled) writes nothing into the
+    /// region once it is gone: the caller, told it ended, may already be
+    /// using that memory for something else.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_encrypted_get_writes_nothing_once_it_is_gone() {
+        use super::super::transfer_tests::{counters, namespace, pattern, region, tuning};
+        use sluice_crypt::{KeyId, MasterKey, MemoryKeyProvider};
+        const MIB: u64 = 1 << 20;
+        let keys = MemoryKeyProvider::new();
+        let id = KeyId::new("k1").unwrap();
+        keys.insert("tenant", id.clone(), MasterKey::generate().unwrap()).unwrap();
+        keys.set_current("tenant", &id).unwrap();
+        let enc =
+            Encryption { provider: Arc::new(keys), cipher: Arc::new(sluice_crypt::RingCipher), chunk_size: 4 << 20 };
+        // Parts of two 4 MiB chunks: each blocking task opens 8 MiB.
+        let tuning = crate::config::S3Tuning {
+            get_part_size: 8 * MIB,
+            put_part_size: 8 * MIB,
+            multipart_threshold: 64 * MIB,
+            ..tuning()
+        };
+        let mock = super::super::mock::MockStore::new();
+        let s = ObjectStore::new(Arc::new(mock), &namespace(), "tenant", tuning, counters(), None)
+            .with_encryption(Some(enc));
+        let len = 32 * MIB;
+        let r = region(len);
+        r.write_at(0, &pattern(len as usize, 3)).unwrap();
+        s.put_from(&ObjectWrite::from_start("k", &r, len), &Call::ungated("req")).await.unwrap();
+        let marker = vec![0xeeu8; len as usize];
+        let mut caught = 0;
+        for ms in [1u64, 2, 4, 8, 16, 32, 64, 128] {
+            r.write_at(0, &vec![0u8; len as usize]).unwrap();
+            let (read, call) = (ObjectRead::whole("k"), Call::ungated("req"));
+            let slice = RegionSlice { region: &r, offset: 0, room: len };
+            let get = s.get_into(&read, &slice, &call);
+            if tokio::time::timeout(std::time::Duration::from_millis(ms), get).await.is_ok() {
+                continue; // done before the deadline: nothing left running
+            }
+            caught += 1;
+            // What the caller does once told the GET is over.
+            r.write_at(0, &marker).unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let mut now = vec![0u8; len as usize];
+            r.read_at(0, &mut now).unwrap();
+            let changed = now.iter().zip(&marker).filter(|(a, b)| a != b).count();
+            assert_eq!(changed, 0, "{changed} bytes written after a GET dropped at {ms} ms");
+        }
+        assert!(caught > 0, "no GET was dropped mid-way");
     }
 
     #[test]

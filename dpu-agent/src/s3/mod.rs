@@ -41,6 +41,7 @@ pub mod token_path;
 mod transfer_tests;
 pub mod uploads;
 mod version;
+mod write_fence;
 mod xml;
 
 // The names callers outside `s3` use most; files inside `s3` import from
