@@ -392,6 +392,35 @@ mod tests {
         assert_eq!((ns.transport, ns.encryption), (TransportKind::VerbsRc, EncryptionPolicy::Aes256Gcm));
     }
 
+    /// What the encrypted path would refuse at run time is refused when the
+    /// config is read: a tenant name the format does not take, chunk sizes
+    /// it does not have, GET parts too large to hold while they decrypt.
+    #[test]
+    fn encrypted_namespaces_are_checked_for_what_would_fail_every_request() {
+        let encrypted = || -> AgentConfig {
+            let mut c: AgentConfig = toml::from_str(EXAMPLE).unwrap();
+            c.encryption.key_dir = Some("/etc/sluice/keys".into());
+            c.tenants[0].namespaces[0].encryption = EncryptionPolicy::Aes256Gcm;
+            c
+        };
+        encrypted().validate().unwrap();
+        let mut c = encrypted();
+        c.tenants[0].name = "Acme Corp".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("\"Acme Corp\" has encrypted namespaces") && e.contains("A-Za-z0-9._-"), "{e}");
+        let mut c = encrypted();
+        c.tenants[0].namespaces[0].encryption_previous_chunk_bytes = vec![1 << 20, 3000];
+        assert!(c.validate().unwrap_err().to_string().contains("encryption_previous_chunk_bytes"));
+        let mut c = encrypted();
+        c.s3.get_part_size = 2 << 30;
+        assert!(c.validate().unwrap_err().to_string().contains("get_part_size must be <= 1073741824"));
+        let mut c: AgentConfig = toml::from_str(EXAMPLE).unwrap();
+        c.s3.get_part_size = 2 << 30;
+        c.validate().unwrap();
+        c.s3.get_part_size = 6 << 30;
+        assert!(c.validate().unwrap_err().to_string().contains("get_part_size must be <= 5368709120"));
+    }
+
     #[test]
     fn each_section_reports_what_it_did_before_the_split() {
         // The messages operators and scripts match, word for word.

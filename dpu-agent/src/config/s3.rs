@@ -30,7 +30,10 @@ pub enum NamespaceConfigError {
     NoVerbsListen { namespace: String },
     #[error("namespace {namespace:?}: encryption needs [encryption] key_dir")]
     NoKeyDir { namespace: String },
-    #[error("namespace {namespace:?}: encryption_chunk_bytes must be a power of two from 4 KiB to 16 MiB")]
+    #[error(
+        "namespace {namespace:?}: encryption_chunk_bytes (and encryption_previous_chunk_bytes) must be powers of two \
+         from 4 KiB to 16 MiB"
+    )]
     ChunkSize { namespace: String },
     #[error("namespace {namespace:?}: credentials {credentials:?} not found in [credentials]")]
     UnknownCredentials { namespace: String, credentials: String },
@@ -50,6 +53,11 @@ pub enum S3TuningError {
     EncryptedPart { max: u64 },
     #[error("s3: with RDMA namespaces, get_part_size and multipart_threshold must be <= {window} (one descriptor)")]
     AboveWindow { window: u64 },
+    #[error(
+        "s3: get_part_size must be <= {max} (with encrypted namespaces 1 GiB: each part in flight is held in the \
+         agent's memory while it is decrypted)"
+    )]
+    GetPart { max: u64 },
 }
 
 /// What a namespace may refer to in the rest of the config.
@@ -124,6 +132,13 @@ impl S3Tuning {
         if self.multipart_threshold < self.put_part_size {
             return Err(S3TuningError::ThresholdBelowPart);
         }
+        // An encrypted part's ciphertext is held whole while it is opened
+        // (times `max_concurrency`); no store serves one range the faster
+        // for being larger than a part it could take in a PUT.
+        let get_max = if encrypted { 1 << 30 } else { MAX_SINGLE_PUT_BYTES };
+        if self.get_part_size > get_max {
+            return Err(S3TuningError::GetPart { max: get_max });
+        }
         // S3 refuses single PUTs and parts above 5 GiB: the store would
         // refuse them only once the bytes were on the wire.
         if self.multipart_threshold > MAX_SINGLE_PUT_BYTES || self.put_part_size > MAX_SINGLE_PUT_BYTES {
@@ -197,6 +212,13 @@ pub struct NamespaceConfig {
     /// 4 KiB..16 MiB). Ranged GETs decrypt whole chunks.
     #[serde(default = "default_encryption_chunk")]
     pub encryption_chunk_bytes: u32,
+    /// Chunk sizes this namespace's objects were sealed with before
+    /// `encryption_chunk_bytes` was changed. A listing gives each object's
+    /// plaintext size from its stored size, which is exact only knowing the
+    /// chunk size; where these sizes make it ambiguous, the object's own
+    /// metadata is read (a HEAD each).
+    #[serde(default)]
+    pub encryption_previous_chunk_bytes: Vec<u32>,
     /// End-to-end deadline of a request in this namespace, and the most a
     /// caller may ask for (callers may ask for less). A request past it is
     /// cancelled and fails with DEADLINE_EXCEEDED.
@@ -248,7 +270,8 @@ impl NamespaceConfig {
         if self.encryption == EncryptionPolicy::Aes256Gcm && !refs.key_dir {
             return Err(NamespaceConfigError::NoKeyDir { namespace: namespace() });
         }
-        if sluice_crypt::check_chunk_size(u64::from(self.encryption_chunk_bytes)).is_err() {
+        let chunk_sizes = std::iter::once(&self.encryption_chunk_bytes).chain(&self.encryption_previous_chunk_bytes);
+        if chunk_sizes.into_iter().any(|&c| sluice_crypt::check_chunk_size(u64::from(c)).is_err()) {
             return Err(NamespaceConfigError::ChunkSize { namespace: namespace() });
         }
         if !refs.credentials.contains_key(&self.credentials) {

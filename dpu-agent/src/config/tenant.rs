@@ -23,6 +23,8 @@ pub enum TenantConfigError {
     ShimOrigin { tenant: String, origin: String },
     #[error("tenant {tenant:?}: namespace names must be unique, non-empty, without '/' ({namespace:?})")]
     NamespaceName { tenant: String, namespace: String },
+    #[error("tenant {tenant:?} has encrypted namespaces, and its name is bound into their objects: {why}")]
+    EncryptedName { tenant: String, why: String },
     #[error(transparent)]
     Namespace(#[from] NamespaceConfigError),
 }
@@ -128,6 +130,13 @@ impl TenantConfig {
                 return Err(TenantConfigError::NamespaceName { tenant: tenant(), namespace: ns.name.clone() });
             }
             ns.validate(refs)?;
+        }
+        // Encrypted objects bind the tenant's name (and its key directory
+        // is named after it): a name the format refuses would fail every
+        // encrypted GET and PUT at run time.
+        if self.namespaces.iter().any(|ns| ns.encryption == sluice_crypt::EncryptionPolicy::Aes256Gcm) {
+            sluice_crypt::check_tenant(&self.name)
+                .map_err(|e| TenantConfigError::EncryptedName { tenant: tenant(), why: e.to_string() })?;
         }
         Ok(())
     }

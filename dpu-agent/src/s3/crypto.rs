@@ -17,6 +17,7 @@ use futures::{StreamExt, TryStreamExt};
 use sluice_crypt::{CryptError, Metadata, ObjectOpener, ObjectSealer, HEADER_LEN, TAG_LEN};
 
 use super::call::{enter, Call, ObjectRead, ObjectWrite, RegionSlice};
+use super::chunk_keys::{off_thread, Keyed};
 use super::client::{header, Body, PartOf, PutBody, RangedGet};
 use super::encryption::Encryption;
 use super::error::S3Error;
@@ -42,6 +43,24 @@ fn crypt_err(e: CryptError) -> S3Error {
         | CryptError::ChunkLength { .. } => S3Error::Integrity(e.to_string()),
         CryptError::RangeOutOfBounds { .. } => S3Error::InvalidRange(e.to_string()),
         other => S3Error::Encryption(other.to_string()),
+    }
+}
+
+/// Maps errors of reading an object back. Its header and metadata come
+/// from the store, so what the format refuses in them (a chunk size, a
+/// size, a name, a chunk index, a key id the tenant does not have) is the
+/// object's failing, not the agent's: INTEGRITY, saying so.
+fn open_err(e: CryptError) -> S3Error {
+    match e {
+        CryptError::UnknownKey { .. } => S3Error::Integrity(format!(
+            "the object's header names a key this agent does not have ({e}): it was sealed under a key since \
+             removed from the key directory, or its header was altered"
+        )),
+        CryptError::InvalidChunkSize(_)
+        | CryptError::TooLarge { .. }
+        | CryptError::InvalidName { .. }
+        | CryptError::ChunkIndex { .. } => S3Error::Integrity(format!("the stored object is malformed: {e}")),
+        other => crypt_err(other),
     }
 }
 
@@ -74,11 +93,11 @@ fn open_into(
 ) -> Result<(), S3Error> {
     let layout = opener.layout();
     for i in chunks {
-        let r = layout.chunk_ciphertext_range(i).map_err(crypt_err)?;
+        let r = layout.chunk_ciphertext_range(i).map_err(open_err)?;
         let slice = buf
             .get_mut((r.start - buf_from) as usize..(r.end - buf_from) as usize)
             .ok_or_else(|| S3Error::Integrity("chunk outside the fetched bytes".into()))?;
-        let plain = opener.open_chunk(i, slice).map_err(crypt_err)?;
+        let plain = opener.open_chunk(i, slice).map_err(open_err)?;
         let at = layout.chunk_plaintext_offset(i);
         let (lo, hi) = (dst.start.max(at), dst.end.min(at + plain.len() as u64));
         if lo < hi {
@@ -135,16 +154,21 @@ fn metadata_of(headers: &http::HeaderMap) -> Result<Option<Metadata>, S3Error> {
         let name = k.as_str().strip_prefix("x-amz-meta-")?;
         Some((name.to_owned(), v.to_str().ok()?.to_owned()))
     });
-    Metadata::from_pairs(pairs).map_err(crypt_err)
+    Metadata::from_pairs(pairs).map_err(open_err)
 }
 
 impl ObjectStore {
     /// HEAD with the plaintext size of an encrypted object.
     pub(super) async fn head_encrypted(&self, key: &str, request_id: &str) -> Result<ObjectMeta, S3Error> {
         let (mut meta, enc) = self.head_with_metadata(key, request_id).await?;
-        if let Some(m) = enc {
-            meta.size = m.plaintext_len;
-        }
+        // Without its metadata the object is not one this namespace can
+        // read (its GET is refused too): its stored size is not its size.
+        let m = enc.ok_or_else(|| {
+            S3Error::Integrity(format!(
+                "{key} carries no encryption metadata: it was not written encrypted, or its metadata was removed"
+            ))
+        })?;
+        meta.size = m.plaintext_len;
         Ok(meta)
     }
 
@@ -240,15 +264,14 @@ impl ObjectStore {
             // store-side attacker must not be able to substitute plaintext.
             return Err(S3Error::Integrity("the object is not encrypted in this encrypted namespace".into()));
         }
-        let opener = ObjectOpener::new_with_cipher(
-            &*enc.cipher,
-            &*enc.provider,
-            &self.tenant,
-            &self.bucket,
-            &full,
-            &prefetched[..HEADER_LEN],
-        )
-        .map_err(crypt_err)?;
+        let (cipher, provider, tenant, bucket) =
+            (enc.cipher.clone(), enc.provider.clone(), self.tenant.clone(), self.bucket.clone());
+        let (key, header) = (full.clone(), prefetched[..HEADER_LEN].to_vec());
+        let opener = off_thread(move || {
+            ObjectOpener::new_with_cipher(&*cipher, &*provider, &tenant, &bucket, &key, &header).map(Keyed::new)
+        })
+        .await?
+        .map_err(open_err)?;
         let layout = *opener.layout();
         if stored != layout.ciphertext_len() {
             return Err(S3Error::Integrity(format!(
@@ -273,12 +296,11 @@ impl ObjectStore {
         let chunks = if needed == 0 {
             0..1 // an empty object: its one empty final chunk must still open
         } else {
-            layout.plan_range(start, needed).map_err(crypt_err)?.chunks()
+            layout.plan_range(start, needed).map_err(open_err)?.chunks()
         };
         // Chunks already in the first response (from the start only).
         let mut have = chunks.start;
-        while have < chunks.end
-            && layout.chunk_ciphertext_range(have).map_err(crypt_err)?.end <= prefetched.len() as u64
+        while have < chunks.end && layout.chunk_ciphertext_range(have).map_err(open_err)?.end <= prefetched.len() as u64
         {
             have += 1;
         }
@@ -300,8 +322,8 @@ impl ObjectStore {
             let last = (first + per_part).min(chunks.end); // exclusive
             let (opener, dst) = (opener.clone(), dst.clone());
             async move {
-                let from = layout.chunk_ciphertext_range(first).map_err(crypt_err)?.start;
-                let to = layout.chunk_ciphertext_range(last - 1).map_err(crypt_err)?.end;
+                let from = layout.chunk_ciphertext_range(first).map_err(open_err)?.start;
+                let to = layout.chunk_ciphertext_range(last - 1).map_err(open_err)?.end;
                 let _slot = enter(gate, to - from).await?;
                 let cipher = self.fetch_bytes(full, from, to, etag, request_id).await?;
                 // Decrypt off the async threads; only authenticated plaintext
@@ -323,7 +345,7 @@ impl ObjectStore {
     /// prefixed with the header when `first == 0`; with the body's digests
     /// (its MD5 too when `md5`).
     async fn sealed_part(
-        sealer: Arc<ObjectSealer>,
+        sealer: Arc<Keyed<ObjectSealer>>,
         header: Option<Bytes>,
         region: Arc<dyn HostRegion>,
         offset: u64,
@@ -363,15 +385,14 @@ impl ObjectStore {
         let ObjectWrite { key, region, offset, length: len, content_type } = *write;
         let Call { request_id, gate } = *call;
         let full = self.full_key(key);
-        let (header, sealer) = ObjectSealer::new_with_cipher(
-            &*enc.cipher,
-            &*enc.provider,
-            &self.tenant,
-            &self.bucket,
-            &full,
-            len,
-            enc.chunk_size,
-        )
+        let (cipher, provider, tenant, bucket) =
+            (enc.cipher.clone(), enc.provider.clone(), self.tenant.clone(), self.bucket.clone());
+        let (key, chunk_size) = (full.clone(), enc.chunk_size);
+        let (header, sealer) = off_thread(move || {
+            ObjectSealer::new_with_cipher(&*cipher, &*provider, &tenant, &bucket, &key, len, chunk_size)
+                .map(|(header, sealer)| (header, Keyed::new(sealer)))
+        })
+        .await?
         .map_err(crypt_err)?;
         let meta: Vec<(&'static str, String)> = sealer.metadata().to_pairs();
         let layout = *sealer.layout();
@@ -474,79 +495,5 @@ fn meta_header_name(name: &str) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metadata_names_are_the_format_s() {
-        for (k, want) in [
-            (sluice_crypt::META_ENC, "x-amz-meta-sluice-enc"),
-            (sluice_crypt::META_PLAIN_SIZE, "x-amz-meta-sluice-plain-size"),
-            (sluice_crypt::META_CHUNK, "x-amz-meta-sluice-chunk"),
-            (sluice_crypt::META_KEY_ID, "x-amz-meta-sluice-key-id"),
-        ] {
-            assert_eq!(meta_header_name(k), want);
-        }
-    }
-
-    /// An encrypted GET dropped while its chunks are decrypted on blocking
-    /// threads (past its deadline, cancelled) writes nothing into the
-    /// region once it is gone: the caller, told it ended, may already be
-    /// using that memory for something else.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_dropped_encrypted_get_writes_nothing_once_it_is_gone() {
-        use super::super::transfer_tests::{counters, namespace, pattern, region, tuning};
-        use sluice_crypt::{KeyId, MasterKey, MemoryKeyProvider};
-        const MIB: u64 = 1 << 20;
-        let keys = MemoryKeyProvider::new();
-        let id = KeyId::new("k1").unwrap();
-        keys.insert("tenant", id.clone(), MasterKey::generate().unwrap()).unwrap();
-        keys.set_current("tenant", &id).unwrap();
-        let enc =
-            Encryption { provider: Arc::new(keys), cipher: Arc::new(sluice_crypt::RingCipher), chunk_size: 4 << 20 };
-        // Parts of two 4 MiB chunks: each blocking task opens 8 MiB.
-        let tuning = crate::config::S3Tuning {
-            get_part_size: 8 * MIB,
-            put_part_size: 8 * MIB,
-            multipart_threshold: 64 * MIB,
-            ..tuning()
-        };
-        let mock = super::super::mock::MockStore::new();
-        let s = ObjectStore::new(Arc::new(mock), &namespace(), "tenant", tuning, counters(), None)
-            .with_encryption(Some(enc));
-        let len = 32 * MIB;
-        let r = region(len);
-        r.write_at(0, &pattern(len as usize, 3)).unwrap();
-        s.put_from(&ObjectWrite::from_start("k", &r, len), &Call::ungated("req")).await.unwrap();
-        let marker = vec![0xeeu8; len as usize];
-        let mut caught = 0;
-        for ms in [1u64, 2, 4, 8, 16, 32, 64, 128] {
-            r.write_at(0, &vec![0u8; len as usize]).unwrap();
-            let (read, call) = (ObjectRead::whole("k"), Call::ungated("req"));
-            let slice = RegionSlice { region: &r, offset: 0, room: len };
-            let get = s.get_into(&read, &slice, &call);
-            if tokio::time::timeout(std::time::Duration::from_millis(ms), get).await.is_ok() {
-                continue; // done before the deadline: nothing left running
-            }
-            caught += 1;
-            // What the caller does once told the GET is over.
-            r.write_at(0, &marker).unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-            let mut now = vec![0u8; len as usize];
-            r.read_at(0, &mut now).unwrap();
-            let changed = now.iter().zip(&marker).filter(|(a, b)| a != b).count();
-            assert_eq!(changed, 0, "{changed} bytes written after a GET dropped at {ms} ms");
-        }
-        assert!(caught > 0, "no GET was dropped mid-way");
-    }
-
-    #[test]
-    fn encrypted_parts_are_never_smaller_than_the_part_size() {
-        let mib = 1u64 << 20;
-        for (part, chunk) in [(6 * mib, 4 * mib), (5 * mib, 4 * mib), (8 * mib, 1 << 16), (5 * mib, 16 * mib)] {
-            let n = super::super::store::chunks_per_part(part, chunk as u32);
-            assert!(n * chunk >= part, "{part} over {chunk}: {n} chunks");
-            assert!((n - 1) * chunk < part, "no more than one chunk over");
-        }
-    }
-}
+#[path = "crypto_tests.rs"]
+mod tests;

@@ -6,6 +6,7 @@
 
 pub mod body;
 pub mod call;
+mod chunk_keys;
 pub mod client;
 pub mod crypto;
 pub mod encryption;

@@ -167,7 +167,12 @@ impl Encryption {
             return Ok(None);
         }
         let provider = keys.clone().ok_or_else(|| StoreSetupError::NoKeyDir { namespace: ns.name.clone() })?;
-        Ok(Some(Self { provider, cipher: cipher.clone(), chunk_size: ns.encryption_chunk_bytes }))
+        Ok(Some(Self {
+            provider,
+            cipher: cipher.clone(),
+            chunk_size: ns.encryption_chunk_bytes,
+            previous_chunk_sizes: ns.encryption_previous_chunk_bytes.clone(),
+        }))
     }
 }
 

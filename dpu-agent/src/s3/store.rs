@@ -361,14 +361,7 @@ impl ObjectStore {
             }
         }
         if let Some(enc) = &self.encryption {
-            // Plaintext sizes: from the namespace's chunk size when the stored
-            // size fits it, else from the object's metadata.
-            for o in &mut page.objects {
-                match sluice_crypt::plaintext_len(o.size, enc.chunk_size) {
-                    Ok(n) => o.size = n,
-                    Err(_) => o.size = self.head(&o.key, request_id).await.map(|m| m.size).unwrap_or(o.size),
-                }
-            }
+            self.plaintext_sizes(enc, &mut page, request_id).await?;
         }
         for p in &mut page.common_prefixes {
             if let Some(k) = p.strip_prefix(&self.prefix) {
@@ -376,6 +369,45 @@ impl ObjectStore {
             }
         }
         Ok(page)
+    }
+
+    /// Gives the listed objects of an encrypted namespace their plaintext
+    /// sizes: from the stored size where the namespace's chunk sizes make
+    /// it unambiguous, else from each object's metadata (HEADs, several at
+    /// once). An object deleted since the listing is left out; one that is
+    /// not a sealed object keeps its stored size (its GET is refused);
+    /// any other failure fails the page rather than list a wrong size.
+    async fn plaintext_sizes(&self, enc: &Encryption, page: &mut ListPage, request_id: &str) -> Result<(), S3Error> {
+        use futures::StreamExt;
+        let mut ask = Vec::new();
+        for (i, o) in page.objects.iter_mut().enumerate() {
+            match enc.size_from_listing(o.size) {
+                Some(n) => o.size = n,
+                None => ask.push((i, o.key.clone())),
+            }
+        }
+        let heads: Vec<_> = futures::stream::iter(ask)
+            .map(|(i, key)| async move { (i, self.head(&key, request_id).await) })
+            .buffer_unordered(self.tuning.max_concurrency.max(1))
+            .collect()
+            .await;
+        let mut gone = Vec::new();
+        for (i, head) in heads {
+            match head {
+                Ok(m) => page.objects[i].size = m.size,
+                Err(S3Error::NoSuchKey(_)) => gone.push(i),
+                Err(e @ S3Error::Integrity(_)) => {
+                    tracing::warn!(key = %page.objects[i].key, error = %e,
+                        "a listed object cannot be read in this encrypted namespace; listed with its stored size");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        gone.sort_unstable();
+        for i in gone.into_iter().rev() {
+            page.objects.remove(i);
+        }
+        Ok(())
     }
 }
 
