@@ -201,9 +201,10 @@ pub struct ShimLimits {
     /// accepted is closed.
     pub hello_timeout_ms: u64,
     /// Deadline of a request whose client gave none (the agent's namespace
-    /// deadline usually ends it first), and the longest a client may give;
-    /// a request that gave one gets that plus a little grace for the
-    /// answer to come back.
+    /// deadline usually ends it first), and the longest a client may give.
+    /// The agent is given the request's deadline and answers when it passes,
+    /// once its transfers have stopped; the shim waits that plus a little
+    /// grace for the answer to come back.
     pub request_timeout_ms: u64,
 }
 

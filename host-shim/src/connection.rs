@@ -415,12 +415,16 @@ async fn read_loop(
         }
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
         // A client's own deadline, but never past the operator's: a request
-        // (and the connection place it holds) cannot be kept for weeks.
-        let most = Duration::from_millis(limits.request_timeout_ms);
-        let limit = match timeout_ms {
-            0 => most,
-            ms => Duration::from_millis(u64::from(ms)).min(most) + DEADLINE_GRACE,
-        };
+        // (and the connection place it holds) cannot be kept for weeks. The
+        // agent always gets that deadline, and the shim waits a little
+        // longer: the agent stops a request's transfers before it answers
+        // DEADLINE_EXCEEDED, so its answer, not the shim giving up first,
+        // ends the request (a request the shim gave up on could still be
+        // writing into the region when the client retried into it; with no
+        // deadline, a batch's items each had the namespace's deadline from
+        // when they started, far past the shim's).
+        let timeout_ms = agent_deadline_ms(timeout_ms, limits.request_timeout_ms);
+        let limit = Duration::from_millis(u64::from(timeout_ms)) + DEADLINE_GRACE;
         let span = tracing::info_span!("request", request_id = %request_id, tenant = %s.tenant);
         let served = Served {
             id,
@@ -441,6 +445,16 @@ async fn read_loop(
         );
     }
     caller
+}
+
+/// The deadline the agent gets for a request whose client asked for
+/// `asked_ms` (0: none): that, at most the shim's `most_ms`, never none.
+fn agent_deadline_ms(asked_ms: u32, most_ms: u64) -> u32 {
+    let most = u32::try_from(most_ms).unwrap_or(u32::MAX);
+    match asked_ms {
+        0 => most,
+        ms => ms.min(most),
+    }
 }
 
 /// One request on its way through its own task: what it answers with and
@@ -539,6 +553,14 @@ async fn hello(ctx: &ConnectionContext, caller: &mut Caller, h: pb::Hello) -> Re
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_agent_always_gets_a_deadline_within_the_shims() {
+        assert_eq!(super::agent_deadline_ms(0, 900_000), 900_000);
+        assert_eq!(super::agent_deadline_ms(5_000, 900_000), 5_000);
+        assert_eq!(super::agent_deadline_ms(u32::MAX, 900_000), 900_000);
+        assert_eq!(super::agent_deadline_ms(0, u64::MAX), u32::MAX);
+    }
+
     #[test]
     fn request_ids_made_here_are_distinct_and_sixteen_hex_digits() {
         let ids: std::collections::HashSet<String> = (0..10_000).map(|_| super::new_request_id()).collect();

@@ -587,15 +587,28 @@ impl Session {
             Some(true)
         );
         if !lost {
-            self.call(Some(region_id), |snap, mut agent| async move {
-                agent
-                    .release_region(apb::ReleaseRegionRequest {
-                        session_id: snap.session_id,
-                        region_id: snap.region_id,
-                    })
-                    .await
-            })
-            .await?;
+            let released = self
+                .call(Some(region_id), |snap, mut agent| async move {
+                    agent
+                        .release_region(apb::ReleaseRegionRequest {
+                            session_id: snap.session_id,
+                            region_id: snap.region_id,
+                        })
+                        .await
+                })
+                .await;
+            match released {
+                Ok(_) => {}
+                // Gone at the agent already: an earlier Release of it that
+                // this shim stopped waiting for (its deadline) went through
+                // there. Kept here, the region would hold its descriptor
+                // and place until the connection closed, every Release of
+                // it refused.
+                Err(ShimError::Agent(d)) if d.code == ErrorCode::UnknownRegion as i32 => {
+                    debug!(region = %region_id, "released: the agent no longer had it");
+                }
+                Err(e) => return Err(e),
+            }
         }
         self.inner().regions.remove(region_id).map(|_| ()).ok_or_else(|| ShimError::UnknownRegion(region_id.into()))
     }

@@ -285,10 +285,16 @@ async fn registrations_sent_at_once_stay_within_the_connection_limit() {
 }
 
 /// A client's deadline is kept only up to the shim's own
-/// (`request_timeout_ms`): a client asking for ten minutes against a store
-/// that went silent gets its answer at the operator's limit, not later.
+/// (`request_timeout_ms`), and a request whose client set none gets the
+/// shim's: a client asking for ten minutes, or for nothing, against a store
+/// that went silent gets its answer at the operator's limit. The agent is
+/// given that deadline and answers when it passes, once it has stopped the
+/// request's transfers, before the shim would stop waiting: the shim giving
+/// up first (as it did without a client deadline, the agent then having
+/// only the namespace's) told the client its region was free while the
+/// agent could still write into it.
 #[tokio::test]
-async fn no_client_deadline_outlasts_the_shims_own() {
+async fn no_request_outlasts_the_shims_deadline_and_the_agent_ends_it() {
     let stack = Stack::start();
     let c = stack.client().await;
     upload(&c, "data/silent", b"never read").await;
@@ -302,15 +308,18 @@ async fn no_client_deadline_outlasts_the_shims_own() {
     let c2 = via_proxy.client().await;
     let r = c2.register(4096).await.unwrap();
     proxy.stall(true);
-    let started = std::time::Instant::now();
-    let got =
-        sluice_client::with_timeout(Some(std::time::Duration::from_secs(600)), c2.get("data/silent", &r, 0, None));
-    let err = got.await.expect_err("nothing came from the store");
-    let waited = started.elapsed();
-    // 1.5 s and the shim's 2 s of grace; the agent's own first-byte
-    // deadline (5 s) would end it later, and the client's 600 s never.
-    assert_eq!(code(err), Code::DeadlineExceeded, "after {waited:?}");
-    assert!(waited < std::time::Duration::from_millis(4900), "{waited:?}");
+    for asked in [Some(std::time::Duration::from_secs(600)), None] {
+        let started = std::time::Instant::now();
+        let err = sluice_client::with_timeout(asked, c2.get("data/silent", &r, 0, None))
+            .await
+            .expect_err("nothing came from the store");
+        let (waited, msg) = (started.elapsed(), err.to_string());
+        // 1.5 s; the shim's 2 s of grace after it, the agent's own
+        // first-byte deadline (5 s) and the client's 600 s are never reached.
+        assert_eq!(code(err), Code::DeadlineExceeded, "{asked:?}: after {waited:?}: {msg}");
+        assert!(waited < std::time::Duration::from_millis(3400), "{asked:?}: {waited:?}");
+        assert!(msg.contains("did not finish within its deadline of 1500 ms"), "the agent's answer: {msg}");
+    }
     proxy.stall(false);
 }
 
