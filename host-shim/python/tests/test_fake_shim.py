@@ -60,6 +60,16 @@ class FakeShim(threading.Thread):
             self.send({"id": id_, "hello": {"version": 1, "tenant": "fake", "namespaces": ["data"]}})
         elif op == "head" and req["head"]["path"] == "data/slow":
             self.withheld.append(({"id": id_, "head": {"key": "slow", "size": 1}}, None))
+        elif op == "register" and req["register"]["length"] > 1 << 40:
+            self.send({"id": id_, "error": {"code": 18, "message": "region larger than max_region_bytes"}})
+        elif op == "get" and req["get"]["path"] == "data/huge":
+            self.send({"id": id_, "error": {"code": 9, "message": "too small", "needed_bytes": 1 << 50}})
+        elif op == "get" and req["get"]["path"] == "data/given-up":
+            # The shim's own deadline: the agent may still be writing.
+            self.send({"id": id_, "error": {"code": 23, "message": "no answer from the agent in time"}})
+        elif op == "get" and req["get"]["path"] == "data/late-deadline":
+            # The shim's DEADLINE_EXCEEDED, after the client's own deadline.
+            threading.Timer(0.6, self.send, ({"id": id_, "error": {"code": 23, "message": "the shim's answer"}},)).start()
         elif op == "register":
             fd = os.memfd_create("fake")
             length = req["register"]["length"]
@@ -87,8 +97,14 @@ class FakeShim(threading.Thread):
             items = req["get_batch"]["items"]
             for k in reversed(range(len(items))):
                 path = items[k]["path"]
-                report = {"bytes": int(path.rsplit("-", 1)[1]), "data_path": 1}
-                self.send({"id": id_, "item": k, "get": {"report": report, "etag": path}})
+                if path == "data/huge":
+                    err = {"code": 9, "message": "too small", "needed_bytes": 1 << 50}
+                    self.send({"id": id_, "item": k, "error": err})
+                elif path == "data/given-up":
+                    self.send({"id": id_, "item": k, "error": {"code": 23, "message": "no answer in time"}})
+                else:
+                    report = {"bytes": int(path.rsplit("-", 1)[1]), "data_path": 1}
+                    self.send({"id": id_, "item": k, "get": {"report": report, "etag": path}})
         elif op == "release":
             self.send({"id": id_, "released": {}})
         else:
@@ -125,7 +141,10 @@ def _open_memfds(name: str) -> int:
 
 
 @pytest.fixture
-def fake(tmp_path):
+def fake(tmp_path, monkeypatch):
+    # No grace past a deadline: the fake's withheld answers come only when
+    # asked for, so a timeout here is the client's own.
+    monkeypatch.setattr(sluice._core, "ANSWER_GRACE", 0.0)
     path = str(tmp_path / "fake.sock")
     shim = FakeShim(path)
     return path, shim
@@ -190,3 +209,45 @@ def test_abandoned_scratch_region_is_not_reused(fake):
         released = [r["release"]["region_id"] for r in shim.requests if r["op"] == "release"]
         assert len(registered) == 1 and released == [f"region-{registered[0]}"]
         assert _open_memfds("fake") == 0
+
+
+def test_an_object_too_large_to_read_teaches_no_slot_size(fake):
+    """A read that needs a region the shim will not register fails alone:
+    later reads of unknown size keep their slot size (it was learned from
+    the failure, and every later read then failed to register its slot)."""
+    path, shim = fake
+    shim.hold_register = False
+    with sluice.Client(path, timeout=10, native=False) as c:
+        guess = c._size_guess
+        with pytest.raises(sluice.ResourceExhausted):
+            c.get_bytes("data/huge")
+        assert c._size_guess == guess
+        res = c.get_many(["data/huge"])
+        assert not res[0].ok and c._size_guess == guess
+
+
+def test_a_region_the_shim_gave_up_on_is_never_reused(fake):
+    """The shim's own DEADLINE_EXCEEDED comes while the agent may still write
+    into the region: it is released, never pooled for the next read."""
+    path, shim = fake
+    shim.hold_register = False
+    with sluice.Client(path, timeout=10, native=False) as c:
+        with pytest.raises(sluice.DeadlineExceeded):
+            c.get_bytes("data/given-up")
+        assert len(c._pool) == 0
+        res = c.get_many(["data/given-up"])
+        assert isinstance(res[0].error, sluice.DeadlineExceeded) and len(c._pool) == 0
+        c.stats()  # the releases go out before this request
+        released = [r["release"]["region_id"] for r in shim.requests if r["op"] == "release"]
+        assert len(released) == 2
+
+
+def test_the_shims_answer_to_a_deadline_is_waited_for(fake, monkeypatch):
+    """Past the client's deadline, the shim's own answer (here 0.3 s after
+    it) is what the caller gets, not a local Timeout."""
+    monkeypatch.setattr(sluice._core, "ANSWER_GRACE", 2.0)
+    path, shim = fake
+    shim.hold_register = False
+    with sluice.Client(path, timeout=10, native=False) as c:
+        with pytest.raises(sluice.DeadlineExceeded, match="the shim's answer"):
+            short(c).get_bytes("data/late-deadline")

@@ -15,6 +15,8 @@ use sluice_client::{BatchGet, Client, ClientError, Code, Region, Transfer};
 const SCRATCH_MIN: u64 = 1 << 20;
 /// Slot of an object of unknown size before any was seen (`FIRST_SIZE_GUESS`).
 pub const FIRST_SIZE_GUESS: u64 = 256 << 10;
+/// The most the slot of an unknown-size object grows to (`MAX_SIZE_GUESS`).
+pub const MAX_SIZE_GUESS: u64 = 64 << 20;
 /// Most items in one GetBatch (the shim's limit, `MAX_BATCH_ITEMS`).
 pub const MAX_BATCH_ITEMS: usize = 1024;
 /// How often a waiting call lets Python run its signal handlers.
@@ -110,8 +112,12 @@ impl Conn {
         self.size_guess.load(Ordering::Relaxed)
     }
 
+    /// An unknown-size read of `bytes` succeeded: the next one's slot, at
+    /// most [`MAX_SIZE_GUESS`] (as the Python path's `_learn_size`; only
+    /// successes teach it, or a too-large object would make every later
+    /// read fail to register its slot).
     pub fn saw(&self, bytes: u64) {
-        self.size_guess.store(pow2(bytes), Ordering::Relaxed);
+        self.size_guess.store(pow2(bytes).min(MAX_SIZE_GUESS), Ordering::Relaxed);
     }
 
     /// Runs `f` on the runtime with the interpreter lock released. Every
@@ -253,7 +259,6 @@ impl Conn {
                     if want == 0 {
                         want = client.head(path).await.map_err(|e| (e, None))?.size;
                     }
-                    self.saw(want);
                 }
                 Err(e) => return Err((e, Some(region))),
             }

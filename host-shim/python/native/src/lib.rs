@@ -211,6 +211,15 @@ impl Reader {
     }
 }
 
+/// Whether a read that failed with `e` has stopped writing into its region
+/// for good, so the region may serve another read: only errors the agent
+/// answered, never the shim's own deadline, a lost agent link, an internal
+/// error or a failed connection (after those the agent may still write).
+fn stopped_writing(e: &ClientError) -> bool {
+    matches!(e, ClientError::Shim { .. })
+        && !matches!(e.code(), Some(Code::DeadlineExceeded | Code::AgentUnavailable | Code::Internal))
+}
+
 fn failed<'py>(py: Python<'py>, e: &ClientError) -> PyResult<Bound<'py, PyAny>> {
     let (kind, code, message, request_id, needed) = failure(e);
     Ok((false, kind, code, message, request_id, needed).into_pyobject(py)?.into_any())
@@ -391,7 +400,7 @@ impl Reader {
             Ok(ok) => ok,
             Err((e, spare)) => {
                 if let Some(region) = spare {
-                    conn.give_back(region, matches!(e, ClientError::Shim { .. }));
+                    conn.give_back(region, stopped_writing(&e));
                 }
                 return Err(raise(&e));
             }
@@ -441,22 +450,44 @@ impl Reader {
                 }
                 let items: Vec<(&str, u64, u64)> =
                     chunk.iter().map(|&(i, off, room)| (paths[i].as_str(), off, room)).collect();
-                let (region, got) = self
-                    .run(py, &conn, sluice_client::with_timeout(within, conn.batch_into_scratch(&items, total)))?
-                    .map_err(|e| raise(&e))?;
+                let (region, got) = match self.run(
+                    py,
+                    &conn,
+                    sluice_client::with_timeout(within, conn.batch_into_scratch(&items, total)),
+                )? {
+                    Ok(ok) => ok,
+                    // No slot (the shim would not register one that large):
+                    // these items' failure, as in Python, not the call's.
+                    Err(e @ ClientError::Shim { .. }) => {
+                        for &(i, _, _) in &chunk {
+                            out[i] = Some(failed(py, &e)?);
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(raise(&e)),
+                };
+                // Whether nothing may still be written into the region: a
+                // request the shim or the connection gave up on may be.
+                let mut reuse = true;
                 // Every result is taken out before the region goes back,
                 // and an error (a failed allocation) only after that.
-                let filled: PyResult<bool> = (|| {
+                let filled: PyResult<()> = (|| {
                     let results = match got {
                         Ok(r) => r,
                         // Refused as a whole: each item's failure, as in Python.
                         Err(e @ ClientError::Shim { .. }) => {
+                            reuse = stopped_writing(&e);
                             for &(i, _, _) in &chunk {
                                 out[i] = Some(failed(py, &e)?);
                             }
-                            return Ok(true);
+                            return Ok(());
                         }
-                        Err(e) => return Err(raise(&e)),
+                        // The connection failed: raised, and the region may
+                        // still be written into.
+                        Err(e) => {
+                            reuse = false;
+                            return Err(raise(&e));
+                        }
                     };
                     for (&(i, off, room), r) in chunk.iter().zip(results) {
                         match r {
@@ -465,21 +496,21 @@ impl Reader {
                                 out[i] = Some(Self::item(py, &region, off, room, &t)?);
                             }
                             Err(e) if e.code() == Some(Code::RegionTooSmall) => {
-                                seen = seen.max(e.needed_bytes());
                                 if round == 0 && e.needed_bytes() > 0 {
                                     again.push((i, e.needed_bytes()));
                                 } else {
                                     one_by_one.push((i, e.needed_bytes()));
                                 }
                             }
-                            Err(e) => out[i] = Some(failed(py, &e)?),
+                            Err(e) => {
+                                reuse &= stopped_writing(&e);
+                                out[i] = Some(failed(py, &e)?);
+                            }
                         }
                     }
-                    Ok(true)
+                    Ok(())
                 })();
-                // A batch that failed as a whole for the connection (not
-                // the shim's answer) may still be written into.
-                conn.give_back(region, filled.is_ok());
+                conn.give_back(region, reuse && filled.is_ok());
                 filled?;
             }
             if seen > 0 {

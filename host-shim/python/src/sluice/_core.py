@@ -27,11 +27,15 @@ from ._gpu_ops import PIN_AUTO, GpuOps
 from ._ops import Call, Op, Outcome, Reply, all_of, check, close_fd, drive_step, one  # noqa: F401
 from ._scratch import _byte_array, _pow2, _scratch_size, _ScratchPool
 from .errors import (
+    AgentUnavailable,
     BadRequest,
+    DeadlineExceeded,
+    InternalError,
     ProtocolError,
     RegionTooSmall,
     ShimConnectionError,
     SluiceError,
+    Timeout,
     Unsupported,
     from_detail,
 )
@@ -55,6 +59,23 @@ WHOLE_BATCH = 0xFFFFFFFF
 #: Bytes a scratch slot gets for an object of unknown size before the client
 #: has seen any (then: the largest recent size, rounded up to a power of 2).
 FIRST_SIZE_GUESS = 256 << 10
+#: The most the size guess grows to: one large object must not make every
+#: later small read register (and batch around) a slot of its size; larger
+#: objects are read again at the size the shim reports.
+MAX_SIZE_GUESS = 64 << 20
+#: Seconds past a request's deadline that the client still waits for its
+#: answer: the shim (and the agent, whose deadline starts when the request
+#: reaches it) answer DEADLINE_EXCEEDED themselves, per item of a batch,
+#: after the deadline, and that answer says more than a local Timeout.
+#: The shim's own grace is 2 s; the Rust client waits the same 5 s.
+ANSWER_GRACE = 5.0
+
+#: Errors that may come before the agent has stopped writing into a
+#: request's region: the shim gave up on it (its deadline, the agent link
+#: lost), or the client did, or nobody can say. A scratch region such a
+#: request used is released, never used again for another read, whose
+#: bytes late writes would then overwrite.
+MAY_STILL_WRITE = (DeadlineExceeded, AgentUnavailable, InternalError, ShimConnectionError, Timeout, ProtocolError)
 
 
 def resolve_socket(socket: "Optional[Union[str, os.PathLike[str]]]") -> str:
@@ -183,7 +204,9 @@ class CoreClient(GpuOps):
         # Scratch regions lent to zero-copy results (copy=False) whose last
         # view is gone: back to the pool at the next checkout. Appended from
         # a finalizer (any thread, any moment), hence a deque and no lock.
-        self._lent: "Deque[Region]" = deque()
+        #: Scratch regions whose lent views are all gone, and whether they
+        #: may be used again (see ``MAY_STILL_WRITE``).
+        self._lent: "Deque[Tuple[Region, bool]]" = deque()
         # Slot size for bytes-items of unknown size: the largest size seen
         # lately (loaders read samples of similar size), so most fit in one
         # request and the rest are read again at the size the shim reports.
@@ -336,9 +359,9 @@ class CoreClient(GpuOps):
 
     def _checkout(self, n: int) -> "Op[Region]":
         while self._lent:
-            lent = self._lent.popleft()
+            lent, reuse = self._lent.popleft()
             if not lent.released:
-                self._give_back(lent)
+                self._give_back(lent, reuse)
         r = self._pool.take(n)
         if r is not None:
             return r
@@ -346,15 +369,23 @@ class CoreClient(GpuOps):
         region._scratch = True
         return region
 
-    def _lend(self, region: Region, spans: Sequence[Tuple[int, int]]) -> List[memoryview]:
+    def _lend(self, region: Region, spans: Sequence[Tuple[int, int]], reuse: bool = True) -> List[memoryview]:
         """Read-only views of ``spans`` (offset, length) of scratch ``region``,
         without a copy. The region is lent to them: it goes back to the pool
-        only once the last view (and every slice of one) is gone."""
+        (or, not ``reuse``, to the shim) only once the last view (and every
+        slice of one) is gone."""
         owner = _byte_array(region.nbytes).from_buffer(region._map())
         whole = memoryview(owner).cast("B")
         views = [whole[off : off + n].toreadonly() for off, n in spans]
-        weakref.finalize(owner, self._lent.append, region)
+        weakref.finalize(owner, self._lent.append, (region, reuse))
         return views
+
+    def _learn_size(self, n: int) -> None:
+        """The next unknown-size read's slot: the last size read, as a power
+        of two, at most ``MAX_SIZE_GUESS`` (a read that failed teaches
+        nothing: a too-large object would make every later read fail to
+        register its slot)."""
+        self._size_guess = min(_pow2(n), MAX_SIZE_GUESS)
 
     def _give_back(self, region: Region, reuse: bool = True) -> None:
         """Returns a scratch region: to the pool, or (if the pool is full, or
@@ -554,13 +585,16 @@ class CoreClient(GpuOps):
                     if not want:
                         info = check((yield [Call("head", {"path": path})])[0], "head")
                         want = _span(info.body["size"], rng)
-                    if not exact:
-                        self._size_guess = _pow2(want)
                     continue
+                if isinstance(out, MAY_STILL_WRITE):
+                    reuse = False
                 r = check(out, "get")
                 t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+                if t.bytes > region.nbytes:
+                    reuse = False
+                    raise ProtocolError(f"the shim reported {t.bytes} bytes read into a {region.nbytes}-byte region")
                 if not exact:
-                    self._size_guess = _pow2(t.bytes)
+                    self._learn_size(t.bytes)
                 if copy:
                     return region.read(0, t.bytes), t
                 lent = True
@@ -615,7 +649,18 @@ class CoreClient(GpuOps):
                     total += _slot(n)
                     todo.pop(0)
                 mine, direct = direct[:MAX_BATCH_ITEMS], direct[MAX_BATCH_ITEMS:]
-                region = (yield from self._checkout(total)) if chunk else None
+                region = None
+                if chunk:
+                    try:
+                        region = yield from self._checkout(total)
+                    except SluiceError as e:
+                        # No slot for these items (a region too large to
+                        # register): theirs is the error, not the call's.
+                        for i, _, _ in chunk:
+                            results[i].error = e
+                        chunk = []
+                        if not mine:
+                            continue
                 reuse, lent = True, False
                 filled: List[Tuple[int, int]] = []  # (index, offset) of items read into `region`
                 try:
@@ -635,7 +680,7 @@ class CoreClient(GpuOps):
                     outs = _batch_outcomes(out, len(fields))
                     for (i, _), o in zip(mine, outs):
                         _fill(results[i], o, None)
-                    for (i, off, _), o in zip(chunk, outs[len(mine) :]):
+                    for (i, off, slot), o in zip(chunk, outs[len(mine) :]):
                         known = known_of[i]
                         if isinstance(o, RegionTooSmall) and round_ < 2:
                             try:
@@ -643,17 +688,19 @@ class CoreClient(GpuOps):
                             except SluiceError as e:
                                 results[i].error = e
                                 continue
-                            again.append((i, need, True))
-                            if not known:
-                                seen = max(seen, need)
+                            # Read again at the size the shim said; its
+                            # success teaches the slot size, as any would.
+                            again.append((i, need, known))
                             continue
-                        _fill(results[i], o, (region, off) if copy else None)
+                        _fill(results[i], o, (region, off) if copy else None, slot)
+                        if isinstance(results[i].error, MAY_STILL_WRITE):
+                            reuse = False
                         if results[i].ok:
                             filled.append((i, off))
-                        if not known:
-                            seen = max(seen, results[i].nbytes)
+                            if not known:
+                                seen = max(seen, results[i].nbytes)
                     if not copy and filled and region is not None:
-                        views = self._lend(region, [(off, results[i].nbytes) for i, off in filled])
+                        views = self._lend(region, [(off, results[i].nbytes) for i, off in filled], reuse)
                         lent = True
                         for (i, _), v in zip(filled, views):
                             results[i].data = v
@@ -664,7 +711,7 @@ class CoreClient(GpuOps):
                     if region is not None and not lent:
                         self._give_back(region, reuse)
             if seen:
-                self._size_guess = _pow2(seen)
+                self._learn_size(seen)
             if not again:
                 break
             todo = again
@@ -713,13 +760,17 @@ def _slot(span: int) -> int:
     return (max(span, 1) + 63) & ~63
 
 
-def _fill(res: ItemResult, out: Outcome, scratch: Optional[Tuple[Region, int]]) -> None:
+def _fill(res: ItemResult, out: Outcome, scratch: Optional[Tuple[Region, int]], slot: Optional[int] = None) -> None:
     try:
         r = check(out, "get")
     except SluiceError as e:
         res.error = e
         return
     t = Transfer._from_wire(r.body["report"], r.body["etag"], r.body["object_size"])
+    if slot is not None and t.bytes > slot:
+        # More than its slot: the bytes past it are the next item's.
+        res.error = ProtocolError(f"the shim reported {t.bytes} bytes read into a {slot}-byte slot")
+        return
     res.ok, res.transfer, res.nbytes = True, t, t.bytes
     if scratch is not None:
         region, off = scratch

@@ -267,13 +267,15 @@ class AsyncClient(CoreClient):
 
     async def _wait(self, fut: "asyncio.Future[Outcome]") -> Outcome:
         timeout = getattr(fut, "sluice_timeout", self.timeout)
+        # As the blocking client: the shim's own answer comes just after.
+        wait = None if timeout is None else max(0.0, timeout) + _core.ANSWER_GRACE
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            return await asyncio.wait_for(asyncio.shield(fut), wait)
         except asyncio.TimeoutError:
             self._pending.pop(getattr(fut, "sluice_id", -1), None)
             if fut.done():
                 return fut.result()
-            raise Timeout(f"no answer from the shim within {timeout}s") from None
+            raise Timeout(f"no answer from the shim within {timeout}s (and {_core.ANSWER_GRACE}s of grace)") from None
 
     def _forget(self, futs: "Sequence[asyncio.Future[Outcome]]") -> None:
         for f in futs:

@@ -430,7 +430,9 @@ class Client(CoreClient):
 
     def _wait(self, fut: Answer) -> Outcome:
         timeout = fut.sluice_timeout
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        # The shim's own DEADLINE_EXCEEDED (per item of a batch) comes just
+        # after the deadline it was sent: wait for it (ANSWER_GRACE).
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout) + _core.ANSWER_GRACE
         if self._turn.wait(fut, deadline, self._lead):
             return fut.result()
         with self._pending_lock:
@@ -439,7 +441,7 @@ class Client(CoreClient):
             return fut.result()
         if self._dead:
             raise Disconnected(f"the shim connection closed{self._why()}")
-        raise Timeout(f"no answer from the shim within {timeout}s") from None
+        raise Timeout(f"no answer from the shim within {timeout}s (and {_core.ANSWER_GRACE}s of grace)") from None
 
     def _forget(self, futs: Sequence[Answer]) -> None:
         for f in futs:
