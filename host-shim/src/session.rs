@@ -192,6 +192,9 @@ impl ConnectionTag {
 /// Longest the shim waits for the agent to release a connection's regions
 /// (all of a joined connection's together, or a whole session's).
 const RELEASE_WAIT: Duration = Duration::from_secs(60);
+/// Longest each step of re-opening a session (the open, each region's
+/// registration) may take.
+const REOPEN_STEP: Duration = Duration::from_secs(30);
 
 /// Who opened a session: only the same process may join it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -541,6 +544,12 @@ impl Session {
             match self.agent().register_region(req).await {
                 Ok(reply) => {
                     let region_id = reply.into_inner().region_id;
+                    // Not while a session re-open runs: it lists the regions
+                    // to register again before this one is in the table, and
+                    // bumps the generation only once done, so this region
+                    // would keep the old session's id, neither registered
+                    // again nor marked lost. After it, the generation says.
+                    let _settled = self.reopen.lock().await;
                     let kept = {
                         let mut inner = self.inner();
                         if inner.generation != snap.generation || inner.closed {
@@ -627,7 +636,12 @@ impl Session {
             }
             inner.regions.iter().map(|(id, r)| (id.clone(), r.len, r.source.clone())).collect()
         };
-        let opened = open_agent_session(&self.ctx, &self.tenant).await?;
+        // Each step within a deadline: an agent that accepts calls and never
+        // answers must not hold this (and every register waiting on it).
+        let opened =
+            tokio::time::timeout(REOPEN_STEP, open_agent_session(&self.ctx, &self.tenant)).await.map_err(|_| {
+                ShimError::AgentUnavailable(format!("the agent did not open a session in {REOPEN_STEP:?}"))
+            })??;
         let session_id = opened.id;
         let mut again = Vec::with_capacity(todo.len());
         let mut lost = 0usize;
@@ -636,7 +650,11 @@ impl Session {
                 let export = self.ctx.memory.export_again(&self.ctx.agent, &source).await?;
                 let req =
                     apb::RegisterRegionRequest { session_id: session_id.clone(), length: len, export: Some(export) };
-                Ok::<_, ShimError>(self.agent().register_region(req).await?.into_inner().region_id)
+                let registered =
+                    tokio::time::timeout(REOPEN_STEP, self.agent().register_region(req)).await.map_err(|_| {
+                        ShimError::AgentUnavailable(format!("the agent did not register a region in {REOPEN_STEP:?}"))
+                    })?;
+                Ok::<_, ShimError>(registered?.into_inner().region_id)
             }
             .await;
             if let Err(e) = &res {
@@ -791,7 +809,9 @@ impl SessionContext {
                 }
             };
             for (s, id, generation) in live {
-                if unknown.contains(&id) {
+                // One re-open per session at a time: with a hung agent, a
+                // task per tick would pile up behind the first.
+                if unknown.contains(&id) && s.reopen.try_lock().is_ok() {
                     tokio::spawn(async move {
                         if let Err(e) = s.reestablish(generation).await {
                             warn!(tenant = %s.tenant, error = %e, "re-opening an agent session failed; retrying later");
