@@ -8,7 +8,7 @@ import os
 import random
 import threading
 import time
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import pytest
 
@@ -267,6 +267,38 @@ def test_an_interrupted_read_ends_the_connection_with_a_clear_error(fake, monkey
         c.stats()
     with pytest.raises(sluice.Disconnected, match="interrupted while taking in"):
         c.stats()
+    c.close()
+
+
+def test_a_send_cut_short_ends_the_connection_with_a_clear_error(fake):
+    """Ctrl-C (or a signal handler's exception) during the send of a frame
+    can leave part of it on the socket: the next frame, from any thread,
+    would be read as its rest. So the connection ends, and later calls say
+    why, rather than send into a stream the shim can no longer read."""
+    path, _ = fake
+    c = sluice.Client(path, timeout=10, native=False)
+
+    class HalfThenInterrupt:
+        def __init__(self, sock: Any) -> None:
+            self.sock, self.cut = sock, False
+
+        def sendall(self, data: Any) -> None:
+            if not self.cut:
+                self.cut = True
+                self.sock.send(bytes(data[: len(data) // 2]))
+                raise KeyboardInterrupt
+            self.sock.sendall(data)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    real = c._sock
+    c._sock = HalfThenInterrupt(real)
+    with pytest.raises(KeyboardInterrupt):
+        c.stats()
+    with pytest.raises(sluice.Disconnected, match="cut short while it was sent"):
+        c.stats()
+    c._sock = real
     c.close()
 
 

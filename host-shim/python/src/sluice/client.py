@@ -375,13 +375,25 @@ class Client(CoreClient):
             close_fd(fd)
 
     def _send(self, frame: bytes, fd: Optional[int]) -> None:
+        cut: Optional[BaseException] = None
         with self._wlock:
             view = memoryview(frame)
-            if fd is not None:
-                n = self._sock.sendmsg([view], scm_rights(fd))
-                view = view[n:]
-            if view:
-                self._sock.sendall(view)
+            try:
+                if fd is not None:
+                    n = self._sock.sendmsg([view], scm_rights(fd))
+                    view = view[n:]
+                if view:
+                    self._sock.sendall(view)
+            except OSError:
+                raise  # the connection failed: the caller says so
+            except BaseException as e:  # noqa: BLE001 - Ctrl-C, a signal handler's exception
+                cut = e
+        if cut is not None:
+            # Part of the frame may have gone: the next frame, from any
+            # thread, would be read as its rest, and the shim would misread
+            # the stream from there. Nothing more is sent on it.
+            self._end(f"a frame was cut short while it was sent ({type(cut).__name__})")
+            raise cut
 
     def _submit(self, call: Call, wait: bool = True) -> Optional[Answer]:
         self._check_usable()
