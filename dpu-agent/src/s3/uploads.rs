@@ -129,7 +129,9 @@ fn replay(text: impl BufRead) -> (BTreeMap<String, Entry>, usize) {
                     open.remove(&id);
                 }
             }
-            // A torn last line (the agent died mid-write).
+            // Appended lines start with a line break (see `appended`).
+            [""] => lines -= 1,
+            // A torn line (the agent died, or a write failed, mid-line).
             _ => tracing::warn!(line, "upload journal: skipping an unreadable line"),
         }
     }
@@ -138,6 +140,14 @@ fn replay(text: impl BufRead) -> (BTreeMap<String, Entry>, usize) {
 
 fn started_line(e: &Entry) -> String {
     format!("S {} {} {} {}\n", field(&e.namespace), field(&e.bucket), field(&e.upload_id), field(&e.key))
+}
+
+/// `line` as appended to a running journal: after a line break, so a line
+/// a failed write left torn (a full disk takes part of a line) ends there
+/// rather than run into this one and lose both (replay skips the empty
+/// line this makes otherwise).
+fn appended(line: &str) -> String {
+    format!("\n{line}")
 }
 
 impl Journal {
@@ -170,7 +180,7 @@ impl Journal {
     /// Records an upload as started, on disk (fsynced) before it returns.
     pub fn started(&self, e: Entry) -> std::io::Result<()> {
         let mut inner = self.lock();
-        inner.file.write_all(started_line(&e).as_bytes())?;
+        inner.file.write_all(appended(&started_line(&e)).as_bytes())?;
         inner.file.sync_data()?;
         inner.lines += 1;
         inner.open.insert(e.upload_id.clone(), e);
@@ -185,7 +195,7 @@ impl Journal {
         if inner.open.remove(upload_id).is_none() {
             return Ok(());
         }
-        inner.file.write_all(format!("E {}\n", field(upload_id)).as_bytes())?;
+        inner.file.write_all(appended(&format!("E {}\n", field(upload_id))).as_bytes())?;
         inner.lines += 1;
         if inner.lines > COMPACT_AFTER && inner.lines > 4 * inner.open.len() {
             inner.file = rewrite(&self.dir, &inner.open)?;

@@ -94,6 +94,24 @@ fn the_journal_replays_what_a_crashed_run_left_open() {
     assert!(!text.contains("torn") && !text.contains("E "), "{text}");
 }
 
+/// A write that failed part-way while the agent ran (a full disk) leaves a
+/// torn line in the middle of the journal; the lines after it are whole,
+/// and replayed (they ran into the torn one, and both were lost).
+#[test]
+fn a_line_torn_while_running_costs_no_other_line() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (j, _) = Journal::open(dir.path()).unwrap();
+        j.started(entry(0)).unwrap();
+        j.lock().file.write_all(b"S alpha%2Fdata data 2~to").unwrap();
+        j.started(entry(1)).unwrap();
+        j.started(entry(2)).unwrap();
+        j.ended(&entry(2).upload_id).unwrap();
+    }
+    let (_j, left) = Journal::open(dir.path()).unwrap();
+    assert_eq!(left, vec![entry(0), entry(1)]);
+}
+
 /// A second agent on the same state directory would abort the first one's
 /// live uploads: refused.
 #[test]
