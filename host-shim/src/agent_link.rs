@@ -16,8 +16,17 @@ use crate::config::{AgentLink as LinkConfig, AgentTlsPem};
 use crate::error::{ShimError, StartupError};
 use crate::link_kind::LinkKind;
 
-/// Longest one memfd hand-over may take (the agent answers at once).
+/// Longest one memfd hand-over may take (the agent answers at once), from
+/// when it has a memory-socket connection to itself.
 const HAND_OVER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Memory-socket connections kept, each carrying one exchange at a time:
+/// a slow exchange holds up only the hand-overs behind it on its own.
+const MEMORY_LANES: usize = 4;
+/// Longest a hand-over waits for a memory-socket connection to itself.
+/// Not part of its own deadline: after an agent restart every session
+/// registers its regions again at once, and one tenant with many must not
+/// make another's hand-overs miss theirs (their regions were lost).
+const LANE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Channel settings for either address kind: connecting is bounded, and
 /// HTTP/2 pings notice an agent that vanished without closing the
@@ -53,8 +62,10 @@ pub struct AgentLink {
     /// Where framed GETs go: the agent's address, as the channels'; none
     /// with `framed_gets = false`.
     framed: Option<Arc<crate::framed_link::Target>>,
-    /// One memory-socket connection, reused; exchanges are serialised.
-    memory: Mutex<Option<BufReader<UnixStream>>>,
+    /// Memory-socket connections ([`MEMORY_LANES`]), each reused, each
+    /// carrying one exchange at a time.
+    memory: Vec<Mutex<Option<BufReader<UnixStream>>>>,
+    next_lane: std::sync::atomic::AtomicUsize,
 }
 
 impl AgentLink {
@@ -105,7 +116,8 @@ impl AgentLink {
             next: std::sync::atomic::AtomicUsize::new(0),
             memory_socket: cfg.memory_socket.clone(),
             framed: framed.map(Arc::new),
-            memory: Mutex::new(None),
+            memory: (0..MEMORY_LANES).map(|_| Mutex::new(None)).collect(),
+            next_lane: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -156,13 +168,30 @@ impl AgentLink {
     }
 
     async fn hand_over_frame(&self, frame: &[u8], fd: BorrowedFd<'_>) -> Result<String, ShimError> {
-        tokio::time::timeout(HAND_OVER_TIMEOUT, self.hand_over_now(frame, fd)).await.map_err(|_| {
+        let mut lane = self.lane().await?;
+        tokio::time::timeout(HAND_OVER_TIMEOUT, self.hand_over_now(&mut lane, frame, fd)).await.map_err(|_| {
             ShimError::AgentUnavailable(format!("the agent's memory socket did not answer in {HAND_OVER_TIMEOUT:?}"))
         })?
     }
 
-    async fn hand_over_now(&self, frame: &[u8], fd: BorrowedFd<'_>) -> Result<String, ShimError> {
-        let mut guard = self.memory.lock().await;
+    /// A memory-socket connection to this caller alone: a free one, else
+    /// the next in turn once it is free.
+    async fn lane(&self) -> Result<tokio::sync::MutexGuard<'_, Option<BufReader<UnixStream>>>, ShimError> {
+        if let Some(free) = self.memory.iter().find_map(|m| m.try_lock().ok()) {
+            return Ok(free);
+        }
+        let i = self.next_lane.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.memory.len();
+        tokio::time::timeout(LANE_WAIT, self.memory[i].lock()).await.map_err(|_| {
+            ShimError::AgentUnavailable(format!("every memory-socket connection stayed busy for {LANE_WAIT:?}"))
+        })
+    }
+
+    async fn hand_over_now(
+        &self,
+        guard: &mut Option<BufReader<UnixStream>>,
+        frame: &[u8],
+        fd: BorrowedFd<'_>,
+    ) -> Result<String, ShimError> {
         // One retry with a fresh connection covers an agent restart.
         for attempt in 0..2 {
             if guard.is_none() {
@@ -260,5 +289,59 @@ mod tests {
         // And the connection is reused once an exchange completed.
         let third = sluice_shm::create_memfd("third", 4096).unwrap();
         assert_eq!(link.hand_over(third.as_fd()).await.unwrap(), "ticket-3");
+    }
+
+    /// A memory socket serving each connection in a task of its own, that
+    /// answers a descriptor after `slow` if it is the first it sees.
+    async fn concurrent_memory_socket(listener: tokio::net::UnixListener, slow: std::time::Duration) {
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                loop {
+                    let mut buf = [0u8; 64];
+                    let mut fds = Vec::new();
+                    match sluice_shm::recv_with_fds(&s, &mut buf, &mut fds).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    }
+                    let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    if n == 1 {
+                        tokio::time::sleep(slow).await;
+                    }
+                    if s.write_all(format!("OK ticket-{n}\n").as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    }
+
+    /// One slow hand-over (a busy agent, a large export) holds up only its
+    /// own memory-socket connection: another caller's, of any tenant,
+    /// goes over another and is answered at once.
+    #[tokio::test]
+    async fn a_slow_hand_over_holds_up_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("mem.sock");
+        let slow = std::time::Duration::from_secs(3);
+        tokio::spawn(concurrent_memory_socket(tokio::net::UnixListener::bind(&sock).unwrap(), slow));
+        let mut cfg: crate::config::AgentLink = toml::from_str("grpc = \"unix:/nonexistent\"").unwrap();
+        cfg.memory_socket = sock;
+        let link = Arc::new(AgentLink::new(&cfg).unwrap());
+        let first = {
+            let link = link.clone();
+            tokio::spawn(async move {
+                let fd = sluice_shm::create_memfd("first", 4096).unwrap();
+                link.hand_over(fd.as_fd()).await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let t0 = std::time::Instant::now();
+        let second = sluice_shm::create_memfd("second", 4096).unwrap();
+        assert_eq!(link.hand_over(second.as_fd()).await.unwrap(), "ticket-2");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(1), "waited {:?} behind the slow one", t0.elapsed());
+        assert_eq!(first.await.unwrap().unwrap(), "ticket-1");
     }
 }
