@@ -251,3 +251,38 @@ def test_the_shims_answer_to_a_deadline_is_waited_for(fake, monkeypatch):
     with sluice.Client(path, timeout=10, native=False) as c:
         with pytest.raises(sluice.DeadlineExceeded, match="the shim's answer"):
             short(c).get_bytes("data/late-deadline")
+
+
+def test_a_call_cancelled_while_it_is_sent_leaks_no_region(fake):
+    """A task cancelled while its Register frame goes out: the frame still
+    goes whole, and the region its late answer names is released and its
+    descriptor closed (the answer went to a future nobody read)."""
+    import asyncio
+
+    path, shim = fake
+    shim.hold_register = False
+
+    async def main():
+        async with sluice.AsyncClient(path, timeout=10) as c:
+            write = c._write_frame
+
+            async def slow_write(frame, fd):
+                await asyncio.sleep(0.2)
+                await write(frame, fd)
+
+            c._write_frame = slow_write
+            task = asyncio.ensure_future(c.register(4096))
+            await asyncio.sleep(0.05)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            c._write_frame = write
+            await asyncio.sleep(0.5)  # the answer arrives, to nobody
+            await c.stats()  # the release goes out before this request
+            await c.stats()
+
+    asyncio.run(main())
+    released = [r["release"]["region_id"] for r in shim.requests if r["op"] == "release"]
+    registered = [r["id"] for r in shim.requests if r["op"] == "register"]
+    assert len(registered) == 1 and released == [f"region-{registered[0]}"]
+    assert _open_memfds("fake") == 0

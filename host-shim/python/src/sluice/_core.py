@@ -331,6 +331,11 @@ class CoreClient(GpuOps):
             out, self._orphans = self._orphans, []
             return out
 
+    def _requeue_orphans(self, rids: Sequence[str]) -> None:
+        """Orphaned regions taken for release and not released after all."""
+        with self._pending_lock:
+            self._orphans.extend(rids)
+
     def _connection_level(self, outcome: Outcome) -> None:
         if isinstance(outcome, SluiceError):
             self._last_conn_error = str(outcome)

@@ -242,28 +242,48 @@ class AsyncClient(CoreClient):
         except OSError as e:
             self._pending.pop(id_, None)
             raise Disconnected(f"sending to the shim failed: {e}") from e
+        except BaseException:
+            # Cancelled while the frame went out (whole: `_send`): nobody
+            # will wait for its answer, which then comes to a done future
+            # and is orphaned (a region it registered released, its
+            # descriptor closed), not kept on a future nobody reads.
+            if fut is not None:
+                fut.cancel()
+            raise
         return fut
 
     async def _submit_batch(self, calls: Sequence[Call]) -> "List[asyncio.Future[Outcome]]":
         assert self._loop is not None
         await self._flush_orphans()
         futs: "List[asyncio.Future[Outcome]]" = []
-        for c in calls:
-            try:
-                f = await self._submit(c)
-                assert f is not None
-            except SluiceError as e:
-                f = self._loop.create_future()
-                f.set_result(e)
-            futs.append(f)
+        try:
+            for c in calls:
+                try:
+                    f = await self._submit(c)
+                    assert f is not None
+                except SluiceError as e:
+                    f = self._loop.create_future()
+                    f.set_result(e)
+                futs.append(f)
+        except BaseException:
+            # Cancelled part-way: the caller never gets these to wait on.
+            for f in futs:
+                f.cancel()
+            raise
         return futs
 
     async def _flush_orphans(self) -> None:
-        for rid in self._take_orphans():
+        rids = self._take_orphans()
+        for k, rid in enumerate(rids):
             try:
                 await self._submit(Call("release", {"region_id": rid}), wait=False)
             except SluiceError:
                 return
+            except BaseException:
+                # Cancelled: this release went out; the rest wait for the
+                # next request.
+                self._requeue_orphans(rids[k + 1 :])
+                raise
 
     async def _wait(self, fut: "asyncio.Future[Outcome]") -> Outcome:
         timeout = getattr(fut, "sluice_timeout", self.timeout)
