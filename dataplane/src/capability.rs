@@ -184,9 +184,18 @@ impl CapabilityTable {
     }
 
     /// Checks one access of `len` bytes at remote address `addr`.
+    ///
+    /// A key is only half of a descriptor: an access that does not start in
+    /// the window of a live key is refused as an unknown key, whatever else
+    /// is wrong with it. So the answer says nothing of whether a key alone
+    /// exists (which would let a peer guess the key and the base apart,
+    /// far cheaper than both), and only an access that names the window
+    /// (key and base) makes a requester waiting on it stop waiting.
     pub fn check(&self, key: Key, addr: u64, len: u64, access: Access) -> Result<Checked, Rejection> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let named = |e: &Entry| addr >= e.base && addr - e.base < e.grant.len.max(1);
         let result = match entries.get(&key) {
+            Some(e) if !named(e) => Err(Rejection::UnknownKey),
             None => Err(Rejection::UnknownKey),
             Some(e) if e.grant.access != access => Err(Rejection::WrongDirection),
             Some(e) if std::time::Instant::now() > e.expires => Err(Rejection::Expired),
@@ -205,7 +214,7 @@ impl CapabilityTable {
         };
         if let Err(r) = &result {
             // A requester waiting on that window need not wait longer.
-            if let Some(e) = entries.get(&key) {
+            if let Some(e) = entries.get(&key).filter(|e| *r != Rejection::UnknownKey && named(e)) {
                 e.landing.refused();
             }
             let c = match r {
@@ -215,7 +224,13 @@ impl CapabilityTable {
                 Rejection::Expired => &self.rejections.expired,
             };
             c.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(reason = r.as_str(), addr, len, "descriptor access rejected");
+            // Guesses are counted, not logged one by one (a peer could
+            // flood the log); a refused access to a real window is news.
+            if *r == Rejection::UnknownKey {
+                tracing::debug!(addr, len, "descriptor access rejected: unknown key");
+            } else {
+                tracing::warn!(reason = r.as_str(), addr, len, "descriptor access rejected");
+            }
         }
         result
     }
@@ -246,12 +261,30 @@ mod tests {
         let ok = t.check(cap.key, cap.base + 10, 990, Access::RemoteWrite).unwrap();
         assert_eq!(ok.offset, 4106);
         assert_eq!(t.check(cap.key, cap.base + 10, 991, Access::RemoteWrite).err(), Some(Rejection::OutOfWindow));
-        assert_eq!(t.check(cap.key, cap.base - 1, 1, Access::RemoteWrite).err(), Some(Rejection::OutOfWindow));
-        assert_eq!(t.check(cap.key, u64::MAX, 2, Access::RemoteWrite).err(), Some(Rejection::OutOfWindow));
         assert_eq!(t.check(cap.key, cap.base, 1, Access::RemoteRead).err(), Some(Rejection::WrongDirection));
+        // Not starting in the window: the key alone is not told apart from
+        // a made-up one.
+        for addr in [cap.base - 1, cap.base + 1000, u64::MAX, 0] {
+            assert_eq!(t.check(cap.key, addr, 2, Access::RemoteWrite).err(), Some(Rejection::UnknownKey));
+            assert_eq!(t.check(cap.key, addr, 0, Access::RemoteRead).err(), Some(Rejection::UnknownKey));
+        }
         let forged = Key { rkey: cap.key.rkey ^ 1, dct: cap.key.dct };
         assert_eq!(t.check(forged, cap.base, 1, Access::RemoteWrite).err(), Some(Rejection::UnknownKey));
-        assert_eq!(t.rejections.total(), 5);
+        assert_eq!(t.rejections.total(), 11);
+    }
+
+    /// Only an access naming the window (key and base) stops its requester
+    /// waiting: probes with the key alone cannot break another's transfer.
+    #[test]
+    fn probes_without_the_base_break_no_window() {
+        let t = CapabilityTable::new();
+        let cap = t.grant(grant(Access::RemoteWrite));
+        for addr in [0, cap.base - 4096, cap.base + 4096] {
+            let _ = t.check(cap.key, addr, 1, Access::RemoteRead);
+        }
+        assert!(!cap.landing.is_broken());
+        let _ = t.check(cap.key, cap.base, 1, Access::RemoteRead);
+        assert!(cap.landing.is_broken(), "a wrong access to the window itself is reported");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! On a NIC transport the NIC moves the bytes and nothing is tracked here
 //! (an RC WRITE is complete at the remote before it answers).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +36,10 @@ pub struct Landing {
     spans: Mutex<Vec<(u64, u64)>>,
     /// Operations checked and not yet finished or dropped.
     moving: AtomicU32,
+    /// Operations ever checked (see [`Landing::began_after_settling`]).
+    started: AtomicU64,
+    /// `started` when the bytes last settled, plus one (0: never).
+    settled_at: AtomicU64,
     /// Copies between memory and a socket under way (see [`Landing::revoke`]).
     in_copy: AtomicU32,
     revoked: AtomicBool,
@@ -66,6 +70,8 @@ pub enum Unsettled {
     Broke,
     #[error("{landed} of {expected} bytes landed in the window within {waited:?}")]
     Missing { landed: u64, expected: u64, waited: Duration },
+    #[error("an operation began on the window after its bytes had landed, and may have changed them")]
+    Late,
 }
 
 impl Landing {
@@ -76,8 +82,28 @@ impl Landing {
     /// An operation at window offset `at` starts (it was checked against
     /// the window).
     pub fn start(self: &Arc<Self>, at: u64) -> Moving {
+        // `moving` before `started`, and `settle` reads them the other way
+        // round: an operation it does not see moving is counted after the
+        // count it keeps.
         self.moving.fetch_add(1, Ordering::SeqCst);
+        self.started.fetch_add(1, Ordering::SeqCst);
         Moving { landing: self.clone(), at, finished: false }
+    }
+
+    /// Whether an operation broke off or an access to the window was refused.
+    pub fn is_broken(&self) -> bool {
+        self.broke.load(Ordering::SeqCst)
+    }
+
+    /// Whether an operation began on the window after its bytes last
+    /// settled (`settle` returned `Ok`): a late or repeated WRITE, which
+    /// may have changed them before the window was revoked. Asked once the
+    /// window is revoked, the answer is final.
+    pub fn began_after_settling(&self) -> bool {
+        match self.settled_at.load(Ordering::SeqCst) {
+            0 => false,
+            at => self.started.load(Ordering::SeqCst) != at - 1,
+        }
     }
 
     /// An access to the window was refused (out of it, the wrong
@@ -138,6 +164,7 @@ impl Landing {
             // Registered before the check, so a change between the check
             // and the wait still wakes it.
             notified.as_mut().enable();
+            let started = self.started.load(Ordering::SeqCst);
             // `moving` before `broke`: an operation marks itself broken
             // before it stops moving, so one that broke just now is seen.
             let moving = self.moving.load(Ordering::SeqCst);
@@ -145,6 +172,7 @@ impl Landing {
                 return Err(Unsettled::Broke);
             }
             if moving == 0 && self.landed() >= expected {
+                self.settled_at.store(started + 1, Ordering::SeqCst);
                 return Ok(());
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {

@@ -131,6 +131,20 @@ impl Exposure {
             None => Ok(()),
         }
     }
+
+    /// Revokes the window (no operation starts on it after this; one under
+    /// way has ended) and says whether the bytes that settled are still
+    /// the ones the window holds: `Err(Unsettled::Late)` if an operation
+    /// began after they settled (a late or repeated WRITE, from whoever
+    /// held the descriptor) and may have changed them.
+    pub fn close(self) -> Result<(), Unsettled> {
+        let landing = self.landing.clone();
+        drop(self);
+        match landing {
+            Some(l) if l.began_after_settling() => Err(Unsettled::Late),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl std::fmt::Debug for Exposure {

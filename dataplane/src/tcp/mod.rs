@@ -215,6 +215,64 @@ mod tests {
         assert_eq!(o.table().rejections.total(), 2);
     }
 
+    /// A connection that asks for nothing is closed once idle, so silent
+    /// connections cannot hold the owner's places; and every refused access
+    /// is told the same, whatever the reason, so a peer cannot tell a key
+    /// that exists (with the wrong base) from a made-up one.
+    #[tokio::test]
+    async fn silent_connections_close_and_refusals_tell_nothing() {
+        use tokio::io::AsyncReadExt;
+        let (o, l) = TcpOwner::bind("127.0.0.1:0".parse().unwrap(), None).await.unwrap();
+        let o = o.with_idle(std::time::Duration::from_millis(200));
+        tokio::spawn(o.clone().serve(l));
+        let mut silent = tokio::net::TcpStream::connect(o.advertised()).await.unwrap();
+        let mut buf = [0u8; 1];
+        let n = tokio::time::timeout(WAIT, silent.read(&mut buf)).await.expect("closed when idle").unwrap();
+        assert_eq!(n, 0);
+
+        let mem = region(1 << 16);
+        let remote = TcpRemote::new(1 << 20);
+        let exp = o.expose(grant(mem.clone(), 0, 4096, Access::RemoteWrite)).unwrap();
+        let mut made_up = exp.token;
+        made_up.rkey ^= 1;
+        let wrong_base = exp.token.with_transfer(exp.token.addr + 8192, 16);
+        let mut said = Vec::new();
+        for t in [made_up, wrong_base] {
+            let e = remote.write_file(&t, &std::fs::File::open("/dev/zero").unwrap(), 0, 16).await.unwrap_err();
+            said.push(e.to_string());
+        }
+        assert_eq!(said[0], said[1]);
+        assert!(!exp.landing.as_ref().unwrap().is_broken(), "a probe without the base broke the window");
+    }
+
+    /// A WRITE that begins after the window's bytes settled (a late or
+    /// repeated one, from whoever holds the descriptor) may change them
+    /// before the window is revoked: closing the exposure says so, where
+    /// one with no such WRITE closes clean.
+    #[tokio::test]
+    async fn a_write_after_the_bytes_settled_is_caught_when_the_window_closes() {
+        let o = owner().await;
+        let mem = region(1 << 16);
+        let remote = TcpRemote::new(1 << 20);
+        let body = |b: u8| futures::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from(vec![b; 4096]))]);
+        let clean = o.expose(grant(mem.clone(), 8192, 4096, Access::RemoteWrite)).unwrap();
+        remote.write_stream(&clean.token, 4096, body(3)).await.unwrap();
+        clean.settle(4096, WAIT).await.unwrap();
+        assert_eq!(clean.close(), Ok(()));
+
+        let exp = o.expose(grant(mem.clone(), 0, 4096, Access::RemoteWrite)).unwrap();
+        remote.write_stream(&exp.token, 4096, body(1)).await.unwrap();
+        exp.settle(4096, WAIT).await.unwrap();
+        let again = exp.token;
+        remote.write_stream(&again, 4096, body(2)).await.unwrap();
+        let t0 = std::time::Instant::now();
+        while mem.0.as_slice()[4095] != 2 {
+            assert!(t0.elapsed() < WAIT, "the second WRITE never landed");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(exp.close(), Err(crate::landing::Unsettled::Late));
+    }
+
     /// A posted WRITE returns before the owner has answered (its answer is
     /// still owed on the pooled connection); the bytes are in once the
     /// window says so, and the answer is read on the connection's next use.

@@ -23,6 +23,21 @@ const IO_CHUNK: usize = 4 << 20;
 
 /// How long a refused eager WRITE's payload is waited for before the refusal.
 const DISCARD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most data-plane connections served at once; more wait in the listen
+/// backlog. Every remote that serves a GET or PUT keeps a few (the gateway
+/// pools at most 16 per owner and closes those unused for 30 s).
+const MAX_CONNECTIONS: usize = 1024;
+/// A connection on which no operation's header comes for this long is
+/// closed (longer than a gateway keeps an unused one), so connections that
+/// say nothing cannot hold every place.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+/// Longest a reply may wait for the remote to take it: one that stops
+/// reading must not hold its task, or the memory an operation names.
+const WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// What every refused access is told, whatever the reason (counted and
+/// logged here): a reason per case would tell a guessing peer whether a
+/// key alone exists.
+const REFUSED: &str = "the descriptor does not allow this access";
 
 /// The `tcp` provider, owner side. Its replies advertise posted WRITEs
 /// (`wire::FEATURE_POSTED`): whoever exposes a window through it waits for
@@ -31,6 +46,8 @@ const DISCARD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 pub struct TcpOwner {
     table: Arc<CapabilityTable>,
     advertised: SocketAddr,
+    /// [`IDLE`], shorter in tests.
+    idle: std::time::Duration,
 }
 
 impl TcpOwner {
@@ -42,7 +59,14 @@ impl TcpOwner {
         if let Some(ip) = advertise {
             advertised.set_ip(ip);
         }
-        Ok((Arc::new(Self { table: CapabilityTable::new(), advertised }), listener))
+        Ok((Arc::new(Self { table: CapabilityTable::new(), advertised, idle: IDLE }), listener))
+    }
+
+    /// The same owner, closing connections idle for `idle` (tests).
+    #[cfg(test)]
+    pub(crate) fn with_idle(self: Arc<Self>, idle: std::time::Duration) -> Arc<Self> {
+        let me = Arc::try_unwrap(self).unwrap_or_else(|_| unreachable!("not shared yet"));
+        Arc::new(Self { idle, ..me })
     }
 
     pub fn table(&self) -> &Arc<CapabilityTable> {
@@ -53,9 +77,25 @@ impl TcpOwner {
         self.advertised
     }
 
-    /// Serves remote operations until the listener fails.
+    /// Serves remote operations until the listener fails, at most
+    /// [`MAX_CONNECTIONS`] connections at once.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let places = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        let mut last_full_warning: Option<std::time::Instant> = None;
         loop {
+            let place = match places.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    if last_full_warning.is_none_or(|t| t.elapsed() > std::time::Duration::from_secs(60)) {
+                        warn!(max = MAX_CONNECTIONS, "data-plane connections at their limit; new ones wait");
+                        last_full_warning = Some(std::time::Instant::now());
+                    }
+                    match places.clone().acquire_owned().await {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    }
+                }
+            };
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
@@ -64,6 +104,7 @@ impl TcpOwner {
                         if let Err(e) = me.connection(stream).await {
                             debug!(%peer, error = %e, "data-plane connection ended");
                         }
+                        drop(place);
                     });
                 }
                 Err(e) => {
@@ -77,10 +118,12 @@ impl TcpOwner {
     async fn connection(&self, mut s: TcpStream) -> std::io::Result<()> {
         loop {
             let mut hb = [0u8; wire::HEADER_LEN];
-            match s.read_exact(&mut hb).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-                Err(e) => return Err(e),
+            match tokio::time::timeout(self.idle, s.read_exact(&mut hb)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                // Nothing asked for a while: closed (a remote reconnects).
+                Err(_) => return Ok(()),
             }
             let h = match Header::decode(&hb) {
                 Ok(h) => h,
@@ -92,15 +135,15 @@ impl TcpOwner {
             };
             let checked = match self.table.check(h.key, h.addr, h.len, access) {
                 Ok(c) => c,
-                Err(r) => {
+                Err(_) => {
                     // The payload of a refused WRITE never reaches memory. A
                     // small eager one is already on its way: it is read and
                     // dropped (for a short while at most), so the remote
-                    // reads the reason rather than a reset connection.
+                    // reads the refusal rather than a reset connection.
                     if h.eager && h.len <= wire::EAGER_MAX_BYTES {
                         let _ = tokio::time::timeout(DISCARD_WAIT, discard(&mut s, h.len)).await;
                     }
-                    return refuse(&mut s, Status::Rejected, &r.to_string()).await;
+                    return refuse(&mut s, Status::Rejected, REFUSED).await;
                 }
             };
             let Checked { memory: mem, offset: mut off, moving } = checked;
@@ -111,7 +154,7 @@ impl TcpOwner {
                     // unless this connection already had an answer from
                     // us and the WRITE says its payload follows (eager).
                     if !h.eager {
-                        s.write_all(&wire::reply(Status::Ok, 0)).await?;
+                        reply(&mut s, &wire::reply(Status::Ok, 0), &moving).await?;
                     }
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
@@ -128,10 +171,12 @@ impl TcpOwner {
                     // Landed before it is answered: a requester waiting on
                     // the window (a posted WRITE) is released here.
                     moving.finished(h.len);
-                    s.write_all(&wire::reply(Status::Ok, 0)).await?;
+                    tokio::time::timeout(WRITE_WAIT, s.write_all(&wire::reply(Status::Ok, 0)))
+                        .await
+                        .map_err(|_| std::io::Error::other("the remote did not take a reply"))??;
                 }
                 Op::Read => {
-                    s.write_all(&wire::reply(Status::Ok, h.len)).await?;
+                    reply(&mut s, &wire::reply(Status::Ok, h.len), &moving).await?;
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
                         let _copying = ready_to_copy(&s, Interest::WRITABLE, &moving).await?;
@@ -166,6 +211,19 @@ async fn ready_to_copy<'a>(s: &TcpStream, interest: Interest, moving: &'a Moving
     moving.copy().ok_or_else(|| std::io::Error::other("the window was revoked during the operation"))
 }
 
+/// Writes a reply within [`WRITE_WAIT`], and not past the revocation of the
+/// window `moving` is on: a remote that stops reading holds neither the
+/// task nor the memory after the request ended.
+async fn reply(s: &mut TcpStream, bytes: &[u8], moving: &Moving) -> std::io::Result<()> {
+    tokio::select! {
+        biased;
+        _ = moving.landing().revoked() => Err(std::io::Error::other("the window was revoked while a reply waited")),
+        r = tokio::time::timeout(WRITE_WAIT, s.write_all(bytes)) => {
+            r.map_err(|_| std::io::Error::other("the remote did not take a reply"))?
+        }
+    }
+}
+
 /// Reads and drops `len` bytes through a small buffer (a refused payload
 /// costs no memory of its size).
 async fn discard(s: &mut TcpStream, mut len: u64) -> std::io::Result<()> {
@@ -181,9 +239,12 @@ async fn discard(s: &mut TcpStream, mut len: u64) -> std::io::Result<()> {
 }
 
 async fn refuse(s: &mut TcpStream, status: Status, msg: &str) -> std::io::Result<()> {
-    let _ = s.write_all(&wire::reply(status, msg.len() as u64)).await;
-    let _ = s.write_all(msg.as_bytes()).await;
-    let _ = s.shutdown().await;
+    let _ = tokio::time::timeout(WRITE_WAIT, async {
+        s.write_all(&wire::reply(status, msg.len() as u64)).await?;
+        s.write_all(msg.as_bytes()).await?;
+        s.shutdown().await
+    })
+    .await;
     Ok(())
 }
 

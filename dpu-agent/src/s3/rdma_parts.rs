@@ -131,7 +131,13 @@ impl ObjectStore {
             Ok(None)
         }
         .await;
-        drop(exposure);
+        // Revoked before anything else: nothing lands after this. Bytes a
+        // WRITE that began after they settled may have changed are fetched
+        // again (the slot was touched: "short").
+        let done = match (done, exposure.close()) {
+            (Ok(None), Err(e)) => Ok(Some(Fallback::new("short", e.to_string()))),
+            (done, _) => done,
+        };
         if matches!(done, Ok(None)) && rdma.placement == Placement::Staged {
             copy(&mem, 0, region, dst, len)?;
         }
@@ -251,8 +257,13 @@ impl ObjectStore {
         }
         .await;
         // Revoked before anything else is asked: nothing lands after this.
-        drop(exposure);
-        let mut done = done?;
+        // Bytes a WRITE that began after they settled may have changed are
+        // fetched again.
+        let closed = exposure.close();
+        let mut done = match (done?, closed) {
+            (FirstTry::Landed(l), Err(e)) if l.landed > 0 => fell_back(Fallback::new("short", e.to_string()))?,
+            (done, _) => done,
+        };
         if let FirstTry::Landed(l) = &mut done {
             // Bytes moved (not an object too big for the slot) for the
             // whole object, and no checksum came with the reply: the
