@@ -62,17 +62,26 @@ fn decline(msg: &str) -> S3Error {
     e
 }
 
-/// Names the signed headers of a SigV4 request (header or query auth).
-fn signed_headers(headers: &HeaderMap, uri: &http::Uri) -> Vec<String> {
-    if let Some(auth) = headers.get(http::header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        if let Some(rest) = auth.split("SignedHeaders=").nth(1) {
-            return rest.split([',', ' ']).next().unwrap_or("").split(';').map(str::to_owned).collect();
+/// Names the signed headers of a SigV4 request, read from where the
+/// signature was checked: the query of a presigned URL (s3s checks a signed
+/// query and then never reads the Authorization header), else the
+/// Authorization header. `None`: signed both ways, which is refused (an
+/// Authorization header nobody checked must not vouch for a header the
+/// presigned URL never signed).
+fn signed_headers(headers: &HeaderMap, uri: &http::Uri) -> Option<Vec<String>> {
+    let query: Vec<&str> = uri.query().map(|q| q.split('&').collect()).unwrap_or_default();
+    let query_signed = query.iter().any(|kv| kv.starts_with("X-Amz-Signature=") || kv.starts_with("X-Amz-Algorithm="));
+    let auth = headers.get(http::header::AUTHORIZATION);
+    if query_signed {
+        if auth.is_some() {
+            return None;
         }
+        let names = query.iter().find_map(|kv| kv.strip_prefix("X-Amz-SignedHeaders=")).unwrap_or("");
+        return Some(names.replace("%3B", ";").replace("%3b", ";").split(';').map(str::to_owned).collect());
     }
-    uri.query()
-        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("X-Amz-SignedHeaders=")))
-        .map(|v| v.replace("%3B", ";").split(';').map(str::to_owned).collect())
-        .unwrap_or_default()
+    let auth = auth.and_then(|v| v.to_str().ok()).unwrap_or("");
+    let names = auth.split("SignedHeaders=").nth(1).and_then(|rest| rest.split([',', ' ']).next()).unwrap_or("");
+    Some(names.split(';').map(str::to_owned).collect())
 }
 
 /// What an RDMA request asks for.
@@ -119,7 +128,13 @@ impl<S: S3> Front<S> {
         let raw = raw.to_str().map_err(|_| error(INVALID_TOKEN, StatusCode::BAD_REQUEST, "token is not ASCII"))?;
         let token =
             Token::parse(raw.trim()).map_err(|e| error(INVALID_TOKEN, StatusCode::BAD_REQUEST, e.to_string()))?;
-        let signed = signed_headers(headers, uri);
+        let Some(signed) = signed_headers(headers, uri) else {
+            return Err(error(
+                "AccessDenied",
+                StatusCode::FORBIDDEN,
+                "a request with x-amz-rdma-token is signed either in its query or in its Authorization header, not both",
+            ));
+        };
         if !signed.iter().any(|h| h == TOKEN_HEADER) {
             return Err(error("AccessDenied", StatusCode::FORBIDDEN, "x-amz-rdma-token must be a SigV4 signed header"));
         }
@@ -192,7 +207,12 @@ impl<S: S3> Front<S> {
         ask: RdmaAsk,
     ) -> S3Result<S3Response<GetObjectOutput>> {
         let out = &mut resp.output;
-        let len = out.content_length.unwrap_or(0).max(0) as u64;
+        // Without a length (an upstream store's chunked answer) the window
+        // cannot be planned, and 0 would move nothing and say so as a
+        // success: the client reads it over HTTP instead.
+        let Some(len) = out.content_length.map(|l| l.max(0) as u64) else {
+            return Err(decline("the store's answer has no Content-Length; read it over HTTP"));
+        };
         if let Some(max) = ask.object_max {
             // The whole object's size: a ranged reply's total, else its length.
             let total = out.content_range.as_deref().and_then(range_total).unwrap_or(len);
@@ -206,6 +226,12 @@ impl<S: S3> Front<S> {
                 return Ok(resp);
             }
             resp.headers.insert(FITS_HEADER, HeaderValue::from_static("yes"));
+        }
+        // An empty window cannot hold a byte of a non-empty answer, and no
+        // Content-Range can say "none of it".
+        if ask.token.size == 0 && len > 0 {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(error(INVALID_TOKEN, StatusCode::BAD_REQUEST, "the token's window is empty"));
         }
         // Never more than the client's window; a short window makes this a
         // partial transfer, said in bytes-transferred and Content-Range.
@@ -251,6 +277,9 @@ impl<S: S3> Front<S> {
             let start = out.content_range.as_deref().and_then(parse_range_start).unwrap_or(0);
             let total = out.content_range.as_deref().and_then(range_total).unwrap_or(len);
             out.content_range = Some(format!("bytes {start}-{}/{total}", start + moved.max(1) - 1));
+            // The object's checksums describe bytes this reply did not move.
+            (out.checksum_crc32, out.checksum_crc32c, out.checksum_crc64nvme) = (None, None, None);
+            (out.checksum_sha1, out.checksum_sha256, out.checksum_type) = (None, None, None);
         }
         out.content_length = Some(0);
         resp.status = Some(if partial { StatusCode::PARTIAL_CONTENT } else { StatusCode::OK });
@@ -275,15 +304,20 @@ impl<S: S3> Front<S> {
     }
 
     /// The body of an RDMA PUT/UploadPart: READ from the client's window.
-    /// With `x-amz-checksum-crc64nvme`, the CRC is checked as the bytes pass
-    /// and a mismatch fails the body at its end, so the backend never commits
-    /// the object.
+    /// With `x-amz-checksum-crc64nvme`, the CRC is checked as the bytes pass,
+    /// and a mismatch fails the body in place of its last chunk, so the
+    /// backend never has the whole object to commit. (Not at the stream's
+    /// end: an HTTP client sending it upstream stops polling a body once it
+    /// has its Content-Length, so that end is never reached.)
     fn rdma_body(&self, ask: &RdmaAsk, expected_crc: Option<String>, flags: Arc<PutFlags>) -> StreamingBlob {
         let token = &ask.token;
         struct St {
             inner: Pin<Box<dyn futures::Stream<Item = Result<bytes::Bytes, TransportError>> + Send + Sync>>,
             digest: sluice_dataplane::crc64::Digest,
             expected: Option<String>,
+            /// Bytes read so far, of `size`.
+            read: u64,
+            size: u64,
             done: bool,
             flags: Arc<PutFlags>,
             deadline: tokio::time::Instant,
@@ -297,6 +331,8 @@ impl<S: S3> Front<S> {
             },
             digest: sluice_dataplane::crc64::digest(),
             expected: expected_crc,
+            read: 0,
+            size: token.size,
             done: false,
             flags,
             deadline: tokio::time::Instant::now() + self.deadline,
@@ -316,9 +352,27 @@ impl<S: S3> Front<S> {
                 let e = TransportError::Protocol(format!("no data within {} ms", st.limit.as_millis()));
                 return Some((Err(e), st));
             };
+            // The CRC of every byte read against the one the client sent.
+            let mismatch = |st: &St| {
+                let got = base64::engine::general_purpose::STANDARD.encode(st.digest.finalize().to_be_bytes());
+                match &st.expected {
+                    Some(want) if *want != got => {
+                        st.flags.bad_digest.store(true, Ordering::Relaxed);
+                        Some(TransportError::Protocol(format!("crc64nvme mismatch: sent {want}, read {got}")))
+                    }
+                    _ => None,
+                }
+            };
             match next {
                 Some(Ok(b)) => {
                     st.digest.update(&b);
+                    st.read += b.len() as u64;
+                    if st.read >= st.size {
+                        st.done = true;
+                        if let Some(e) = mismatch(&st) {
+                            return Some((Err(e), st));
+                        }
+                    }
                     Some((Ok(b), st))
                 }
                 Some(Err(e)) => {
@@ -328,15 +382,7 @@ impl<S: S3> Front<S> {
                 }
                 None => {
                     st.done = true;
-                    let got = base64::engine::general_purpose::STANDARD.encode(st.digest.finalize().to_be_bytes());
-                    match &st.expected {
-                        Some(want) if *want != got => {
-                            st.flags.bad_digest.store(true, Ordering::Relaxed);
-                            let e = TransportError::Protocol(format!("crc64nvme mismatch: sent {want}, read {got}"));
-                            Some((Err(e), st))
-                        }
-                        _ => None,
-                    }
+                    mismatch(&st).map(|e| (Err(e), st))
                 }
             }
         });
@@ -485,5 +531,33 @@ mod tests {
         assert_eq!(ask(&far, Some("tcp")), (Some(StatusCode::FORBIDDEN), None), "tcp token, owner outside");
         assert_eq!(front.stats.refused.load(Ordering::Relaxed), 1);
         assert_eq!(ask(&near, Some("tcp")), (Some(StatusCode::OK), None), "tcp token, allowed owner");
+    }
+
+    /// Which headers are signed is read from where the signature is
+    /// checked. A presigned URL signs only `host`: an Authorization header
+    /// added beside it (which s3s never checks then) must not make the
+    /// token count as signed.
+    #[test]
+    fn a_token_is_signed_only_where_the_signature_is_checked() {
+        let front = Front::new(NoBackend, true, 1 << 20, None);
+        let token = token_from([127, 0, 0, 1]);
+        let forbidden = (Some(StatusCode::FORBIDDEN), None);
+        let presigned: http::Uri =
+            "/data/obj?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-SignedHeaders=host&X-Amz-Signature=ab".parse().unwrap();
+        // A forged Authorization header naming the token beside the query.
+        let forged = request(&token, Some("tcp"));
+        assert_eq!(status_and_reply(front.rdma_ask(&forged, &presigned)), forbidden, "signed both ways");
+        let mut bare = forged.clone();
+        bare.remove(http::header::AUTHORIZATION);
+        assert_eq!(status_and_reply(front.rdma_ask(&bare, &presigned)), forbidden, "the query signs only host");
+        // A presigned URL that does sign the token (and the transport).
+        let signs: http::Uri = "/data/obj?X-Amz-Algorithm=AWS4-HMAC-SHA256\
+            &X-Amz-SignedHeaders=host%3bx-amz-rdma-token%3Bx-sluice-rdma-transport&X-Amz-Signature=ab"
+            .parse()
+            .unwrap();
+        assert_eq!(status_and_reply(front.rdma_ask(&bare, &signs)), (Some(StatusCode::OK), None));
+        // The header way, as ever.
+        let plain: http::Uri = "/data/obj".parse().unwrap();
+        assert_eq!(status_and_reply(front.rdma_ask(&forged, &plain)), (Some(StatusCode::OK), None));
     }
 }

@@ -9,7 +9,7 @@ use aws_sigv4::http_request::{sign, PayloadChecksumKind, SignableBody, SignableR
 use aws_sigv4::sign::v4;
 use sluice_dataplane::tcp::TcpOwner;
 use sluice_dataplane::{Access, Grant, SharedRegion, Token, Transport};
-use sluice_tests::{boto3, pattern, sha256, Stack, ACCESS_KEY, SECRET_KEY};
+use sluice_tests::{boto3, pattern, sha256, Options, Stack, ACCESS_KEY, SECRET_KEY};
 
 /// Waits until `n` bytes have landed in the window: the gateway may
 /// answer a small WRITE before the owner has copied it in (posted; see
@@ -178,9 +178,13 @@ async fn gateway_speaks_the_protocol() {
     // A window smaller than the object: only the window is written.
     mem.0.fill(0, 64 << 10, 0).unwrap();
     let exp = o.expose(grant(&mem, 1000, 1000, Access::RemoteWrite)).unwrap();
-    let r = p.send("GET", "/data/proto/obj", &tcp(&exp.token), &[], vec![]).await;
+    let mut signed = tcp(&exp.token);
+    signed.push(("x-amz-checksum-mode", "ENABLED".into()));
+    let r = p.send("GET", "/data/proto/obj", &signed, &[], vec![]).await;
     assert_eq!(r.status(), 206);
     assert_eq!(h(&r, "x-amz-rdma-bytes-transferred").as_deref(), Some("1000"));
+    // The object's checksum describes bytes this reply did not move.
+    assert_eq!(h(&r, "x-amz-checksum-crc64nvme"), None);
     landed(&exp, 1000).await;
     assert_eq!(&mem.0.as_slice()[1000..2000], &obj[..1000]);
     assert!(untouched(&mem, 0, 1000) && untouched(&mem, 2000, 64 << 10));
@@ -285,6 +289,32 @@ async fn gateway_moves_nothing_for_an_object_over_the_size_asked() {
     signed.push(("range", "bytes=0-4095".into()));
     let r = p.send("GET", "/data/fit/obj", &signed, &[("x-sluice-rdma-object-max", "1".into())], vec![]).await;
     assert_eq!(r.status(), 403);
+}
+
+/// In front of another S3 store, an RDMA PUT whose bytes do not match the
+/// CRC the client sent fails before the store has its whole body, so the
+/// store commits nothing. The check ran only at the body's end, which the
+/// HTTP client sending it upstream never asks for once it has the
+/// Content-Length: the upstream stored the bytes and the PUT answered 200.
+#[tokio::test]
+async fn an_upstream_store_never_gets_a_body_whose_crc_is_wrong() {
+    let upstream = sluice_tests::stores::start_s3s_fs();
+    let backend = format!(
+        "[backend]\nkind = \"upstream\"\nendpoint = \"http://127.0.0.1:{}\"\naccess_key = \"{ACCESS_KEY}\"\n\
+         secret_key = \"{SECRET_KEY}\"\n",
+        upstream.port
+    );
+    let stack = Stack::with(Options { gateway_backend: backend, ..Default::default() });
+    let p = Probe::new(&stack);
+    let (o, mem) = owner().await;
+    let data = pattern(60_000, 6);
+    mem.0.write_at(0, &data).unwrap();
+    let exp = o.expose(grant(&mem, 0, data.len() as u64, Access::RemoteRead)).unwrap();
+    let mut signed = tcp(&exp.token);
+    signed.push(("x-amz-checksum-crc64nvme", "AAAAAAAAAAA=".into()));
+    let r = p.send("PUT", "/data/proto/up-bad-crc", &signed, &[], vec![]).await;
+    assert_eq!(r.status(), 400, "{:?}", r.text().await);
+    assert!(!upstream.root.path().join("data/proto/up-bad-crc").exists(), "the upstream stored it");
 }
 
 #[tokio::test]

@@ -68,7 +68,9 @@ impl Walk<'_> {
     ) -> Result<Flow, StoreError> {
         let rd = match std::fs::read_dir(dir) {
             Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Flow::Go),
+            // Nothing there, or an object where the prefix wants a
+            // directory (`a` listed under `a/x/`): no keys, not an error.
+            Err(e) if super::is_missing(&e) => return Ok(Flow::Go),
             Err(e) => return Err(StoreError::Io { what: format!("listing {}", dir.display()), source: e }),
         };
         let mut entries: Vec<(String, bool, PathBuf)> = Vec::new();
@@ -231,6 +233,9 @@ mod tests {
             assert!(o.contains(&"b/x".to_string()) && !o.contains(&"a-c".to_string()));
         }
         assert_eq!(all(d.path(), "nothing/", Some("/"), 10), (vec![], vec![]));
+        // Under an object's key, as if it were a directory: nothing.
+        assert_eq!(all(d.path(), "a/x/", Some("/"), 10), (vec![], vec![]));
+        assert_eq!(all(d.path(), "b/x/y", None, 10), (vec![], vec![]));
         assert_eq!(page(d.path(), "", None, None, 0).unwrap(), Page::default());
     }
 
