@@ -593,12 +593,16 @@ impl S3 for Store {
         let (s, b) = (self.0.clone(), i.bucket.clone());
         let all = blocking(move || s.uploads(&b).map_err(store_error)).await?;
         let prefix = i.prefix.clone().unwrap_or_default();
-        let uploads: Vec<MultipartUpload> = all
+        let max = i.max_uploads.map_or(1000, |m| m.clamp(1, 1000)) as usize;
+        let (key_marker, id_marker) =
+            (i.key_marker.clone().unwrap_or_default(), i.upload_id_marker.clone().unwrap_or_default());
+        let page = uploads_page(all, &prefix, &key_marker, &id_marker, max);
+        let next = page.truncated.then(|| page.uploads.last().cloned()).flatten();
+        let uploads: Vec<MultipartUpload> = page
+            .uploads
             .into_iter()
-            .filter(|(_, up, _)| up.key.starts_with(&prefix))
-            .take(1000)
-            .map(|(id, up, when)| MultipartUpload {
-                key: Some(up.key),
+            .map(|(id, key, when)| MultipartUpload {
+                key: Some(key),
                 upload_id: Some(id),
                 initiated: Some(when.into()),
                 ..Default::default()
@@ -607,11 +611,44 @@ impl S3 for Store {
         Ok(S3Response::new(ListMultipartUploadsOutput {
             bucket: Some(i.bucket),
             prefix: i.prefix,
-            is_truncated: Some(false),
+            key_marker: i.key_marker,
+            upload_id_marker: i.upload_id_marker,
+            max_uploads: Some(max as i32),
+            is_truncated: Some(page.truncated),
+            next_key_marker: next.as_ref().map(|(_, key, _)| key.clone()),
+            next_upload_id_marker: next.map(|(id, _, _)| id),
             uploads: Some(uploads),
             ..Default::default()
         }))
     }
+}
+
+/// One page of ListMultipartUploads.
+struct UploadsPage {
+    /// (upload id, key, initiated), by key then id.
+    uploads: Vec<(String, String, std::time::SystemTime)>,
+    truncated: bool,
+}
+
+/// The uploads (sorted by key, then id) under `prefix` that come after the
+/// markers, as S3 orders them: keys after `key_marker`, and with an
+/// `id_marker`, that key's uploads after it too; at most `max`.
+fn uploads_page(
+    all: Vec<(String, super::multipart::Upload, std::time::SystemTime)>,
+    prefix: &str,
+    key_marker: &str,
+    id_marker: &str,
+    max: usize,
+) -> UploadsPage {
+    let after = |key: &str, id: &str| {
+        key_marker.is_empty() || key > key_marker || (key == key_marker && !id_marker.is_empty() && id > id_marker)
+    };
+    let mut rest = all
+        .into_iter()
+        .filter(|(id, up, _)| up.key.starts_with(prefix) && after(&up.key, id))
+        .map(|(id, up, when)| (id, up.key, when));
+    let uploads: Vec<_> = rest.by_ref().take(max).collect();
+    UploadsPage { uploads, truncated: rest.next().is_some() }
 }
 
 /// Access keys, answering an unknown one as S3 does (InvalidAccessKeyId,
@@ -624,5 +661,46 @@ impl s3s::auth::S3Auth for Auth {
         self.0.lookup(access_key).cloned().ok_or_else(|| {
             s3_error!(InvalidAccessKeyId, "the access key {access_key:?} does not exist in this gateway's records")
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upload(key: &str) -> super::super::multipart::Upload {
+        super::super::multipart::Upload {
+            bucket: "b".into(),
+            key: key.into(),
+            meta: Default::default(),
+            checksum_algorithm: None,
+        }
+    }
+
+    /// ListMultipartUploads pages as S3 does: at most `max` a page, said
+    /// truncated while more remain, resumed after the key (and upload id)
+    /// markers; every upload is listed once.
+    #[test]
+    fn uploads_are_paged_after_their_markers() {
+        let when = std::time::SystemTime::UNIX_EPOCH;
+        let mut all = Vec::new();
+        for k in ["a", "b", "c"] {
+            for id in ["1", "2"] {
+                all.push((id.to_owned(), upload(k), when));
+            }
+        }
+        let (mut seen, mut markers) = (Vec::new(), (String::new(), String::new()));
+        loop {
+            let page = uploads_page(all.clone(), "", &markers.0, &markers.1, 4);
+            assert!(page.uploads.len() <= 4);
+            seen.extend(page.uploads.iter().map(|(id, key, _)| format!("{key}{id}")));
+            let Some((id, key, _)) = page.uploads.last().cloned().filter(|_| page.truncated) else { break };
+            markers = (key, id);
+        }
+        assert_eq!(seen, ["a1", "a2", "b1", "b2", "c1", "c2"]);
+        // A key marker alone skips that key's uploads; a prefix filters.
+        let page = uploads_page(all.clone(), "", "b", "", 10);
+        assert_eq!(page.uploads.iter().map(|u| u.1.as_str()).collect::<Vec<_>>(), ["c", "c"]);
+        assert!(!uploads_page(all, "a", "", "", 2).truncated);
     }
 }
