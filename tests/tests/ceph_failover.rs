@@ -505,7 +505,7 @@ async fn an_agent_killed_mid_put_leaves_no_upload_once_it_restarts() {
     // Journaled (before any part is sent): kill it now, mid-PUT.
     let journal = stack.dir.path().join("state/uploads.journal");
     let t0 = Instant::now();
-    while !std::fs::read_to_string(&journal).unwrap_or_default().starts_with("S ") {
+    while !std::fs::read_to_string(&journal).unwrap_or_default().lines().any(|l| l.starts_with("S ")) {
         assert!(t0.elapsed() < Duration::from_secs(20), "no upload was journaled");
         std::thread::sleep(Duration::from_millis(5));
     }
