@@ -19,40 +19,64 @@ pub trait Answer {
     fn answer(&mut self, index: u32, result: Res) -> impl std::future::Future<Output = ()> + Send;
 }
 
-/// Tracks which items are still open, so each gets exactly one answer.
-pub struct Open {
+/// Tracks which items are still open, so each gets exactly one answer —
+/// also when the shim gave up on the batch (its items answered with the
+/// reason) while the agent's late answers still come (dropped).
+pub struct Open(std::sync::Mutex<OpenItems>);
+
+struct OpenItems {
     open: Vec<bool>,
     left: usize,
 }
 
 impl Open {
     pub fn new(n: usize) -> Self {
-        Self { open: vec![true; n], left: n }
+        Self(std::sync::Mutex::new(OpenItems { open: vec![true; n], left: n }))
+    }
+
+    fn items(&self) -> std::sync::MutexGuard<'_, OpenItems> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Marks `index` answered; false if it was not open (a duplicate or an
     /// index the agent should never have sent).
-    fn close(&mut self, index: usize) -> bool {
-        match self.open.get_mut(index) {
+    fn close(&self, index: usize) -> bool {
+        let mut items = self.items();
+        match items.open.get_mut(index) {
             Some(o) if *o => {
                 *o = false;
-                self.left -= 1;
+                items.left -= 1;
                 true
             }
             _ => false,
         }
     }
 
+    fn is_open(&self, index: usize) -> bool {
+        self.items().open.get(index).copied().unwrap_or(false)
+    }
+
+    fn left(&self) -> usize {
+        self.items().left
+    }
+
     /// Answers every item still open with `e`.
-    pub async fn fail_rest(&mut self, out: &mut impl Answer, e: &ShimError) {
-        if self.left == 0 {
+    pub async fn fail_rest(&self, out: &mut impl Answer, e: &ShimError) {
+        let closed: Vec<usize> = {
+            let mut items = self.items();
+            let closed = (0..items.open.len()).filter(|&i| items.open[i]).collect::<Vec<_>>();
+            for &i in &closed {
+                items.open[i] = false;
+            }
+            items.left = 0;
+            closed
+        };
+        if closed.is_empty() {
             return;
         }
         let detail = e.detail();
-        for i in 0..self.open.len() {
-            if self.close(i) {
-                out.answer(i as u32, Res::Error(detail.clone())).await;
-            }
+        for i in closed {
+            out.answer(i as u32, Res::Error(detail.clone())).await;
         }
     }
 }
@@ -64,7 +88,7 @@ pub async fn get_batch(
     s: &Session,
     batch: pb::GetBatch,
     ctx: &RequestCtx,
-    open: &mut Open,
+    open: &Open,
     out: &mut impl Answer,
 ) -> Result<(), ShimError> {
     // Checked locally first: each item's path and region; the rest go to
@@ -82,8 +106,16 @@ pub async fn get_batch(
     if parsed.is_empty() {
         return Ok(());
     }
+    // Regions a request the shim gave up on may still be written into are
+    // waited for (`in_doubt.rs`); an item whose region stays so fails alone.
+    for (i, get) in &parsed {
+        if let Err(e) = s.doubts().settled(&get.region, ctx.deadline).await {
+            open.close(*i);
+            out.answer(*i as u32, Res::Error(e.detail())).await;
+        }
+    }
     for attempt in 0..2 {
-        parsed.retain(|(i, _)| open.open[*i]);
+        parsed.retain(|(i, _)| open.is_open(*i));
         let (snap, region_ids) = s.snapshot_many(parsed.iter().map(|(_, get)| get.region.as_str()));
         let mut items = Vec::with_capacity(parsed.len());
         let mut sent = Vec::with_capacity(parsed.len());
@@ -106,7 +138,7 @@ pub async fn get_batch(
         let req = apb::GetManyRequest {
             session_id: snap.session_id,
             request_id: ctx.request_id.clone(),
-            timeout_ms: ctx.timeout_ms,
+            timeout_ms: ctx.agent_timeout_ms(),
             items,
         };
         let mut stream = match s.agent().get_many(req).await {
@@ -140,7 +172,7 @@ pub async fn get_batch(
             };
             out.answer(i as u32, res).await;
         }
-        if open.left > 0 {
+        if open.left() > 0 {
             return Err(ShimError::AgentUnavailable("the agent ended the batch before answering every item".into()));
         }
         return Ok(());
@@ -161,7 +193,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_item_is_answered_once() {
-        let mut open = Open::new(4);
+        let open = Open::new(4);
         let mut out = Collect(Vec::new());
         assert!(open.close(1));
         assert!(!open.close(1), "a second answer to one item is dropped");

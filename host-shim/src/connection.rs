@@ -25,6 +25,7 @@ use tracing::{debug, warn, Instrument};
 
 use crate::config::{ShimConfig, ShimLimits};
 use crate::error::ShimError;
+use crate::in_doubt::LATE_WAIT;
 use crate::metrics::ShimMetrics;
 use crate::requests::RequestCtx;
 use crate::session::{ConnectionTag, Peer, Session, SessionContext};
@@ -429,7 +430,7 @@ async fn read_loop(
         let served = Served {
             id,
             conn: conn.clone(),
-            req: RequestCtx { request_id, timeout_ms },
+            req: RequestCtx::new(request_id, timeout_ms),
             limit,
             op: crate::metrics::op_label(&op),
             started: std::time::Instant::now(),
@@ -476,32 +477,49 @@ struct Served {
 
 impl Served {
     /// Serves `op` in the caller's session `s` and sends its answers.
+    ///
+    /// When the agent does not answer within the request's deadline and the
+    /// grace after it, the client is answered DEADLINE_EXCEEDED, but the
+    /// request goes on waiting for the agent's answer (at most
+    /// [`LATE_WAIT`]) with its regions in doubt: until the agent says the
+    /// request ended, it may still write into them (`in_doubt.rs`).
     async fn run(self, s: &Session, op: Op, fd: Option<OwnedFd>) {
+        let regions = regions_used(&op);
         if let Op::GetBatch(b) = op {
-            let mut open = crate::batch::Open::new(b.items.len());
-            let mut out = BatchFrames { id: self.id, request_id: self.req.request_id.clone(), tx: self.tx };
-            let work = crate::batch::get_batch(s, b, &self.req, &mut open, &mut out);
-            let failed = match tokio::time::timeout(self.limit, work).await {
+            let open = crate::batch::Open::new(b.items.len());
+            let mut out = BatchFrames { id: self.id, request_id: self.req.request_id.clone(), tx: self.tx.clone() };
+            let work = crate::batch::get_batch(s, b, &self.req, &open, &mut out);
+            tokio::pin!(work);
+            let failed = match tokio::time::timeout(self.limit, &mut work).await {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => Some(e),
                 Err(_) => Some(ShimError::DeadlineExceeded(self.limit)),
             };
             let code = failed.as_ref().map(|e| e.code().as_str_name());
             self.metrics.observe(self.op, code, self.started.elapsed());
-            if let Some(e) = failed {
-                debug!(error = %e, "batch failed");
-                open.fail_rest(&mut out, &e).await;
+            let Some(e) = failed else { return };
+            debug!(error = %e, "batch failed");
+            let gave_up = matches!(e, ShimError::DeadlineExceeded(_));
+            let in_doubt = gave_up.then(|| s.doubts().hold(regions));
+            let mut rest = BatchFrames { id: self.id, request_id: self.req.request_id.clone(), tx: self.tx.clone() };
+            open.fail_rest(&mut rest, &e).await;
+            if let Some(held) = in_doubt {
+                // The items are answered; the agent's late answers to them
+                // are dropped (`Open`), and end the doubt.
+                late(work, &self.req.request_id).await;
+                drop(held);
             }
             return;
         }
         let work = crate::handlers::handle(s, &self.conn, op, fd, &self.req);
-        let result = match tokio::time::timeout(self.limit, work).await {
-            Ok(r) => r,
-            Err(_) => Err(ShimError::DeadlineExceeded(self.limit)),
+        tokio::pin!(work);
+        let (result, in_doubt) = match tokio::time::timeout(self.limit, &mut work).await {
+            Ok(r) => (r, None),
+            Err(_) => (Err(ShimError::DeadlineExceeded(self.limit)), Some(s.doubts().hold(regions))),
         };
         let code = result.as_ref().err().map(|e| e.code().as_str_name());
         self.metrics.observe(self.op, code, self.started.elapsed());
-        let (id, request_id) = (self.id, self.req.request_id);
+        let (id, request_id) = (self.id, self.req.request_id.clone());
         let out = match result {
             Ok((result, fd)) => {
                 let resp = pb::Response { id, request_id, result: Some(result), item: 0 };
@@ -513,6 +531,39 @@ impl Served {
             }
         };
         let _ = self.tx.send(out).await;
+        if let Some(held) = in_doubt {
+            late(work, &self.req.request_id).await;
+            drop(held);
+        }
+    }
+}
+
+/// The regions `op` has the agent use: a GET writes into its region
+/// (alone or in a batch), a PUT reads from its (a GET into it while a late
+/// PUT still reads would change what that PUT stores), a Release waits at
+/// the agent for transfers still using its region (a second Release must
+/// not be told "released", and its export torn down, while the first still
+/// waits there). Nothing else names one.
+fn regions_used(op: &Op) -> Vec<String> {
+    match op {
+        Op::Get(g) => vec![g.region_id.clone()],
+        Op::Put(p) => vec![p.region_id.clone()],
+        Op::Release(r) => vec![r.region_id.clone()],
+        Op::GetBatch(b) => b.items.iter().map(|i| i.region_id.clone()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Waits, after the shim gave up on a request, for the agent's late answer
+/// (which says its transfers stopped), at most [`LATE_WAIT`]; then drops
+/// the request (a streamed GET is then cancelled at the agent).
+async fn late<F: std::future::Future>(work: std::pin::Pin<&mut F>, request_id: &str) {
+    if tokio::time::timeout(LATE_WAIT, work).await.is_err() {
+        warn!(
+            request_id,
+            "the agent never ended a request the shim gave up on; its regions are no longer held back \
+             (the agent's release waits for transfers still using them)"
+        );
     }
 }
 

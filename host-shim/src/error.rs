@@ -51,8 +51,19 @@ pub enum ShimError {
     #[error("region {0:?} was lost when the agent restarted ({1}); release it and register it again")]
     RegionLost(String, String),
     /// The request's deadline passed before the agent answered.
-    #[error("no answer from the agent within the request's deadline of {} ms", .0.as_millis())]
+    #[error(
+        "no answer from the agent within the request's deadline of {} ms; until the agent ends the request, \
+         new requests into its region wait",
+        .0.as_millis()
+    )]
     DeadlineExceeded(std::time::Duration),
+    /// A region an earlier request may still be writing into (the shim gave
+    /// up on it; `in_doubt.rs`) stayed so until this request's deadline.
+    #[error(
+        "region {0:?} may still be written by an earlier request the shim stopped waiting for (the agent has \
+         not ended it); nothing was started; try again later"
+    )]
+    InDoubt(String),
     /// The connection did something the shim never allows (no Hello in
     /// time, too many connections); it is closed after this is sent.
     #[error("{0}")]
@@ -96,7 +107,7 @@ impl ShimError {
             Self::Memory(_) => ErrorCode::BadRequest,
             Self::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             Self::RegionLost(..) => ErrorCode::UnknownRegion,
-            Self::DeadlineExceeded(_) => ErrorCode::DeadlineExceeded,
+            Self::DeadlineExceeded(_) | Self::InDoubt(_) => ErrorCode::DeadlineExceeded,
             Self::Refused(_) => ErrorCode::ResourceExhausted,
             Self::Unsupported(_) => ErrorCode::Unsupported,
             Self::Backend(_) => ErrorCode::Internal,

@@ -32,11 +32,12 @@ pub async fn handle(
         // Served by `batch::get_batch` (its answers are many frames).
         Op::GetBatch(_) => return Err(ShimError::Protocol("a GetBatch cannot be served here".into())),
         Op::Release(r) => {
-            s.release(&r.region_id).await?;
+            s.release(&r.region_id, ctx.deadline).await?;
             Res::Released(pb::Released {})
         }
         Op::Get(g) => {
             let get = GetObject::try_from(g)?;
+            s.doubts().settled(&get.region, ctx.deadline).await?;
             let (coalescer, streams) = (s.coalescer(), s.get_streams());
             let reply = s
                 .call(Some(&get.region), |snap, mut agent| {
@@ -59,6 +60,7 @@ pub async fn handle(
         }
         Op::Put(p) => {
             let put = PutObject::try_from(p)?;
+            s.doubts().settled(&put.region, ctx.deadline).await?;
             let reply = s
                 .call(Some(&put.region), |snap, mut agent| {
                     let req = put.request(ctx, snap.session_id, snap.region_id);

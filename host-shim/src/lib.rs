@@ -15,6 +15,7 @@ pub mod error;
 pub mod framed_link;
 pub mod get_stream;
 pub mod handlers;
+pub mod in_doubt;
 pub mod link_kind;
 pub mod memory;
 pub mod metrics;

@@ -23,8 +23,29 @@ pub struct RequestCtx {
     /// The client's id for the request, or one the shim made up; the agent
     /// logs it and puts it in the transfer report.
     pub request_id: String,
-    /// The client's deadline in ms, passed on (0: the namespace's default).
+    /// The request's deadline in ms (the client's, at most the shim's).
     pub timeout_ms: u32,
+    /// When that deadline passes: each agent call made for the request gets
+    /// what is left of it, not the whole again (a call made again after the
+    /// agent restarted, or one made by a request the shim already gave up
+    /// on, must not outlive the request).
+    pub deadline: std::time::Instant,
+}
+
+impl RequestCtx {
+    /// A request with `timeout_ms` from now.
+    pub fn new(request_id: String, timeout_ms: u32) -> Self {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(u64::from(timeout_ms));
+        Self { request_id, timeout_ms, deadline }
+    }
+
+    /// The deadline an agent call made now gets: what is left of the
+    /// request's, at least 1 ms (the agent then ends it at once; 0 would
+    /// mean none).
+    pub fn agent_timeout_ms(&self) -> u32 {
+        let left = self.deadline.saturating_duration_since(std::time::Instant::now()).as_millis();
+        u32::try_from(left).unwrap_or(u32::MAX).clamp(1, self.timeout_ms.max(1))
+    }
 }
 
 /// An object: `namespace/key` as a client writes it, split.
@@ -48,7 +69,7 @@ impl ObjectKey {
             request_id: ctx.request_id.clone(),
             namespace: self.namespace.clone(),
             key: self.key.clone(),
-            timeout_ms: ctx.timeout_ms,
+            timeout_ms: ctx.agent_timeout_ms(),
         }
     }
 
@@ -59,7 +80,7 @@ impl ObjectKey {
             request_id: ctx.request_id.clone(),
             namespace: self.namespace.clone(),
             key: self.key.clone(),
-            timeout_ms: ctx.timeout_ms,
+            timeout_ms: ctx.agent_timeout_ms(),
         }
     }
 }
@@ -136,7 +157,7 @@ impl GetObject {
             range,
             region_id,
             offset,
-            timeout_ms: ctx.timeout_ms,
+            timeout_ms: ctx.agent_timeout_ms(),
             max_bytes,
             if_match,
         }
@@ -180,7 +201,7 @@ impl PutObject {
             offset: self.offset,
             length: self.length,
             content_type: self.content_type.clone(),
-            timeout_ms: ctx.timeout_ms,
+            timeout_ms: ctx.agent_timeout_ms(),
         }
     }
 }
@@ -222,7 +243,7 @@ impl ListObjects {
             continuation_token: self.continuation_token.clone(),
             max_keys: self.max_keys,
             delimiter: self.delimiter.clone(),
-            timeout_ms: ctx.timeout_ms,
+            timeout_ms: ctx.agent_timeout_ms(),
         }
     }
 }
@@ -251,7 +272,7 @@ mod tests {
             (g.object.namespace.as_str(), g.object.key.as_str(), g.region.as_str()),
             ("ns", "a/k", "shim-region")
         );
-        let ctx = RequestCtx { request_id: "rid".into(), timeout_ms: 250 };
+        let ctx = RequestCtx::new("rid".into(), 250);
         let one = g.request(&ctx, "sess".into(), "agent-region".into());
         let item = g.item("agent-region".into());
         let as_item = apb::GetItem {
@@ -266,7 +287,21 @@ mod tests {
             timeout_ms: 0,
         };
         assert_eq!(as_item, item);
-        assert_eq!((one.session_id.as_str(), one.request_id.as_str(), one.timeout_ms), ("sess", "rid", 250));
+        assert_eq!((one.session_id.as_str(), one.request_id.as_str()), ("sess", "rid"));
+        assert!((240..=250).contains(&one.timeout_ms), "what is left of 250 ms: {}", one.timeout_ms);
+    }
+
+    /// A call made late in a request (again after an agent restart, or by a
+    /// request the shim gave up on) gets what is left, never the whole.
+    #[test]
+    fn an_agent_call_gets_what_is_left_of_the_deadline() {
+        let mut ctx = RequestCtx::new("rid".into(), 10_000);
+        ctx.deadline = std::time::Instant::now() + std::time::Duration::from_millis(3_000);
+        assert!((2_900..=3_000).contains(&ctx.agent_timeout_ms()));
+        ctx.deadline = std::time::Instant::now();
+        assert_eq!(ctx.agent_timeout_ms(), 1, "past: the agent ends it at once (0 would be no deadline)");
+        ctx.deadline = std::time::Instant::now() + std::time::Duration::from_secs(3_600);
+        assert_eq!(ctx.agent_timeout_ms(), 10_000, "never more than the request's own");
     }
 
     #[test]

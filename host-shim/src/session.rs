@@ -220,6 +220,8 @@ pub struct Session {
     ended: tokio::sync::watch::Sender<bool>,
     /// The tenant's namespaces, as the agent answered at open.
     namespaces: Vec<String>,
+    /// Regions a request the shim gave up on may still be written into.
+    doubts: crate::in_doubt::Doubts,
 }
 
 /// The agent-side names a call needs, taken together so they belong to the
@@ -368,6 +370,7 @@ impl Session {
             join_token: random_id(),
             ended: tokio::sync::watch::channel(false).0,
             namespaces: opened.namespaces.clone(),
+            doubts: Default::default(),
         });
         ctx.registry.add(&s);
         Ok((s, opened.namespaces, opened.capabilities))
@@ -407,6 +410,11 @@ impl Session {
         async move {
             let _ = rx.wait_for(|ended| *ended).await;
         }
+    }
+
+    /// Regions a request the shim gave up on may still be written into.
+    pub fn doubts(&self) -> &crate::in_doubt::Doubts {
+        &self.doubts
     }
 
     /// How regions are exported to the agent (a handler prepares a region
@@ -589,8 +597,11 @@ impl Session {
         Err(ShimError::AgentUnavailable("the agent session changed twice while registering; try again".into()))
     }
 
-    /// Releases a region in the agent, then here.
-    pub async fn release(&self, region_id: &str) -> Result<(), ShimError> {
+    /// Releases a region in the agent, then here; first waits (until `by`)
+    /// for a request the shim gave up on to end there, so nothing is still
+    /// written into the region once the client is told it is released.
+    pub async fn release(&self, region_id: &str, by: std::time::Instant) -> Result<(), ShimError> {
+        self.doubts.settled(region_id, by).await?;
         let lost = matches!(
             self.inner().regions.get(region_id).map(|r| matches!(r.agent_id, AgentRegion::Lost(_))),
             Some(true)
@@ -683,6 +694,11 @@ impl Session {
     /// regions (waiting for transfers still using them), then the shim drops
     /// what backed them.
     pub async fn close(&self) {
+        // Requests the shim gave up on end first (closing the agent session
+        // releases their regions, which the client may then reuse).
+        if !self.doubts.all_settled(std::time::Instant::now() + RELEASE_WAIT).await {
+            warn!(tenant = %self.tenant, "requests the agent never ended still hold regions; closing anyway");
+        }
         let session_id = {
             let mut inner = self.inner();
             inner.closed = true;
@@ -719,7 +735,8 @@ impl Session {
         if closed || ids.is_empty() {
             return; // a closed session released everything
         }
-        let releases = futures::future::join_all(ids.iter().map(|id| self.release(id)));
+        let by = std::time::Instant::now() + RELEASE_WAIT;
+        let releases = futures::future::join_all(ids.iter().map(|id| self.release(id, by)));
         match tokio::time::timeout(RELEASE_WAIT, releases).await {
             Ok(results) => {
                 for (id, r) in ids.iter().zip(results) {

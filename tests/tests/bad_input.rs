@@ -318,9 +318,60 @@ async fn no_request_outlasts_the_shims_deadline_and_the_agent_ends_it() {
         // first-byte deadline (5 s) and the client's 600 s are never reached.
         assert_eq!(code(err), Code::DeadlineExceeded, "{asked:?}: after {waited:?}: {msg}");
         assert!(waited < std::time::Duration::from_millis(3400), "{asked:?}: {waited:?}");
-        assert!(msg.contains("did not finish within its deadline of 1500 ms"), "the agent's answer: {msg}");
+        // The agent's own answer, with what was left of the 1.5 s when the
+        // shim sent the GET.
+        let agent_ms: u32 = msg
+            .split("did not finish within its deadline of ")
+            .nth(1)
+            .and_then(|rest| rest.split(" ms").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("the agent's answer: {msg}"));
+        assert!((1_000..=1_500).contains(&agent_ms), "{msg}");
     }
     proxy.stall(false);
+}
+
+/// A request the shim gave up on (the agent far past its deadline: here
+/// stopped outright) may still have its bytes land when the agent goes on.
+/// Until the agent answers it, its region is in doubt: a GET into it, or
+/// its release, waits (and fails at its own deadline, saying why) instead
+/// of starting, so no later GET's bytes can be overwritten by the late one.
+#[tokio::test]
+async fn a_region_the_shim_gave_up_on_waits_for_the_agents_late_answer() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let (late, fresh) = (pattern(64 << 10, 1), pattern(64 << 10, 2));
+    upload(&c, "data/late", &late).await;
+    upload(&c, "data/fresh", &fresh).await;
+    let r = c.register(64 << 10).await.unwrap();
+    let short = |ms| Some(std::time::Duration::from_millis(ms));
+
+    stack.signal("sluice-agent", "STOP");
+    let err =
+        sluice_client::with_timeout(short(300), c.get("data/late", &r, 0, None)).await.expect_err("agent stopped");
+    let msg = err.to_string();
+    assert_eq!(code(err), Code::DeadlineExceeded, "{msg}");
+    assert!(msg.contains("new requests into its region wait"), "the shim's own answer: {msg}");
+
+    let started = std::time::Instant::now();
+    let err = sluice_client::with_timeout(short(500), c.get("data/fresh", &r, 0, None)).await.expect_err("in doubt");
+    let (waited, msg) = (started.elapsed(), err.to_string());
+    assert_eq!(code(err), Code::DeadlineExceeded, "{msg}");
+    assert!(msg.contains("may still be written by an earlier request"), "not sent to the agent: {msg}");
+    assert!(waited < std::time::Duration::from_millis(2000), "refused at its own deadline, not the shim's: {waited:?}");
+    let err = sluice_client::with_timeout(short(500), c.release_id(r.id())).await.expect_err("release waits too");
+    assert!(err.to_string().contains("may still be written by an earlier request"), "{err}");
+
+    // The agent goes on: its late answer (whatever it is) ends the doubt,
+    // and a GET into the region then starts, and its bytes are the ones
+    // that stay.
+    stack.signal("sluice-agent", "CONT");
+    let got = sluice_client::with_timeout(short(20_000), c.get("data/fresh", &r, 0, None))
+        .await
+        .expect("after the late answer");
+    assert_eq!(got.bytes, fresh.len() as u64);
+    assert!(r.as_slice()[..fresh.len()] == fresh[..], "the region holds the later GET's bytes");
+    c.release(r).await.expect("released once the agent answered");
 }
 
 /// The agent bounds each tenant over all its sessions, not only per
