@@ -77,6 +77,10 @@ pub const FRAMED_AT_ONCE: usize = 1024;
 pub const FRAMED_PER_PEER: usize = 128;
 /// Most bytes of answers gathered into one write.
 const WRITE_BATCH: usize = 256 << 10;
+/// Longest the rest of a frame may take once its first byte came (a shim
+/// writes each frame whole; a peer that sends most of a 4 MiB frame and
+/// stops would hold that buffer, and its place, for good).
+pub const FRAME_REST_WAIT: Duration = Duration::from_secs(10);
 
 /// Whether the first byte a socket's peer sent (left unread) is the
 /// framed preface's; `None` if it closed first. (A macro: tokio's Unix and
@@ -368,7 +372,8 @@ async fn serve_conn<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<
     }
     let (rd, mut wr) = conn.halves();
     written(send(&mut wr, fg::PREFACE)).await?;
-    let inbound = futures::stream::unfold(Some(FrameReader::new(rd)), |reader| async move {
+    let reader = FrameReader::new(rd).rest_within(FRAME_REST_WAIT);
+    let inbound = futures::stream::unfold(Some(reader), |reader| async move {
         let mut r = reader?;
         // Whatever ends the shim's side ends the stream, and the driver
         // stops its GETs: a shim never half-closes a stream it still reads
@@ -385,6 +390,11 @@ async fn serve_conn<C: Conn>(conn: C, run: RunGet, stop: Option<watch::Receiver<
             }
             // The shim went away mid-frame, or its socket failed.
             Err(e @ (fg::FramedError::Io(_) | fg::FramedError::Truncated)) => gone(e.to_string()),
+            // Counted before decoding: refused as the stream refuses a
+            // decoded message of too many GETs, with its status.
+            Err(e @ fg::FramedError::TooMany { .. }) => {
+                Some((Err(Status::invalid_argument(format!("GetStream message refused: {e}"))), None))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "framed GETs: a bad frame from a shim; closing its connection");
                 gone(e.to_string())

@@ -175,6 +175,11 @@ impl Driver {
                     }
                     // The shim closed its side: answer what runs, then end.
                     None => inbound_open = false,
+                    // A message refused before it was decoded (the framed
+                    // reader counts its GETs): ended as `take` would.
+                    Some(Err(status)) if status.code() == tonic::Code::InvalidArgument => {
+                        break Some(End::Refused(status));
+                    }
                     Some(Err(status)) => {
                         tracing::debug!(%status, "GetStream: the shim's side failed; stopping its GETs");
                         break Some(End::Gone);
@@ -241,6 +246,13 @@ impl Driver {
             let n = msg.gets.len();
             return Err(End::Refused(Status::invalid_argument(format!(
                 "{n} GETs in one GetStream message; at most {MAX_GETS_PER_MESSAGE}"
+            ))));
+        }
+        if msg.cancel.len() > sluice_proto::framed_gets::MAX_CANCELS_IN_FRAME {
+            let n = msg.cancel.len();
+            return Err(End::Refused(Status::invalid_argument(format!(
+                "{n} cancels in one GetStream message; at most {}",
+                sluice_proto::framed_gets::MAX_CANCELS_IN_FRAME
             ))));
         }
         // The whole message is checked before any of it starts.

@@ -321,6 +321,21 @@ async fn read_loop(
                 break;
             }
         };
+        // Counted before decoding: a frame of empty batch items (2 bytes
+        // each, over a hundred decoded) is refused as the batch would be.
+        let items = sluice_proto::entries::count(&frame, &[19], 1, sluice_proto::entries::Kind::Messages).ok();
+        if let Some(n) = items.filter(|&n| n > limits.max_batch_items) {
+            discard_stray_fds(&mut reader);
+            let id = sluice_proto::entries::top_varint(&frame, 1).unwrap_or(0);
+            let e = ShimError::BadRequest(format!(
+                "a GetBatch needs 1 to {} items (max_batch_items), not {n}",
+                limits.max_batch_items
+            ));
+            let resp =
+                pb::Response { id, request_id: String::new(), item: WHOLE_BATCH, result: Some(Res::Error(e.detail())) };
+            let _ = tx.send(Outgoing { frame: encode_frame(&resp), fd: None }).await;
+            continue;
+        }
         let req = match pb::Request::decode(frame.as_slice()) {
             Ok(r) => r,
             Err(e) => {

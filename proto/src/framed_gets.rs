@@ -70,6 +70,13 @@ const READ_AHEAD: usize = 64 << 10;
 /// connection's life).
 const KEEP_AT_MOST: usize = 1 << 20;
 
+/// Most GETs one frame may carry: the agent's limit per message
+/// (`dpu-agent/src/get_stream.rs`; a shim sends at most 64).
+pub const MAX_GETS_IN_FRAME: usize = 256;
+/// Most cancels one frame may carry: no more GETs than this can be running
+/// on a stream (the agent's limit is 512).
+pub const MAX_CANCELS_IN_FRAME: usize = 1024;
+
 const KIND_GETS: u8 = 1;
 const KIND_ANSWER: u8 = 2;
 const KIND_END: u8 = 3;
@@ -96,10 +103,18 @@ pub enum FramedError {
     Empty,
     #[error("a malformed frame: {0}")]
     Malformed(#[from] prost::DecodeError),
+    #[error("a malformed frame: {0}")]
+    Unreadable(#[from] crate::entries::Malformed),
     #[error("the connection closed inside a frame")]
     Truncated,
+    #[error("the rest of a frame did not come within {} s of its start", .0.as_secs_f32())]
+    Stalled(std::time::Duration),
     #[error("an End frame without its status code")]
     EndWithoutCode,
+    /// Counted before decoding ([`crate::entries`]): the decoded frame would
+    /// be far larger than its bytes.
+    #[error("a frame of {n} {what}; at most {most}")]
+    TooMany { what: &'static str, n: usize, most: usize },
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -153,7 +168,17 @@ pub fn take_frame(buf: &mut BytesMut) -> Result<Option<Frame>, FramedError> {
     let mut frame = buf.split_to(len);
     let kind = frame.get_u8();
     Ok(Some(match kind {
-        KIND_GETS => Frame::Gets(GetStreamRequest::decode(frame)?),
+        KIND_GETS => {
+            use crate::entries::{count, Kind};
+            let (gets, cancels) = (count(&frame, &[], 1, Kind::Messages)?, count(&frame, &[], 2, Kind::Varints)?);
+            if gets > MAX_GETS_IN_FRAME {
+                return Err(FramedError::TooMany { what: "GETs", n: gets, most: MAX_GETS_IN_FRAME });
+            }
+            if cancels > MAX_CANCELS_IN_FRAME {
+                return Err(FramedError::TooMany { what: "cancels", n: cancels, most: MAX_CANCELS_IN_FRAME });
+            }
+            Frame::Gets(GetStreamRequest::decode(frame)?)
+        }
         KIND_ANSWER => Frame::Answer(GetManyItem::decode(frame)?),
         KIND_END if frame.len() >= 4 => {
             let code = frame.get_i32();
@@ -171,13 +196,28 @@ pub struct FrameReader<R> {
     /// The buffer held more than [`KEEP_AT_MOST`] since it was last given
     /// back: its allocation is that large still.
     grown: bool,
+    /// Longest the rest of a frame may take once its first byte came
+    /// ([`Self::rest_within`]); none: as long as it takes.
+    rest_wait: Option<std::time::Duration>,
+    /// When the first byte of the frame being read came.
+    frame_began: Option<tokio::time::Instant>,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(io: R) -> Self {
         // Small to start: an idle connection (a shim keeps several) holds
         // little; the buffer grows with what comes.
-        Self { io, buf: BytesMut::with_capacity(4 << 10), grown: false }
+        Self { io, buf: BytesMut::with_capacity(4 << 10), grown: false, rest_wait: None, frame_began: None }
+    }
+
+    /// Refuses a frame whose rest does not come within `wait` of its first
+    /// byte ([`FramedError::Stalled`]): a peer that sends most of a large
+    /// frame and stops holds its buffer, and its connection's place, no
+    /// longer than that. (Between frames a reader waits as long as it
+    /// takes.)
+    pub fn rest_within(mut self, wait: std::time::Duration) -> Self {
+        self.rest_wait = Some(wait);
+        self
     }
 
     /// The next frame; `None` when the peer closed between frames.
@@ -185,6 +225,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         loop {
             self.grown |= self.buf.len() > KEEP_AT_MOST;
             if let Some(f) = take_frame(&mut self.buf)? {
+                // What follows (if anything came) is the next frame's start.
+                self.frame_began = None;
                 if self.grown && self.buf.len() < READ_AHEAD {
                     // What is left moves to a buffer of its own: the large
                     // one is freed with the frames taken from it.
@@ -196,7 +238,20 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if self.buf.capacity() == self.buf.len() {
                 self.buf.reserve(READ_AHEAD);
             }
-            if self.io.read_buf(&mut self.buf).await? == 0 {
+            let began = match (self.buf.is_empty(), self.frame_began) {
+                (true, _) => None,
+                (false, Some(t)) => Some(t),
+                (false, None) => Some(tokio::time::Instant::now()),
+            };
+            self.frame_began = began;
+            let read = self.io.read_buf(&mut self.buf);
+            let n = match (self.rest_wait, began) {
+                (Some(wait), Some(t)) => {
+                    tokio::time::timeout_at(t + wait, read).await.map_err(|_| FramedError::Stalled(wait))??
+                }
+                _ => read.await?,
+            };
+            if n == 0 {
                 return if self.buf.is_empty() { Ok(None) } else { Err(FramedError::Truncated) };
             }
         }
@@ -267,7 +322,38 @@ mod tests {
         assert!(matches!(refused(&[0, 0, 0, 0]), FramedError::Empty));
         assert!(matches!(refused(&[0, 0, 0, 1, 9]), FramedError::UnknownKind(9)));
         assert!(matches!(refused(&[0, 0, 0, 3, KIND_END, 0, 0]), FramedError::EndWithoutCode));
-        assert!(matches!(refused(&[0, 0, 0, 3, KIND_GETS, 0xff, 0xff]), FramedError::Malformed(_)));
+        assert!(matches!(
+            refused(&[0, 0, 0, 3, KIND_GETS, 0xff, 0xff]),
+            FramedError::Malformed(_) | FramedError::Unreadable(_)
+        ));
+    }
+
+    /// A frame of the largest size full of empty GETs (2 bytes each on the
+    /// wire, hundreds decoded), or of cancels, is refused before it is
+    /// decoded; a frame at the limits is taken.
+    #[test]
+    fn a_frame_of_more_entries_than_a_message_may_hold_is_refused_undecoded() {
+        let framed = |payload: Vec<u8>| {
+            let mut f = u32::try_from(payload.len() + 1).unwrap().to_be_bytes().to_vec();
+            f.push(KIND_GETS);
+            f.extend_from_slice(&payload);
+            BytesMut::from(&f[..])
+        };
+        let empty_gets = |n: usize| [0x0a, 0x00].repeat(n);
+        let flood = empty_gets((MAX_FRAME - 1) / 2);
+        match take_frame(&mut framed(flood)) {
+            Err(FramedError::TooMany { what: "GETs", n, most: MAX_GETS_IN_FRAME }) => assert!(n > 2_000_000),
+            other => panic!("{other:?}"),
+        }
+        let at_most = take_frame(&mut framed(empty_gets(MAX_GETS_IN_FRAME))).unwrap();
+        assert!(matches!(at_most, Some(Frame::Gets(g)) if g.gets.len() == MAX_GETS_IN_FRAME));
+        // Packed cancels: one byte each.
+        let mut cancels = vec![0x12, 0x80, 0x80, 0x40]; // field 2, 1 MiB
+        cancels.extend(std::iter::repeat_n(1u8, 1 << 20));
+        assert!(matches!(
+            take_frame(&mut framed(cancels)),
+            Err(FramedError::TooMany { what: "cancels", most: MAX_CANCELS_IN_FRAME, .. })
+        ));
     }
 
     #[test]
@@ -290,5 +376,26 @@ mod tests {
         let mut r = FrameReader::new(&wire[..whole]);
         assert!(r.next().await.unwrap().is_some());
         assert!(r.next().await.unwrap().is_none(), "closed between frames");
+    }
+
+    /// A frame begun and not finished is refused after the rest's wait; a
+    /// peer quiet between frames is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_frame_whose_rest_does_not_come_is_refused_and_silence_between_frames_is_not() {
+        let (mut peer, ours) = tokio::io::duplex(1 << 16);
+        let mut r = FrameReader::new(ours).rest_within(std::time::Duration::from_secs(10));
+        let mut wire = Vec::new();
+        push_answer(&mut wire, &GetManyItem { index: 1, result: None });
+        let writer = async {
+            tokio::time::sleep(std::time::Duration::from_secs(3_600)).await;
+            tokio::io::AsyncWriteExt::write_all(&mut peer, &wire).await.unwrap();
+            tokio::io::AsyncWriteExt::write_all(&mut peer, &wire[..3]).await.unwrap();
+            peer
+        };
+        let (first, _peer) = tokio::join!(r.next(), writer);
+        assert!(matches!(first.unwrap(), Some(Frame::Answer(_))), "an hour of silence between frames is fine");
+        let started = tokio::time::Instant::now();
+        assert!(matches!(r.next().await.unwrap_err(), FramedError::Stalled(_)));
+        assert_eq!(started.elapsed().as_secs(), 10);
     }
 }

@@ -434,3 +434,46 @@ async fn an_overlong_request_id_is_refused_at_once() {
     s.write_all(&encode_frame(&stats(8, "r".repeat(256)))).await.unwrap();
     assert!(matches!(read_frame(&mut s).await.unwrap().result, Some(pb::response::Result::Stats(_))));
 }
+
+/// A frame of empty batch items (2 bytes each on the wire, far more once
+/// decoded) is counted before it is decoded and refused as the batch would
+/// be, under its own id; the connection goes on.
+#[tokio::test]
+async fn a_frame_of_empty_batch_items_is_refused_before_it_is_decoded() {
+    let stack = Stack::start();
+    let mut s = raw_hello(&stack.socket).await;
+    let peak_before = peak_rss_kib(stack.pid("sluice-shim").unwrap());
+    let items = [0x0a, 0x00].repeat(500_000);
+    let mut batch = vec![0x08, 0x07, 0x9a, 0x01]; // id = 7; get_batch (19), length-delimited
+    prost_len(&mut batch, items.len());
+    batch.extend_from_slice(&items);
+    let mut frame = u32::try_from(batch.len()).unwrap().to_be_bytes().to_vec();
+    frame.extend_from_slice(&batch);
+    s.write_all(&frame).await.unwrap();
+    let resp = read_frame(&mut s).await.expect("an answer");
+    assert_eq!((resp.id, error_code(&resp)), (7, Code::BadRequest), "{resp:?}");
+    let Some(pb::response::Result::Error(e)) = &resp.result else { unreachable!() };
+    assert!(e.message.contains("not 500000"), "{}", e.message);
+    // Decoded, the 500,000 items would take some 100 MiB.
+    let grew = peak_rss_kib(stack.pid("sluice-shim").unwrap()) - peak_before;
+    assert!(grew < 24 << 10, "the shim's peak memory grew by {grew} KiB for a 1 MiB frame");
+    let stats = pb::Request { id: 8, op: Some(pb::request::Op::Stats(pb::Stats {})), ..Default::default() };
+    s.write_all(&encode_frame(&stats)).await.unwrap();
+    let resp = read_frame(&mut s).await.expect("still served");
+    assert!(matches!(resp.result, Some(pb::response::Result::Stats(_))), "{resp:?}");
+}
+
+/// A process's peak resident memory (VmHWM), KiB.
+fn peak_rss_kib(pid: u32) -> i64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn prost_len(out: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
