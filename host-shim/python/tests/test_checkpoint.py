@@ -57,15 +57,61 @@ def test_nothing_is_committed_when_a_save_fails_or_is_abandoned(client, prefix):
     assert list(client.list(ck.chunk_prefix(f"{prefix}/bad"))) == [], "an aborted save deletes its chunks"
 
 
-def test_a_later_save_replaces_the_earlier_and_removes_its_chunks(client, prefix):
-    for i in range(2):
-        with ck.CheckpointWriter(client, f"{prefix}/v", chunk_bytes=MIB) as w:
+def test_a_later_save_replaces_the_earlier_and_removes_older_chunks(client, prefix):
+    """A commit keeps the save it replaces (a reader of it goes on) and
+    removes older ones past the grace."""
+    path = f"{prefix}/v"
+    chunks = []
+    for i in range(3):
+        with ck.CheckpointWriter(client, path, chunk_bytes=MIB, gc_grace_s=0) as w:
             w.write(payload(2 * MIB + i, f"v{i}"))
-    with ck.CheckpointReader(client, f"{prefix}/v") as r:
-        assert r.read() == payload(2 * MIB + 1, "v1")
-    keys = {o.key for o in client.list(ck.chunk_prefix(f"{prefix}/v"))}
-    named = {c["key"] for c in ck.read_manifest(client, f"{prefix}/v")["chunks"]}
-    assert keys == named, "only the committed save's chunks are left"
+        chunks.append({c["key"] for c in ck.read_manifest(client, path)["chunks"]})
+        if i == 0:
+            reader = ck.CheckpointReader(client, path)
+    with ck.CheckpointReader(client, path) as r:
+        assert r.read() == payload(2 * MIB + 2, "v2")
+    keys = {o.key for o in client.list(ck.chunk_prefix(path))}
+    assert keys == chunks[2] | chunks[1], "the committed save's chunks and the previous save's are left"
+    reader.close()
+    # With the default grace, a save that is replaced keeps younger chunks.
+    with ck.CheckpointWriter(client, path, chunk_bytes=MIB) as w:
+        w.write(payload(MIB, "v3"))
+    assert chunks[1] <= {o.key for o in client.list(ck.chunk_prefix(path))}, "younger than an hour: kept"
+    assert ck.collect_garbage(client, path) == 0, "nothing is old enough yet"
+    assert ck.collect_garbage(client, path, older_than_s=0) > 0
+
+
+def test_a_writer_dropped_or_closed_mid_failure_commits_nothing(client, prefix):
+    """A producer that fails mid-stream: closing the writer in a finally,
+    or dropping it, never commits what was written so far."""
+    def save_failing(path):
+        w = ck.CheckpointWriter(client, path, chunk_bytes=MIB)
+        try:
+            w.write(payload(MIB + 7, "cut"))
+            raise RuntimeError("torch.save failed mid-way")
+        finally:
+            w.close()
+
+    with pytest.raises(RuntimeError):
+        save_failing(f"{prefix}/cut")
+    with pytest.raises(ck.IncompleteCheckpoint, match="manifest is missing"):
+        ck.read_manifest(client, f"{prefix}/cut")
+    w = ck.CheckpointWriter(client, f"{prefix}/dropped", chunk_bytes=MIB)
+    w.write(payload(MIB + 3, "dropped"))
+    del w
+    import gc
+
+    gc.collect()
+    with pytest.raises(ck.IncompleteCheckpoint, match="manifest is missing"):
+        ck.read_manifest(client, f"{prefix}/dropped")
+    assert list(client.list(ck.chunk_prefix(f"{prefix}/dropped"))) == [], "its chunks deleted"
+    # Inside an unrelated except, a with-block still commits.
+    try:
+        raise KeyError("unrelated")
+    except KeyError:
+        with ck.CheckpointWriter(client, f"{prefix}/in-except", chunk_bytes=MIB) as w:
+            w.write(b"saved while handling another error")
+    assert ck.read_manifest(client, f"{prefix}/in-except")["size"] == 34
 
 
 def test_a_missing_or_replaced_chunk_is_refused_naming_it(client, prefix):
@@ -135,7 +181,7 @@ def test_a_writer_killed_mid_save_leaves_no_checkpoint_and_no_upload(stack, clie
             break
         time.sleep(0.5)
     assert left == [], f"multipart uploads left at the store: {[u['Key'] for u in left]}"
-    assert ck.collect_garbage(client, f"{prefix}/killed") >= 0
+    assert ck.collect_garbage(client, f"{prefix}/killed", older_than_s=0) >= 0
     assert list(client.list(ck.chunk_prefix(f"{prefix}/killed"))) == []
 
 

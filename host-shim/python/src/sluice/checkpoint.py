@@ -7,9 +7,12 @@ chunk is stored as an object of its own while the caller fills the next
 parallel parts). Closing stores the *manifest* last, at the stream's own
 path: a JSON object naming every chunk with its size and ETag. Until the
 manifest exists there is no checkpoint at that path, so a writer that dies
-mid-way leaves no half-written checkpoint; its chunks are garbage that the
-next commit to the same path removes (:func:`collect_garbage` does it on
-demand), and a chunk upload cut short is aborted by the agent.
+mid-way leaves no half-written checkpoint; its chunks are garbage that a
+later commit to the same path removes once they are an hour old
+(:func:`collect_garbage` does it on demand), and a chunk upload cut short
+is aborted by the agent. A commit keeps the chunks of the save it replaces
+(a reader of that one goes on) and of saves still younger than the grace
+(another writer of the same path may be mid-way).
 
 :class:`CheckpointReader` is a read-only, seekable file (``torch.load(r)``):
 it reads the manifest, then the chunks into registered memory, several in
@@ -34,6 +37,7 @@ import concurrent.futures as cf
 import io
 import json
 import secrets
+import sys
 import time
 from typing import Any, Dict, List, Optional, Set
 
@@ -44,6 +48,8 @@ from .errors import BadRequest, IntegrityError, NoSuchKey, PreconditionFailed, S
 FORMAT = "sluice-checkpoint-stream/1"
 #: Default bytes per chunk object.
 DEFAULT_CHUNK_BYTES = 64 << 20
+#: Chunks no manifest names are removed by a commit once this old.
+GC_GRACE_S = 3600.0
 
 
 class IncompleteCheckpoint(SluiceError):
@@ -59,16 +65,29 @@ class CheckpointWriter(io.RawIOBase):
     """A write-only stream stored at ``path`` (``"namespace/key"``) when
     closed. Use it as a context manager: leaving the block with an exception
     aborts (nothing is committed and the chunks written so far are
-    deleted).
+    deleted). So does ``close()`` called while an exception is being
+    handled (in a ``finally:`` or ``except:`` block: the stream may be cut
+    short), and a writer dropped unclosed; :meth:`commit` commits in any
+    case.
 
     Args:
         client: a :class:`sluice.Client`.
         chunk_bytes: bytes per chunk object (and per staging buffer).
         buffers: staging buffers (2: the caller fills one while the other
             is stored). Peak memory is ``buffers * chunk_bytes``.
+        gc_grace_s: a commit removes chunks no manifest names once they are
+            this old (see :func:`collect_garbage`).
     """
 
-    def __init__(self, client: Any, path: str, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, buffers: int = 2) -> None:
+    def __init__(
+        self,
+        client: Any,
+        path: str,
+        *,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        buffers: int = 2,
+        gc_grace_s: float = GC_GRACE_S,
+    ) -> None:
         super().__init__()
         if chunk_bytes < 1 or buffers < 1:
             raise ValueError("chunk_bytes and buffers must be >= 1")
@@ -83,6 +102,7 @@ class CheckpointWriter(io.RawIOBase):
         self._size = 0
         self._error: Optional[BaseException] = None
         self._committed = False
+        self.gc_grace_s = gc_grace_s
 
     # -- io.RawIOBase --
     def writable(self) -> bool:
@@ -109,6 +129,18 @@ class CheckpointWriter(io.RawIOBase):
         return self._size
 
     def close(self) -> None:
+        """Commits what was written, unless an exception is being handled
+        (then it aborts: the stream may have been cut short)."""
+        if self.closed:
+            return
+        if sys.exc_info()[1] is not None and not self._committed:
+            self.abort()
+            return
+        self.commit()
+
+    def commit(self) -> None:
+        """Stores the rest and the manifest (the checkpoint exists from
+        then on), and closes."""
         if self.closed:
             return
         try:
@@ -117,6 +149,17 @@ class CheckpointWriter(io.RawIOBase):
         finally:
             self._shutdown()
             super().close()
+
+    def __del__(self) -> None:
+        # io's own __del__ would close(), which commits: a writer dropped
+        # unclosed (its producer failed and nobody closed it) commits
+        # nothing.
+        if getattr(self, "_regions", None) is None or self.closed:
+            return
+        try:
+            self.abort()
+        except Exception:  # noqa: BLE001 - at collection, nothing to tell
+            pass
 
     # -- the work --
     def _key(self, n: int) -> str:
@@ -170,8 +213,9 @@ class CheckpointWriter(io.RawIOBase):
         # Chunks no manifest names any more: the previous save's, and those
         # of writers that died before committing.
         keep = {c["key"] for c in self._chunks if c}
+        keep |= {c["key"] for c in (previous or {}).get("chunks", []) if c}
         try:
-            collect_garbage(self._client, self.path, keep=keep, previous=previous)
+            collect_garbage(self._client, self.path, keep=keep, older_than_s=self.gc_grace_s)
         except SluiceError:
             pass  # garbage is harmless; the next commit tries again
 
@@ -212,7 +256,7 @@ class CheckpointWriter(io.RawIOBase):
         if exc_type is not None:
             self.abort()
         else:
-            self.close()
+            self.commit()  # not close(): this block may run inside an unrelated except
 
 
 def _manifest_or_none(client: Any, path: str) -> Optional[Dict[str, Any]]:
@@ -244,23 +288,35 @@ def read_manifest(client: Any, path: str) -> Dict[str, Any]:
 
 
 def collect_garbage(
-    client: Any, path: str, *, keep: Optional[set] = None, previous: Optional[Dict[str, Any]] = None
+    client: Any, path: str, *, keep: Optional[set] = None, older_than_s: float = GC_GRACE_S
 ) -> int:
     """Deletes chunk objects under ``path`` that its manifest does not name
-    (left by a previous save, or by a writer that died); returns how many."""
+    (``keep``, when given) and whose writer started at least
+    ``older_than_s`` ago (left by earlier saves, or by writers that died);
+    returns how many. Chunks of a writer still at work, or of a save a
+    reader may still be reading, are younger than a commit's grace."""
     ns = path.split("/", 1)[0]
     if keep is None:
         m = _manifest_or_none(client, path)
         keep = {c["key"] for c in m["chunks"]} if m else set()
-    stale = [o.key for o in client.list(chunk_prefix(path)) if o.key not in keep]
-    if previous:
-        stale += [c["key"] for c in previous.get("chunks", []) if c and c["key"] not in keep and c["key"] not in stale]
+    before = time.time() - older_than_s
+    stale = [o.key for o in client.list(chunk_prefix(path)) if o.key not in keep and _written_at(o.key) <= before]
     for key in stale:
         try:
             client.delete(f"{ns}/{key}")
         except NoSuchKey:
             pass
     return len(stale)
+
+
+def _written_at(key: str) -> float:
+    """When the writer of chunk ``key`` (``<path>.chunks/<start>-<id>/<n>``)
+    started; 0 for a key not of that form (nobody is writing it)."""
+    token = key.rsplit(".chunks/", 1)[-1].split("/", 1)[0]
+    try:
+        return float(token.split("-", 1)[0])
+    except ValueError:
+        return 0.0
 
 
 class CheckpointReader(SeekableReader):
