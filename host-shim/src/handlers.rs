@@ -159,9 +159,15 @@ async fn register(
     if ours.contains(&kind) {
         crate::capabilities::check_region(&s.capabilities(), kind)?;
     }
+    // The connection's place for the region is taken before anything is
+    // created or pinned (DOCA pins up to max_region_bytes per region): a
+    // connection at its limit cannot have the shim pin memory only to
+    // refuse it afterwards.
+    let slot = s.reserve_region(conn)?;
     let (source, guard, give_back) = if gpu {
         let fd = fd.ok_or_else(|| ShimError::BadRequest("a GPU region needs its dma-buf fd attached".into()))?;
-        let (source, guard) = memory.prepare_dmabuf(fd, r.dmabuf_offset, r.length, r.gpu_address)?;
+        let at = sluice_shm::DmabufHandOver { offset: r.dmabuf_offset, len: r.length, gpu_address: r.gpu_address };
+        let (source, guard) = memory.prepare_dmabuf(fd, at).await?;
         (source, guard, None)
     } else {
         let (fd, give_back) = match fd {
@@ -181,7 +187,7 @@ async fn register(
         let (source, guard) = memory.prepare_shared_off_runtime(fd, r.length).await?;
         (source, guard, give_back)
     };
-    let region_id = s.register(conn, r.length, source, guard).await?;
+    let region_id = s.register(conn, slot, r.length, source, guard).await?;
     let res = Res::Registered(pb::Registered { region_id, length: r.length, fd_attached: give_back.is_some() });
     Ok((res, give_back))
 }

@@ -108,14 +108,24 @@ impl MemoryBackend {
         fd: OwnedFd,
         len: u64,
     ) -> Result<(RegionSource, ExportGuard), ShimError> {
+        self.pinning("pinning a region", move |me| me.prepare_shared(fd, len)).await
+    }
+
+    /// Runs `f`, which may pin memory, on a blocking thread where this
+    /// backend pins (DOCA); co-located, here (nothing is pinned).
+    async fn pinning<T: Send + 'static>(
+        &self,
+        #[cfg_attr(not(feature = "doca"), allow(unused_variables))] what: &'static str,
+        f: impl FnOnce(&Self) -> Result<T, ShimError> + Send + 'static,
+    ) -> Result<T, ShimError> {
         match self {
-            Self::Colocated => self.prepare_shared(fd, len),
+            Self::Colocated => f(self),
             #[cfg(feature = "doca")]
             Self::Doca(x) => {
-                let x = x.clone();
-                tokio::task::spawn_blocking(move || x.export_shared(&fd, len))
+                let me = Self::Doca(x.clone());
+                tokio::task::spawn_blocking(move || f(&me))
                     .await
-                    .map_err(|e| ShimError::Backend(format!("pinning a region: {e}")))?
+                    .map_err(|e| ShimError::Backend(format!("{what}: {e}")))?
             }
         }
     }
@@ -144,19 +154,29 @@ impl MemoryBackend {
         }
     }
 
-    /// What the shim keeps for GPU memory: `len` bytes at `offset` of a dma-buf.
-    pub fn prepare_dmabuf(
+    /// What the shim keeps for GPU memory: `at.len` bytes at `at.offset` of
+    /// a dma-buf, CUDA address `at.gpu_address`. DOCA's export, which pins
+    /// the GPU memory, runs on a blocking thread, as
+    /// [`Self::prepare_shared_off_runtime`].
+    pub async fn prepare_dmabuf(
         &self,
         fd: OwnedFd,
-        offset: u64,
-        len: u64,
-        gpu_address: u64,
+        at: sluice_shm::DmabufHandOver,
     ) -> Result<(RegionSource, ExportGuard), ShimError> {
+        self.pinning("pinning GPU memory", move |me| me.dmabuf_source(fd, at)).await
+    }
+
+    fn dmabuf_source(
+        &self,
+        fd: OwnedFd,
+        at: sluice_shm::DmabufHandOver,
+    ) -> Result<(RegionSource, ExportGuard), ShimError> {
+        let sluice_shm::DmabufHandOver { offset, len, gpu_address } = at;
         if gpu_address == 0 {
             return Err(ShimError::BadRequest("a GPU region needs its CUDA address (gpu_address)".into()));
         }
         check_dmabuf(&fd, offset, len)?;
-        let region = sluice_shm::DmabufHandOver { offset, len, gpu_address };
+        let region = at;
         region.check_address().map_err(|e| ShimError::BadRequest(e.to_string()))?;
         match self {
             // The agent checks the dma-buf again and registers it with its
@@ -273,17 +293,18 @@ mod tests {
     #[test]
     fn colocated_gpu_regions_are_checked_before_they_are_kept() {
         let memfd = || sluice_shm::create_memfd("t", 4096).expect("memfd");
+        let hand_over = |gpu_address| sluice_shm::DmabufHandOver { offset: 0, len: 4096, gpu_address };
         let (r, _w) = std::io::pipe().expect("pipe");
         let b = MemoryBackend::Colocated;
         for (what, fd) in [("memfd", memfd()), ("pipe", OwnedFd::from(r))] {
-            match b.prepare_dmabuf(fd, 0, 4096, 0x7f00_0000_0000) {
+            match b.dmabuf_source(fd, hand_over(0x7f00_0000_0000)) {
                 Err(ShimError::BadRequest(why)) => assert!(why.contains("not a dma-buf"), "{what}: {why}"),
                 Err(e) => panic!("{what}: {e}"),
                 Ok(_) => panic!("{what} kept as a dma-buf"),
             }
         }
         assert!(
-            matches!(b.prepare_dmabuf(memfd(), 0, 4096, 0), Err(ShimError::BadRequest(m)) if m.contains("CUDA address"))
+            matches!(b.dmabuf_source(memfd(), hand_over(0)), Err(ShimError::BadRequest(m)) if m.contains("CUDA address"))
         );
         assert_eq!(b.kinds(), vec![MemoryKind::Memfd, MemoryKind::GpuDmabuf]);
         assert_eq!(b.kinds_older_agents_reach(), vec![MemoryKind::Memfd]);

@@ -155,8 +155,8 @@ struct Inner {
 /// namespaces and what the session can do.
 pub type Bound = (Arc<Session>, Vec<String>, Arc<Capabilities>);
 
-/// A registration on its way ([`Session::region_slot`]).
-struct RegionSlot<'s> {
+/// A registration on its way ([`Session::reserve_region`]).
+pub struct RegionSlot<'s> {
     session: &'s Session,
     conn: u64,
 }
@@ -453,7 +453,12 @@ impl Session {
     }
 
     /// A place for one more region of connection `conn`, held until the
-    /// registration ends (kept or not), or the connection's limit.
+    /// registration ends (kept or not), or the connection's limit. Taken
+    /// before the region is made or pinned.
+    pub fn reserve_region(&self, conn: &ConnectionTag) -> Result<RegionSlot<'_>, ShimError> {
+        self.region_slot(conn.id)
+    }
+
     fn region_slot(&self, conn: u64) -> Result<RegionSlot<'_>, ShimError> {
         let max = self.limits().max_regions_per_connection;
         let mut inner = self.inner();
@@ -537,11 +542,12 @@ impl Session {
     pub async fn register(
         &self,
         conn: &ConnectionTag,
+        slot: RegionSlot<'_>,
         len: u64,
         source: RegionSource,
         guard: ExportGuard,
     ) -> Result<String, ShimError> {
-        let _slot = self.region_slot(conn.id)?;
+        let _slot = slot;
         let source = Arc::new(source);
         // Twice at most: once more if the agent session changed meanwhile.
         for _ in 0..2 {

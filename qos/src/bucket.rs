@@ -30,7 +30,10 @@ impl TokenBucket {
 
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.last).as_nanos();
-        self.last = now;
+        // Never back: a time read before another caller's refill (a
+        // reconfigure reads it before taking the lock) would credit that
+        // interval twice.
+        self.last = self.last.max(now);
         let added = i128::from(self.rate).saturating_mul(i128::try_from(elapsed).unwrap_or(i128::MAX));
         self.level = self.level.saturating_add(added).min(i128::from(self.burst) * NANOS_PER_SEC);
     }

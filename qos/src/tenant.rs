@@ -125,7 +125,7 @@ impl Tenant {
         // Only bypass the queue when nobody waits: otherwise small requests
         // would keep overtaking a large one forever.
         if st.waiters.is_empty() && st.fits(bytes) {
-            st.inflight += bytes;
+            st.inflight = st.inflight.saturating_add(bytes);
             return Ok(Admission::Now);
         }
         let (tx, rx) = oneshot::channel();
@@ -165,7 +165,7 @@ impl TenantState {
             // under this same lock, so the send cannot fail; if it ever did,
             // nobody owns the bytes and they must not be counted.
             if w.tx.send(grant).is_ok() && admitted {
-                self.inflight += w.bytes;
+                self.inflight = self.inflight.saturating_add(w.bytes);
             }
         }
     }

@@ -205,7 +205,7 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         results: List[Any] = []
         budget = _Budget(self.memory_bytes)
         if any(t.is_cuda for _, t in own):
-            _settle_callers_stream()
+            _settle_callers_stream(t for _, t in own)
         with cf.ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="sluice-dcp-put") as pool:
             futs = [[pool.submit(self._put_span, ns, prefix, k, t, off, length, budget) for k, off, length in plan]
                     for (_, t), plan in zip(own, plans)]
@@ -629,18 +629,22 @@ class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
         return StorageWriter.validate_checkpoint_id(checkpoint_id)
 
 
-def _settle_callers_stream() -> None:
+def _settle_callers_stream(tensors: Any = ()) -> None:
     """Waits (asleep) for the work the calling thread queued on its current
-    CUDA stream: the tensors a save reads or a load fills are then final
+    CUDA stream of each device ``tensors`` live on (and of the current
+    device): the tensors a save reads or a load fills are then final
     before the save's or load's own threads touch them. Those threads'
-    transfers are ordered only after their own current stream (the
-    default one), not the caller's, which may be another. Nothing to do
-    where this process has not used CUDA."""
+    transfers are ordered only after their own current streams (the
+    default ones), not the caller's, which may be others, on another
+    device. Nothing to do where this process has not used CUDA."""
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return
-    done = torch.cuda.Event(blocking=True)
-    done.record(torch.cuda.current_stream())
-    done.synchronize()
+    devices = {t.device for t in tensors if getattr(t, "is_cuda", False)}
+    devices.add(torch.device("cuda", torch.cuda.current_device()))
+    for device in devices:
+        done = torch.cuda.Event(blocking=True)
+        done.record(torch.cuda.current_stream(device))
+        done.synchronize()
 
 
 def _wait_for_copy(target: Any) -> None:
@@ -715,10 +719,35 @@ def async_save(state_dict: Dict[str, Any], path: str, client: Any = None, **kw: 
     change them as soon as this returns; the upload then holds only that
     copy."""
     snapshot = _capture(state_dict)
+    # The clones were queued on the caller's current streams (each device's
+    # own); the save runs in another thread, whose current streams are the
+    # default ones of its current device: it must not read them unfinished.
+    _settle_callers_stream(_tensors_in(snapshot))
     pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sluice-dcp-async")
-    fut = pool.submit(save, snapshot, path, client, **kw)
+    # The worker saves on the caller's CUDA device (a new thread's current
+    # device is device 0: a rank on cuda:1 would stage, and run its
+    # collectives, there).
+    cuda = HAVE_DCP and torch.cuda.is_available() and torch.cuda.is_initialized()
+    device = torch.cuda.current_device() if cuda else None
+
+    def save_on_callers_device() -> Any:
+        if device is not None:
+            torch.cuda.set_device(device)
+        return save(snapshot, path, client, **kw)
+
+    fut = pool.submit(save_on_callers_device)
     pool.shutdown(wait=False)
     return fut
+
+
+def _tensors_in(obj: Any) -> List[Any]:
+    if HAVE_DCP and isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors_in(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors_in(v)]
+    return []
 
 
 def _capture(obj: Any) -> Any:
