@@ -362,6 +362,46 @@ def test_dcp_stores_big_tensors_in_pieces_within_the_memory_budget(monkeypatch, 
         dcp.load(_zeros_like(state), path, client)
 
 
+def test_dcp_a_save_that_dies_leaves_the_previous_checkpoint_whole(client, prefix):
+    """Saving again to the same prefix writes under a save id of its own:
+    one that dies before its metadata leaves the previous checkpoint
+    loadable (it overwrote the objects the old metadata pinned)."""
+    path = f"{prefix}/again"
+    first, second = model_state(5), model_state(6)
+    dcp.save(first, path, client)
+
+    class DiesBeforeItsMetadata(dcp.StorageWriter):
+        def finish(self, metadata, results):
+            raise RuntimeError("the job was killed before the metadata")
+
+    with pytest.raises(dcp_mod.CheckpointException):
+        dcp_mod.save(second, storage_writer=DiesBeforeItsMetadata(path, client))
+    back = _zeros_like(first)
+    dcp.load(back, path, client)
+    assert _equal(back["model"], first["model"]) and _equal(back["big"], first["big"])
+
+
+def test_dcp_saves_again_keep_the_replaced_one_and_collect_older(client, prefix):
+    path = f"{prefix}/gc"
+    ns = prefix.split("/", 1)[0]
+    client.put(f"{path}/mine/notes.txt", b"not a checkpoint object")
+    named = []
+    for seed in range(3):
+        dcp_mod.save(model_state(seed), storage_writer=dcp.StorageWriter(path, client, gc_grace_s=0))
+        meta = dcp.StorageReader(path, client).read_metadata()
+        named.append({f"{path.split('/', 1)[1]}/{k}" for k in dcp._named_keys(meta.storage_data)})
+    keys = {o.key for o in client.list(f"{path}/")}
+    rel = {k for k in keys if not k.endswith((".metadata", "notes.txt"))}
+    assert rel == named[2] | named[1], "the last save's objects and the one it replaced"
+    assert f"{path.split('/', 1)[1]}/mine/notes.txt" in keys, "other keys under the prefix are left alone"
+    back = _zeros_like(model_state(2))
+    dcp.load(back, path, client)
+    assert _equal(back["big"], model_state(2)["big"])
+    assert dcp.collect_garbage(client, path) == 0, "younger than the default grace"
+    assert dcp.collect_garbage(client, path, older_than_s=0) == len(named[1] - named[2])
+    assert client.get_bytes(f"{ns}/{path.split('/', 1)[1]}/mine/notes.txt") == b"not a checkpoint object"
+
+
 def test_dcp_load_of_an_incomplete_or_corrupted_checkpoint_is_refused(client, prefix):
     state = model_state(3)
     dcp.save(state, f"{prefix}/inc", client)

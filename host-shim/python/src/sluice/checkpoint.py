@@ -301,12 +301,18 @@ def collect_garbage(
         keep = {c["key"] for c in m["chunks"]} if m else set()
     before = time.time() - older_than_s
     stale = [o.key for o in client.list(chunk_prefix(path)) if o.key not in keep and _written_at(o.key) <= before]
-    for key in stale:
+    return delete_keys(client, ns, stale)
+
+
+def delete_keys(client: Any, ns: str, keys: List[str]) -> int:
+    """Deletes ``keys`` of namespace ``ns`` (one already gone is fine);
+    returns how many were asked for."""
+    for key in keys:
         try:
             client.delete(f"{ns}/{key}")
         except NoSuchKey:
             pass
-    return len(stale)
+    return len(keys)
 
 
 def _written_at(key: str) -> float:

@@ -4,7 +4,7 @@
 ``torch.distributed.checkpoint.save`` / ``load`` (with or without a process
 group; each rank writes its own objects). A checkpoint at ``ns/prefix`` is:
 
-* ``ns/prefix/__<rank>_<n>.distcp``: one object per large tensor, its raw
+* ``ns/prefix/<save>/__<rank>_<n>.distcp``: one object per large tensor, its raw
   bytes (a GPU tensor is read straight from GPU memory through the client's
   GPU regions, and loaded straight back into GPU memory), and per rank one
   object packing its small tensors and non-tensor items. A tensor bigger
@@ -14,8 +14,17 @@ group; each rank writes its own objects). A checkpoint at ``ns/prefix`` is:
 * ``ns/prefix/.metadata``: DCP's metadata (pickled), written **last**, by
   the coordinator, after every rank's objects are stored. A checkpoint
   without it does not exist (:func:`load` says so, naming it), so a save
-  that dies mid-way is never mistaken for one; objects it left are
-  overwritten by the next save to the same prefix.
+  that dies mid-way is never mistaken for one.
+
+Each save writes its objects under a ``<save>`` id of its own (when it
+started, and a random part), so saving again to the same prefix never
+touches the objects the current ``.metadata`` names: a save that dies
+mid-way leaves the previous checkpoint whole. Once a save's ``.metadata``
+is written, the coordinator deletes objects of this layout that neither it
+nor the metadata it replaced names, once they are ``gc_grace_s`` old (a
+reader of the replaced checkpoint, or another save still at work, keeps its
+objects). Checkpoints written before save ids (objects directly under the
+prefix) load as before.
 
 Every object's size and ETag are recorded in the metadata; a load reads
 each object whole, pinned to its ETag (an object replaced since is
@@ -40,11 +49,14 @@ import contextlib
 import dataclasses
 import io
 import pickle
+import re
+import secrets
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._dcp_registered import _client_of, _registered_home, register_state_dict, release_registered_state
-from .checkpoint import IncompleteCheckpoint
+from .checkpoint import GC_GRACE_S, IncompleteCheckpoint, delete_keys
 from .errors import IntegrityError, NoSuchKey, PreconditionFailed, SluiceError
 
 try:
@@ -131,6 +143,8 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         piece_bytes: tensors bigger than this are stored in pieces of
             this size (default: a quarter of ``memory_bytes``; for GPU
             tensors at most one staging lane).
+        gc_grace_s: objects of earlier saves that no metadata names any
+            more are deleted once this old.
     """
 
     def __init__(
@@ -142,11 +156,13 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         object_threshold: int = DEFAULT_OBJECT_THRESHOLD,
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
         piece_bytes: Optional[int] = None,
+        gc_grace_s: float = GC_GRACE_S,
     ) -> None:
         if not HAVE_DCP:
             raise SluiceError("sluice.dcp needs torch with torch.distributed.checkpoint")
         super().__init__()
         self.path = path
+        self.gc_grace_s = gc_grace_s
         self._client = _client_of(client)
         self.threads = max(1, threads)
         self.object_threshold = object_threshold
@@ -168,7 +184,10 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
         return plan
 
     def prepare_global_plan(self, plans: List[Any]) -> List[Any]:
-        return [dataclasses.replace(p, storage_data=f"__{i}_") for i, p in enumerate(plans)]
+        # On the coordinator only: every rank's objects go under this save's
+        # own id, never over the objects the current metadata names.
+        save = f"{int(time.time())}-{secrets.token_hex(4)}"
+        return [dataclasses.replace(p, storage_data=f"{save}/__{i}_") for i, p in enumerate(plans)]
 
     def write_data(self, plan: Any, planner: Any) -> Any:
         rank_prefix = plan.storage_data
@@ -307,8 +326,20 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
             storage.update({r.index: r.storage_data for r in rank_results})
         metadata.storage_data = storage
         ns, prefix = _split(self.path)
+        previous = self._metadata_or_none(f"{ns}/{prefix}/{METADATA}")
         # Last: the checkpoint exists from here on.
         self._client.put(f"{ns}/{prefix}/{METADATA}", pickle.dumps(metadata))
+        keep = _named_keys(storage) | _named_keys(getattr(previous, "storage_data", None) or {})
+        try:
+            collect_garbage(self._client, self.path, keep=keep, older_than_s=self.gc_grace_s)
+        except SluiceError:
+            pass  # garbage is harmless; the next save tries again
+
+    def _metadata_or_none(self, key: str) -> Any:
+        try:
+            return pickle.loads(self._client.get_bytes(key))
+        except (SluiceError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+            return None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -320,6 +351,48 @@ class StorageWriter(_WriterBase):  # type: ignore[misc,valid-type]
 
     def storage_meta(self) -> Any:
         return _md.StorageMeta(checkpoint_id=self.path)
+
+
+#: An object of this layout, relative to the checkpoint's prefix: a save's
+#: (``<started>-<id>/``) or one written before save ids.
+_OBJECT_KEY = re.compile(r"^(?:(\d+)-[0-9a-f]+/)?__\d+_\d+\.distcp(?:\.\d+)?$")
+
+
+def _named_keys(storage: Dict[Any, Any]) -> set:
+    """The object keys (relative to the prefix) a metadata's items name."""
+    keys = set()
+    for item in storage.values():
+        if not isinstance(item, SluiceItem):
+            continue
+        if item.pieces:
+            keys.update(k for k, _, _ in item.pieces)
+        else:
+            keys.add(item.key)
+    return keys
+
+
+def collect_garbage(client: Any, path: str, *, keep: Optional[set] = None, older_than_s: float = GC_GRACE_S) -> int:
+    """Deletes the objects of DCP checkpoint ``path`` that ``keep`` (by
+    default: what its ``.metadata`` names) does not name and that are at
+    least ``older_than_s`` old (objects written before save ids have no
+    age: they go when unnamed); returns how many. Only keys of this
+    layout are touched (not other checkpoints under the same prefix)."""
+    ns, prefix = _split(path)
+    if keep is None:
+        try:
+            keep = _named_keys(pickle.loads(client.get_bytes(f"{ns}/{prefix}/{METADATA}")).storage_data)
+        except NoSuchKey:
+            keep = set()
+    before = time.time() - older_than_s
+    stale = []
+    for o in client.list(f"{ns}/{prefix}/"):
+        rel = o.key[len(prefix) + 1 :]
+        m = _OBJECT_KEY.match(rel)
+        if m is None or rel in keep:
+            continue
+        if m.group(1) is None or float(m.group(1)) <= before:
+            stale.append(o.key)
+    return delete_keys(client, ns, stale)
 
 
 class StorageReader(_ReaderBase):  # type: ignore[misc,valid-type]
@@ -768,6 +841,7 @@ __all__ = [
     "StorageReader",
     "StorageWriter",
     "async_save",
+    "collect_garbage",
     "load",
     "register_state_dict",
     "release_registered_state",
