@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .build_server(true)
         .file_descriptor_set_path(descriptors)
+        // prost's codec, with a received message's repeated entries counted
+        // before it is decoded (src/counted_codec.rs).
+        .codec_path("crate::counted_codec::CountedCodec")
         .compile_protos(
             &["proto/sluice/common.proto", "proto/sluice/agent.proto", "proto/sluice/shim.proto"],
             &["proto"],

@@ -118,6 +118,15 @@ pub fn count(msg: &[u8], within: &[u32], field: u32, kind: Kind) -> Result<usize
     }
 }
 
+/// The most entries any one top-level field of `msg` has (each occurrence
+/// one entry; packed scalars are one, and decode to no more than 8 bytes a
+/// byte). Without a schema: for checking any message a peer sends.
+pub fn most_in_one_field(msg: &[u8]) -> Result<usize, DecodeError> {
+    let mut per_field: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    walk(msg, |number, _, _| *per_field.entry(number).or_insert(0) += 1)?;
+    Ok(per_field.into_values().max().unwrap_or(0))
+}
+
 /// The value of top-level varint field `field` (the last occurrence, as a
 /// decoder keeps), if the message has it.
 pub fn top_varint(msg: &[u8], field: u32) -> Option<u64> {

@@ -37,6 +37,7 @@ pub use generated::sluice::common::v1 as common;
 /// Shim local socket API (`sluice.shim.v1`).
 pub use generated::sluice::shim::v1 as shim;
 
+pub mod counted_codec;
 pub mod entries;
 pub mod framed_gets;
 pub mod status;

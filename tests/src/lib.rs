@@ -651,6 +651,13 @@ pub fn counter_at(addr: SocketAddr, name: &str) -> f64 {
 }
 
 /// Deterministic pseudo-random bytes.
+/// A process's peak resident memory (VmHWM), KiB.
+pub fn peak_rss_kib(pid: u32) -> i64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap_or_else(|| panic!("no VmHWM for {pid}"));
+    line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"))
+}
+
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = vec![0u8; len];

@@ -740,3 +740,20 @@ async fn batch_items_with_their_own_context_are_still_the_sessions() {
     assert_eq!(&memory.as_slice()[8192..13192], &pattern(5000, 3)[..]);
     assert_eq!(their_memory.as_slice(), &pattern(4096, 5)[..], "the other tenant's region is untouched");
 }
+
+/// A gRPC message full of empty repeated entries (2 bytes each on the wire,
+/// hundreds decoded) is refused before it is decoded, whoever sends it: no
+/// session is needed to reach the decoder.
+#[tokio::test]
+async fn a_grpc_message_of_empty_entries_is_refused_undecoded() {
+    let stack = Stack::start();
+    let agent = stack.pid("sluice-agent").unwrap();
+    let before = sluice_tests::peak_rss_kib(agent);
+    let mut grpc = AgentClient::connect(format!("http://{}", stack.grpc_addr)).await.unwrap();
+    let flood = apb::GetManyRequest { items: vec![apb::GetItem::default(); 400_000], ..Default::default() };
+    let st = grpc.get_many(flood).await.map(|_| ()).unwrap_err();
+    assert_eq!(st.code(), tonic::Code::InvalidArgument, "{st:?}");
+    assert!(st.message().contains("refused undecoded"), "{st:?}");
+    let grew = sluice_tests::peak_rss_kib(agent) - before;
+    assert!(grew < 24 << 10, "the agent's peak memory grew by {grew} KiB for an 800 KB message");
+}

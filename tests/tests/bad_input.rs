@@ -6,7 +6,7 @@ use sluice_client::{Client, ClientError, Code};
 use sluice_proto::shim as pb;
 use sluice_proto::{encode_frame, Message};
 use sluice_shm::MappedRegion;
-use sluice_tests::{pattern, Options, Proxy, Stack};
+use sluice_tests::{pattern, peak_rss_kib, Options, Proxy, Stack};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -461,13 +461,6 @@ async fn a_frame_of_empty_batch_items_is_refused_before_it_is_decoded() {
     s.write_all(&encode_frame(&stats)).await.unwrap();
     let resp = read_frame(&mut s).await.expect("still served");
     assert!(matches!(resp.result, Some(pb::response::Result::Stats(_))), "{resp:?}");
-}
-
-/// A process's peak resident memory (VmHWM), KiB.
-fn peak_rss_kib(pid: u32) -> i64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
 fn prost_len(out: &mut Vec<u8>, mut n: usize) {
