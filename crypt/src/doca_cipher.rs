@@ -21,7 +21,10 @@ const MAX_AAD: usize = 256;
 
 /// The DOCA AES-GCM cipher.
 pub struct DocaCipher {
-    engine: AesGcmEngine,
+    /// The engine new chunk keys are loaded into; replaced when a task on
+    /// it hung (a hung engine fails every later task, for every tenant).
+    engine: std::sync::Mutex<AesGcmEngine>,
+    dev: Arc<Device>,
     device: String,
 }
 
@@ -43,7 +46,28 @@ impl DocaCipher {
     /// maximum chunk size.
     pub fn new(dev: &Arc<Device>) -> Result<Self, sluice_doca::Error> {
         let engine = AesGcmEngine::new(dev, MAX_CHUNK_SIZE as usize, MAX_AAD)?;
-        Ok(Self { engine, device: format!("{:?}", dev.info()) })
+        Ok(Self { engine: std::sync::Mutex::new(engine), dev: dev.clone(), device: format!("{:?}", dev.info()) })
+    }
+
+    /// The engine to load a key into: the current one, or a new one if a
+    /// task hung on it; `None` if none can be made now (the caller then
+    /// works on the CPU, which makes the same bytes).
+    fn usable_engine(&self) -> Option<AesGcmEngine> {
+        let mut current = self.engine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.is_usable() {
+            return Some(current.clone());
+        }
+        match AesGcmEngine::new(&self.dev, MAX_CHUNK_SIZE as usize, MAX_AAD) {
+            Ok(fresh) => {
+                tracing::warn!(device = %self.device, "a DOCA AES-GCM task hung; the engine was replaced");
+                *current = fresh.clone();
+                Some(fresh)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "replacing the hung DOCA AES-GCM engine failed; chunks go on the CPU");
+                None
+            }
+        }
     }
 }
 
@@ -53,10 +77,12 @@ impl Cipher for DocaCipher {
     }
 
     fn chunk_key(&self, key: &[u8; KEY_LEN]) -> Result<Box<dyn ChunkKey>, CryptError> {
-        let k = self.engine.key(key).map_err(engine_err("loading a key"))?;
-        // Ring's key for the same bytes: it tells a refused tag from an engine fault.
+        // Ring's key for the same bytes: it tells a refused tag from an
+        // engine fault, and stands in for an engine that failed.
         let ring = crate::RingCipher.chunk_key(key)?;
-        Ok(Box::new(DocaChunkKey { key: k, engine: self.engine.clone(), ring }))
+        let Some(engine) = self.usable_engine() else { return Ok(ring) };
+        let k = engine.key(key).map_err(engine_err("loading a key"))?;
+        Ok(Box::new(DocaChunkKey { key: k, engine, ring }))
     }
 }
 
@@ -70,7 +96,15 @@ struct DocaChunkKey {
 
 impl ChunkKey for DocaChunkKey {
     fn seal_in_place(&self, nonce: &[u8; NONCE_LEN], ad: &[u8], data: &mut [u8]) -> Result<[u8; TAG_LEN], CryptError> {
-        self.engine.seal(&self.key, nonce, ad, data).map_err(engine_err("sealing a chunk"))
+        match self.engine.seal(&self.key, nonce, ad, data) {
+            Ok(tag) => Ok(tag),
+            // `data` is unchanged when a task fails (the result is copied
+            // back only on success): ring seals it to the same bytes.
+            Err(e) => {
+                engine_err("sealing a chunk")(e);
+                self.ring.seal_in_place(nonce, ad, data)
+            }
+        }
     }
 
     fn open_in_place(
@@ -94,7 +128,11 @@ impl ChunkKey for DocaChunkKey {
                     Ok(())
                 }
             },
-            Err(other) => Err(engine_err("opening a chunk")(other)),
+            // The engine failed (a hung task, a dead engine): ring opens it.
+            Err(other) => {
+                engine_err("opening a chunk")(other);
+                self.ring.open_in_place(nonce, ad, data, tag).map_err(|_| CryptError::Integrity)
+            }
         }
     }
 }

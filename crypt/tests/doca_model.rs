@@ -72,3 +72,24 @@ fn a_tampered_chunk_is_an_integrity_error_on_doca_too() {
     let mut next = sealed[HEADER_LEN + CU + TAG_LEN..].to_vec();
     assert_eq!(opener.open_chunk(1, &mut next).unwrap(), &plain[CU..]);
 }
+
+/// A task the engine cannot run (here: a chunk larger than it takes; on
+/// hardware, a task that hung and poisoned the engine) is done on the CPU
+/// instead, to the same bytes: a failed engine does not fail every
+/// encrypted request of every tenant.
+#[test]
+fn a_chunk_the_engine_fails_is_sealed_and_opened_by_ring_to_the_same_bytes() {
+    use sluice_crypt::{Cipher, RingCipher, MAX_CHUNK_SIZE};
+    let (c, raw, nonce) = (cipher(), [7u8; 32], [3u8; 12]);
+    let (doca, ring) = (c.chunk_key(&raw).unwrap(), RingCipher.chunk_key(&raw).unwrap());
+    let plain = pattern(MAX_CHUNK_SIZE as usize + 1);
+    let (mut a, mut b) = (plain.clone(), plain.clone());
+    let tag = doca.seal_in_place(&nonce, b"ad", &mut a).expect("sealed on the CPU");
+    let ring_tag = ring.seal_in_place(&nonce, b"ad", &mut b).unwrap();
+    assert_eq!((a.as_slice(), tag), (b.as_slice(), ring_tag));
+    doca.open_in_place(&nonce, b"ad", &mut a, &tag).expect("opened on the CPU");
+    assert_eq!(a, plain);
+    let mut forged = tag;
+    forged[0] ^= 1;
+    assert!(matches!(doca.open_in_place(&nonce, b"ad", &mut b, &forged), Err(CryptError::Integrity)));
+}

@@ -73,9 +73,15 @@ unsafe impl Sync for AesKey {}
 impl Drop for AesKey {
     fn drop(&mut self) {
         let g = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        if g.progress.poisoned {
+            // A task that timed out may still use this key: leaked, as the
+            // task's buffers and the engine are (Progress::drop).
+            return;
+        }
         // SAFETY: made by doca_aes_gcm_key_create on this context, which our
         // Arc keeps alive; no task uses it (tasks complete within the call
-        // that submits them, under the same lock).
+        // that submits them, under the same lock, and after one timed out
+        // the engine is poisoned and keys are leaked above).
         unsafe { g.progress.dev.lib().aes_gcm.doca_aes_gcm_key_destroy(self.ptr.as_ptr()) };
     }
 }
@@ -96,6 +102,12 @@ impl AesGcmEngine {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// False once a task hung: every later task fails, and the engine must
+    /// be replaced (its keys with it).
+    pub fn is_usable(&self) -> bool {
+        !self.lock().progress.poisoned
     }
 
     fn own(&self, key: &AesKey) -> Result<(), Error> {
