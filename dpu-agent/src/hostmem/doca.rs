@@ -8,7 +8,13 @@
 //! * direct placement (verbs transports): [`DocaRegion::nic_window`] imports
 //!   the same descriptor on a DOCA device opened over the tenant's verbs PD
 //!   (RDMA bridge) and hands the storage node that buffer's memory key, so
-//!   RDMA WRITEs land in host (or GPU) memory without touching the DPU;
+//!   RDMA WRITEs land in host (or GPU) memory without touching the DPU.
+//!   The key is the import's, and covers the whole region: each window gets
+//!   an import of its own, destroyed when the window is, so a key dies with
+//!   its window as a verbs MR's does (a shared import's key stayed valid
+//!   for the region's whole life, and a late or repeated WRITE of a
+//!   finished transfer could land after the next GET into the region
+//!   succeeded);
 //! * staged placement (HTTP fallback, tcp transport, decrypted bytes):
 //!   `write_at`/`read_at` copy through a DPU staging buffer with DOCA DMA.
 //!
@@ -179,16 +185,19 @@ impl HostMemory for DocaMemory {
             mmap,
             len,
             stager: self.stager.clone(),
-            bridged: Mutex::new(HashMap::new()),
+            bridge_devices: Mutex::new(HashMap::new()),
         }))
     }
 }
 
-/// The region re-imported on a tenant PD's DOCA device (RDMA bridge).
+/// The region re-imported on a tenant PD's DOCA device (RDMA bridge), for
+/// one window: dropped (the import destroyed, its key with it) when the
+/// window is.
 struct Bridged {
-    dev: Arc<Device>,
+    /// The window's buffer, dropped before the import it lies in.
+    _buf: sluice_doca::Buf,
+    _inv: Arc<Inventory>,
     mmap: Arc<Mmap>,
-    inv: Arc<Inventory>,
 }
 
 /// A host region imported on the DPU.
@@ -198,8 +207,9 @@ pub struct DocaRegion {
     mmap: Arc<Mmap>,
     len: u64,
     stager: Arc<Mutex<Stager>>,
-    /// Per verbs PD (keyed by address): the bridge import, made once.
-    bridged: Mutex<HashMap<usize, Arc<Bridged>>>,
+    /// Per verbs PD (keyed by address): the DOCA device opened over it,
+    /// made once (each window imports the region on it anew).
+    bridge_devices: Mutex<HashMap<usize, Arc<Device>>>,
 }
 
 impl std::fmt::Debug for DocaRegion {
@@ -213,20 +223,31 @@ impl std::fmt::Debug for DocaRegion {
 }
 
 impl DocaRegion {
-    fn bridge(&self, pd: &Arc<ProtectionDomain>) -> Result<Arc<Bridged>, sluice_doca::Error> {
-        let key = pd.as_raw() as usize;
-        let mut map = self.bridged.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(b) = map.get(&key) {
-            return Ok(b.clone());
-        }
-        let dev = Device::from_verbs_pd(&self.lib, pd)?;
+    /// Imports the region for one window of `len` bytes at `offset` on the
+    /// DOCA device over `pd`; returns the import and the window's memory
+    /// key (which dies with it).
+    fn bridge(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        offset: usize,
+        len: usize,
+    ) -> Result<(Bridged, u32), sluice_doca::Error> {
+        let dev = {
+            let mut devices = self.bridge_devices.lock().unwrap_or_else(|p| p.into_inner());
+            match devices.get(&(pd.as_raw() as usize)) {
+                Some(d) => d.clone(),
+                None => {
+                    let d = Device::from_verbs_pd(&self.lib, pd)?;
+                    devices.insert(pd.as_raw() as usize, d.clone());
+                    d
+                }
+            }
+        };
         let mmap = Mmap::import(&dev, &self.env.descriptor)?;
-        // One buffer per live window on this region: room for far more
-        // concurrent transfers than a region sees.
-        let inv = Inventory::new(&dev, 4096)?;
-        let b = Arc::new(Bridged { dev, mmap, inv });
-        map.insert(key, b.clone());
-        Ok(b)
+        let inv = Inventory::new(&dev, 1)?;
+        let buf = inv.buf(&mmap, offset, len, len)?;
+        let rkey = buf.mkey(&dev)?;
+        Ok((Bridged { _buf: buf, _inv: inv, mmap }, rkey))
     }
 }
 
@@ -282,13 +303,11 @@ impl HostRegion for DocaRegion {
                     "read-only windows into DOCA-imported memory are not offered; PUT parts go staged".into(),
                 ));
             }
-            let b = self.bridge(pd).map_err(doca_err)?;
-            let buf = b.inv.buf(&b.mmap, offset as usize, len as usize, len as usize).map_err(doca_err)?;
-            let rkey = buf.mkey(&b.dev).map_err(doca_err)?;
+            let (b, rkey) = self.bridge(pd, offset as usize, len as usize).map_err(doca_err)?;
             // The remote address is the host's: the exporter's virtual
             // address of the window (DOCA keys address host memory by it).
             let addr = b.mmap.addr() as u64 + offset;
-            Ok(NicWindow { addr, rkey, guard: Box::new((buf, b)) })
+            Ok(NicWindow { addr, rkey, guard: Box::new(b) })
         };
         Some(blocking(make))
     }
