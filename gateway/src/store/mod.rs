@@ -21,12 +21,14 @@ mod list;
 mod multipart;
 mod object;
 mod s3;
+#[cfg(test)]
+mod store_tests;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -46,6 +48,10 @@ pub enum StoreError {
     Key(#[from] KeyError),
     #[error("{0}")]
     Precondition(String),
+    /// The request's connection ended before the object was committed
+    /// (nobody would be told it was): nothing was changed.
+    #[error("the request was given up (its connection ended) before it committed; nothing was changed")]
+    Abandoned,
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -136,6 +142,12 @@ pub struct DirStore {
     /// bytes with the other's metadata.
     stripes: Vec<Mutex<()>>,
     seq: AtomicU64,
+    /// Commits hold it shared, DeleteBucket exclusively: a bucket found
+    /// empty cannot get an object before it is removed (the object was
+    /// then deleted with it after its PUT was answered), and a commit that
+    /// found its bucket cannot create the directory again after it was
+    /// deleted.
+    buckets: std::sync::RwLock<()>,
 }
 
 impl DirStore {
@@ -153,7 +165,12 @@ impl DirStore {
                 let _ = std::fs::remove_file(e.path());
             }
         }
-        Ok(Self { root, stripes: (0..64).map(|_| Mutex::new(())).collect(), seq: AtomicU64::new(0) })
+        Ok(Self {
+            root,
+            stripes: (0..64).map(|_| Mutex::new(())).collect(),
+            seq: AtomicU64::new(0),
+            buckets: std::sync::RwLock::new(()),
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -276,9 +293,16 @@ impl DirStore {
         st: &std::fs::Metadata,
     ) -> Result<ObjectMeta, StoreError> {
         let meta = compute_meta(key, file, st)?;
-        // Remember it, unless the object changed meanwhile.
+        // Remember it, unless the object changed meanwhile, or its writer
+        // has written its metadata since (it has the content type, user
+        // metadata and checksums the bytes alone do not tell).
         if meta.size == st.len() {
             let _g = self.stripe(key);
+            if let Some(theirs) = self.read_meta(bucket, key) {
+                if theirs.dev == st.dev() && theirs.ino == st.ino() && theirs.size == st.len() {
+                    return Ok(theirs);
+                }
+            }
             let current = self.bucket_dir(bucket).ok().and_then(|d| {
                 let rel = keys::key_to_path(key).ok()?;
                 std::fs::metadata(d.join(rel)).ok()
@@ -291,14 +315,24 @@ impl DirStore {
     }
 
     fn write_meta(&self, bucket: &str, key: &str, meta: &ObjectMeta) -> Result<(), StoreError> {
+        let t = self.meta_file(bucket, key, meta)?;
+        self.place_meta(bucket, key, t)
+    }
+
+    /// `meta` written to a temporary file, its directory made: everything
+    /// that can fail for want of room, done before anything is replaced.
+    fn meta_file(&self, bucket: &str, key: &str, meta: &ObjectMeta) -> Result<TempFile, StoreError> {
         let path = self.meta_path(bucket, key);
         let dir = path.parent().expect("meta path has a parent");
         std::fs::create_dir_all(dir).map_err(io("creating a metadata directory"))?;
         let mut t = self.temp_file()?;
         let mut f = t.file.take().expect("fresh temp file");
         f.write_all(&serde_json::to_vec(meta).expect("metadata serialises")).map_err(io("writing metadata"))?;
-        drop(f);
-        std::fs::rename(&t.path, &path).map_err(io("committing metadata"))?;
+        Ok(t)
+    }
+
+    fn place_meta(&self, bucket: &str, key: &str, mut t: TempFile) -> Result<(), StoreError> {
+        std::fs::rename(&t.path, self.meta_path(bucket, key)).map_err(io("committing metadata"))?;
         t.path = PathBuf::new();
         Ok(())
     }
@@ -310,10 +344,29 @@ impl DirStore {
         &self,
         bucket: &str,
         key: &str,
+        tmp: TempFile,
+        meta: ObjectMeta,
+        cond: &WriteCond,
+    ) -> Result<ObjectMeta, StoreError> {
+        static WANTED: AtomicBool = AtomicBool::new(false);
+        self.commit_object_unless(bucket, key, tmp, meta, cond, &WANTED)
+    }
+
+    /// [`Self::commit_object`], unless `gone` is set by the time it would
+    /// replace the object ([`StoreError::Abandoned`]): a request served on
+    /// a blocking thread (a completion, a copy) goes on after its
+    /// connection ended, and must not commit what its client was never
+    /// told of (a client that retried would find its upload gone).
+    pub fn commit_object_unless(
+        &self,
+        bucket: &str,
+        key: &str,
         mut tmp: TempFile,
         mut meta: ObjectMeta,
         cond: &WriteCond,
+        gone: &AtomicBool,
     ) -> Result<ObjectMeta, StoreError> {
+        let _bucket_stays = self.buckets.read().unwrap_or_else(|p| p.into_inner());
         let dir = self.bucket_dir(bucket)?;
         let rel = keys::key_to_path(key)?;
         let path = dir.join(&rel);
@@ -322,6 +375,9 @@ impl DirStore {
         meta.ino = st.ino();
         meta.size = st.len();
         let conflict = |why: String| StoreError::Key(KeyError::Conflict { key: key.to_owned(), why });
+        // Written before the object is replaced: a PUT that fails for want
+        // of room changes nothing (it replaced the object, then failed).
+        let mut meta_tmp = Some(self.meta_file(bucket, key, &meta)?);
         // A concurrent delete may prune the parent directory between
         // creating it and the rename: try again then.
         for attempt in 0..4 {
@@ -338,10 +394,14 @@ impl DirStore {
             }
             let _g = self.stripe(key);
             self.check_write(bucket, key, &path, cond)?;
+            if gone.load(Ordering::Acquire) {
+                return Err(StoreError::Abandoned);
+            }
             match std::fs::rename(&tmp.path, &path) {
                 Ok(()) => {
                     tmp.path = PathBuf::new();
-                    self.write_meta(bucket, key, &meta)?;
+                    let t = meta_tmp.take().expect("placed once");
+                    self.place_meta(bucket, key, t)?;
                     return Ok(meta);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt < 3 => continue,
@@ -409,6 +469,7 @@ impl DirStore {
 
     /// Removes an empty bucket.
     pub fn delete_bucket(&self, bucket: &str) -> Result<bool, StoreError> {
+        let _no_commits = self.buckets.write().unwrap_or_else(|p| p.into_inner());
         let dir = self.bucket_dir(bucket)?;
         let empty = list::first_object(&dir)?.is_none();
         if !empty {

@@ -6,6 +6,8 @@
 //! the directory.
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
@@ -39,6 +41,11 @@ pub struct PartInfo {
     pub size: u64,
     /// CRC64NVME of the part, as a number (combined at completion).
     pub crc64: u64,
+    /// The inode of the part's bytes this describes (0: written before it
+    /// was recorded): a record and bytes that are not each other's (a
+    /// re-upload whose record was not written) are refused at completion.
+    #[serde(default)]
+    pub ino: u64,
 }
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -94,18 +101,30 @@ impl DirStore {
             return Err(s3_error!(InvalidArgument, "part numbers are 1 to {MAX_PART_NUMBER}, not {n}"));
         }
         let crc = r.sums.crc64nvme.as_deref().and_then(crc_from_b64).unwrap_or(0);
-        let info = PartInfo { etag: hex::encode(r.md5), size: r.size, crc64: crc };
+        let stored = |e| super::s3::store_error(io("storing the part")(e));
+        // A rename keeps the inode: the record names the bytes it describes.
+        let ino = std::fs::metadata(&r.tmp.path).map_err(stored)?.ino();
+        let info = PartInfo { etag: hex::encode(r.md5), size: r.size, crc64: crc, ino };
+        // The record is written first, then both renamed under the part's
+        // lock: nothing is replaced if there is no room for the record.
+        let mut record = self.temp_file().map_err(super::s3::store_error)?;
+        record
+            .file
+            .take()
+            .expect("fresh temp file")
+            .write_all(&serde_json::to_vec(&info).expect("serialises"))
+            .map_err(stored)?;
         let _g = self.stripe(&format!("{}/{n}", dir.display()));
         std::fs::rename(&r.tmp.path, dir.join(n.to_string())).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 s3_error!(NoSuchUpload)
             } else {
-                super::s3::store_error(io("storing the part")(e))
+                stored(e)
             }
         })?;
         r.tmp.path = PathBuf::new();
-        std::fs::write(dir.join(format!("{n}.json")), serde_json::to_vec(&info).expect("serialises"))
-            .map_err(|e| super::s3::store_error(io("storing the part")(e)))?;
+        std::fs::rename(&record.path, dir.join(format!("{n}.json"))).map_err(stored)?;
+        record.path = PathBuf::new();
         Ok(info)
     }
 
@@ -135,6 +154,7 @@ impl DirStore {
         listed: &[(i32, String)],
         full_crc: Option<&str>,
         cond: &super::WriteCond,
+        gone: &std::sync::atomic::AtomicBool,
     ) -> S3Result<ObjectMeta> {
         if listed.is_empty() {
             return Err(s3_error!(MalformedXML, "CompleteMultipartUpload lists no parts"));
@@ -189,8 +209,16 @@ impl DirStore {
                 if now.as_ref() != Some(info) {
                     return Err(s3_error!(InvalidPart, "part {n} was uploaded again while the upload completed"));
                 }
-                std::fs::File::open(dir.join(n.to_string()))
-                    .map_err(|_| s3_error!(InvalidPart, "part {n} disappeared (aborted or expired meanwhile)"))?
+                let file = std::fs::File::open(dir.join(n.to_string()))
+                    .map_err(|_| s3_error!(InvalidPart, "part {n} disappeared (aborted or expired meanwhile)"))?;
+                let st = file.metadata().map_err(|e| super::s3::store_error(io("stat of a part")(e)))?;
+                if (info.ino != 0 && st.ino() != info.ino) || st.len() != info.size {
+                    return Err(s3_error!(
+                        InvalidPart,
+                        "part {n}'s bytes are not the ones its ETag describes (a re-upload of it failed); upload it again"
+                    ));
+                }
+                file
             };
             // std::io::copy between files is copy_file_range on Linux.
             std::io::copy(&mut part, &mut out).map_err(|e| super::s3::store_error(io("assembling the object")(e)))?;
@@ -200,7 +228,8 @@ impl DirStore {
         meta.etag = format!("{}-{}", hex::encode(s3s::crypto::Md5::checksum(&md5s)), listed.len());
         meta.parts = Some(listed.len() as u32);
         meta.checksums = Checksums { crc64nvme: Some(crc_b64), ..Default::default() };
-        let meta = self.commit_object(&up.bucket, &up.key, tmp, meta, cond).map_err(super::s3::store_error)?;
+        let meta =
+            self.commit_object_unless(&up.bucket, &up.key, tmp, meta, cond, gone).map_err(super::s3::store_error)?;
         let _ = std::fs::remove_dir_all(dir);
         Ok(meta)
     }

@@ -30,6 +30,7 @@ pub fn store_error(e: StoreError) -> S3Error {
         StoreError::Key(k @ KeyError::BadBucket(_)) => s3_error!(InvalidBucketName, "{k}"),
         StoreError::Key(k @ KeyError::Conflict { .. }) => custom("KeyConflict", StatusCode::BAD_REQUEST, k.to_string()),
         StoreError::Key(k @ KeyError::Empty) => s3_error!(InvalidArgument, "{k}"),
+        StoreError::Abandoned => s3_error!(InternalError, "{e}"),
         StoreError::Io { what, source } if source.kind() == std::io::ErrorKind::StorageFull => {
             tracing::warn!(%what, "the store is out of space");
             custom(
@@ -48,6 +49,27 @@ pub fn store_error(e: StoreError) -> S3Error {
 /// Runs blocking file work off the async threads.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> S3Result<T> + Send + 'static) -> S3Result<T> {
     tokio::task::spawn_blocking(f).await.map_err(S3Error::internal_error)?
+}
+
+/// Set when the request it belongs to is dropped (its connection ended, the
+/// idle limit included) while a blocking task works for it: that task then
+/// commits nothing ([`DirStore::commit_object_unless`]).
+struct GoneOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl GoneOnDrop {
+    fn new() -> Self {
+        Self(Default::default())
+    }
+
+    fn flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for GoneOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// A key this store can hold (checked before a body is read).
@@ -314,7 +336,12 @@ impl S3 for Store {
         let attrs = attributes!(i);
         let meta = attrs.into_meta(hex::encode(received.md5), sums);
         let (s, b, k) = (self.0.clone(), i.bucket, i.key);
-        let meta = blocking(move || s.commit_object(&b, &k, received.tmp, meta, &cond).map_err(store_error)).await?;
+        let guard = GoneOnDrop::new();
+        let gone = guard.flag();
+        let meta =
+            blocking(move || s.commit_object_unless(&b, &k, received.tmp, meta, &cond, &gone).map_err(store_error))
+                .await?;
+        drop(guard);
         Ok(S3Response::new(PutObjectOutput {
             e_tag: Some(ETag::Strong(meta.etag)),
             checksum_crc64nvme: meta.checksums.crc64nvme,
@@ -343,6 +370,8 @@ impl S3 for Store {
         let replace = i.metadata_directive.as_ref().is_some_and(|d| d.as_str() == MetadataDirective::REPLACE);
         let attrs = attributes!(i);
         let (s, b, k) = (self.0.clone(), i.bucket, i.key);
+        let guard = GoneOnDrop::new();
+        let gone = guard.flag();
         let meta = blocking(move || {
             let o = object::open(&s, &sb, &sk, &pre, None, None).map_err(|e| {
                 // A source precondition that fails is 412 for a copy, never 304.
@@ -363,9 +392,10 @@ impl S3 for Store {
             meta.etag = o.meta.etag.clone();
             meta.checksums = o.meta.checksums.clone();
             meta.parts = o.meta.parts;
-            s.commit_object(&b, &k, tmp, meta, &WriteCond::Always).map_err(store_error)
+            s.commit_object_unless(&b, &k, tmp, meta, &WriteCond::Always, &gone).map_err(store_error)
         })
         .await?;
+        drop(guard);
         let result = CopyObjectResult {
             e_tag: Some(ETag::Strong(meta.etag)),
             last_modified: Some(std::time::SystemTime::now().into()),
@@ -530,7 +560,10 @@ impl S3 for Store {
             .map(|p| (p.part_number.unwrap_or(0), p.e_tag.map(|e| e.value().to_owned()).unwrap_or_default()))
             .collect();
         let s = self.0.clone();
-        let meta = blocking(move || s.complete_upload(&dir, up, &listed, full_crc.as_deref(), &cond)).await?;
+        let guard = GoneOnDrop::new();
+        let gone = guard.flag();
+        let meta = blocking(move || s.complete_upload(&dir, up, &listed, full_crc.as_deref(), &cond, &gone)).await?;
+        drop(guard);
         Ok(S3Response::new(CompleteMultipartUploadOutput {
             bucket: Some(i.bucket.clone()),
             key: Some(i.key.clone()),
