@@ -206,6 +206,10 @@ pub struct ShimLimits {
     /// once its transfers have stopped; the shim waits that plus a little
     /// grace for the answer to come back.
     pub request_timeout_ms: u64,
+    /// A client that takes none of a frame of answers for this long (it
+    /// stopped reading, and its socket is full) is disconnected: it would
+    /// otherwise hold its requests, regions and connection for good.
+    pub client_write_timeout_ms: u64,
 }
 
 impl Default for ShimLimits {
@@ -219,6 +223,7 @@ impl Default for ShimLimits {
             max_connections: 1024,
             hello_timeout_ms: 5_000,
             request_timeout_ms: 900_000,
+            client_write_timeout_ms: 60_000,
         }
     }
 }
@@ -326,6 +331,7 @@ impl ShimConfig {
             || l.max_connections == 0
             || l.hello_timeout_ms == 0
             || l.request_timeout_ms == 0
+            || l.client_write_timeout_ms == 0
         {
             return Err(ConfigError::Invalid("every [limits] value must be > 0".into()));
         }

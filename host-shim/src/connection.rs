@@ -191,6 +191,7 @@ pub async fn serve(ctx: Arc<ConnectionContext>, stream: UnixStream) {
     let stream = Arc::new(stream);
     let (tx, mut rx) = mpsc::channel::<Outgoing>(256);
     let writer_stream = stream.clone();
+    let write_wait = Duration::from_millis(ctx.config.limits.client_write_timeout_ms);
     let writer = tokio::spawn(async move {
         // Frames without descriptors that are queued together go out in one
         // write (a batch's answers finishing at once cost one syscall here
@@ -221,8 +222,18 @@ pub async fn serve(ctx: Arc<ConnectionContext>, stream: UnixStream) {
                 (frame, None)
             };
             let fds: Vec<_> = fd.as_ref().map(|f| f.as_fd()).into_iter().collect();
-            if let Err(e) = sluice_shm::send_with_fds(&writer_stream, &frame, &fds).await {
-                debug!(error = %e, "client write failed");
+            let failed =
+                match tokio::time::timeout(write_wait, sluice_shm::send_with_fds(&writer_stream, &frame, &fds)).await {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(_) => Some(format!("the client took none of its answers for {write_wait:?}")),
+                };
+            if let Some(why) = failed {
+                debug!(%why, "client write failed; disconnecting it");
+                // The read side ends too: the connection's requests stop
+                // being read and its session is closed (answers nobody
+                // takes would otherwise hold its requests and regions).
+                let _ = sluice_shm::shutdown(&writer_stream);
                 break;
             }
         }

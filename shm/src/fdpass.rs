@@ -23,6 +23,13 @@ pub const MAX_FDS_PER_MESSAGE: usize = 4;
 /// never has to drop descriptors on the floor for lack of space.
 const SCM_MAX_FD: usize = 253;
 
+/// Shuts both directions of `stream` down: the peer sees the end, and a
+/// task of ours reading it sees the end too (closing one of several handles
+/// to it would do neither).
+pub fn shutdown(stream: &UnixStream) -> io::Result<()> {
+    nix::sys::socket::shutdown(stream.as_raw_fd(), nix::sys::socket::Shutdown::Both).map_err(io::Error::from)
+}
+
 /// Writes all of `data`, attaching `fds` to its first byte.
 pub async fn send_with_fds(stream: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();

@@ -12,6 +12,6 @@ mod frames;
 mod region;
 
 pub use dmabuf::{check_dmabuf, page_size, DmabufError, DmabufHandOver, DmabufInfo};
-pub use fdpass::{recv_with_fds, send_with_fds, MAX_FDS_PER_MESSAGE};
+pub use fdpass::{recv_with_fds, send_with_fds, shutdown, MAX_FDS_PER_MESSAGE};
 pub use frames::{FrameError, FrameReader};
 pub use region::{check_sealed, create_memfd, MappedRegion, ShmError};

@@ -470,3 +470,38 @@ fn prost_len(out: &mut Vec<u8>, mut n: usize) {
     }
     out.push(n as u8);
 }
+
+/// A client that stops reading its answers (its socket full) is
+/// disconnected after `client_write_timeout_ms`: its requests stop being
+/// read and served, and its session is closed; the shim serves others.
+#[tokio::test]
+async fn a_client_that_reads_no_answers_is_disconnected() {
+    let stack = Stack::with(Options { shim_limits: "client_write_timeout_ms = 500".into(), ..Default::default() });
+    let mut s = raw_hello(&stack.socket).await;
+    // Refused at once, each answered by the shim alone (no agent call).
+    let sent = 4000u64;
+    let mut frames = Vec::new();
+    for id in 0..sent {
+        let empty = pb::Request {
+            id: 100 + id,
+            op: Some(pb::request::Op::GetBatch(pb::GetBatch::default())),
+            ..Default::default()
+        };
+        frames.extend_from_slice(&encode_frame(&empty));
+    }
+    s.write_all(&frames).await.unwrap();
+    // The shim answers until the socket is full (some 2,000 answers), then
+    // its writer waits: 0.5 s later it gives up.
+    tokio::time::sleep(std::time::Duration::from_millis(3_000)).await;
+    let mut answered = 0u64;
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while read_frame(&mut s).await.is_some() {
+            answered += 1;
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection was not closed ({answered} answers read)");
+    assert!(answered < sent, "every request was answered: the shim waited for the reader");
+    let other = stack.client().await;
+    upload(&other, "data/after-the-stalled-reader", b"still serving").await;
+}
