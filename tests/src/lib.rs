@@ -567,6 +567,26 @@ impl Stack {
         assert!(status.success(), "kill -{signal} {pid} failed: {status}");
     }
 
+    /// Sends SIGSTOP to one of the stack's processes and waits until every
+    /// thread of it has stopped (kill(1) returns before they have: a
+    /// thread running on another core goes on for a moment).
+    pub fn stop(&self, name: &str) {
+        self.signal(name, "STOP");
+        let pid = self.pid(name).unwrap_or_else(|| panic!("no process {name}"));
+        let all_stopped = || {
+            std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten().all(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                // The state follows the command name's closing parenthesis.
+                stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))
+            })
+        };
+        let t0 = std::time::Instant::now();
+        while !all_stopped() {
+            assert!(t0.elapsed() < std::time::Duration::from_secs(10), "{name} did not stop");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// The agent's Prometheus text.
     pub fn metrics(&self) -> String {
         use std::io::{Read, Write};

@@ -346,7 +346,7 @@ async fn a_region_the_shim_gave_up_on_waits_for_the_agents_late_answer() {
     let r = c.register(64 << 10).await.unwrap();
     let short = |ms| Some(std::time::Duration::from_millis(ms));
 
-    stack.signal("sluice-agent", "STOP");
+    stack.stop("sluice-agent");
     let err =
         sluice_client::with_timeout(short(300), c.get("data/late", &r, 0, None)).await.expect_err("agent stopped");
     let msg = err.to_string();

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket as socketlib
 import threading
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
@@ -29,6 +30,8 @@ class FakeShim(threading.Thread):
         self.gets: List[Dict[str, Any]] = []
         self.conn: Optional[socketlib.socket] = None
         self.hold_register = True
+        #: Reads nothing after the Hello (a shim that stopped reading).
+        self.deaf = False
         self.start()
 
     def send(self, resp: Dict[str, Any], fd: Optional[int] = None) -> None:
@@ -52,6 +55,8 @@ class FakeShim(threading.Thread):
             dec.feed(data, fds_from_ancillary(anc))
             for payload in dec.frames():
                 self.handle(_wire.decode_message("Request", payload))
+            if self.deaf:
+                threading.Event().wait()  # holds the connection open, reads nothing
 
     def handle(self, req: Dict[str, Any]) -> None:
         self.requests.append(req)
@@ -286,3 +291,18 @@ def test_a_call_cancelled_while_it_is_sent_leaks_no_region(fake):
     registered = [r["id"] for r in shim.requests if r["op"] == "register"]
     assert len(registered) == 1 and released == [f"region-{registered[0]}"]
     assert _open_memfds("fake") == 0
+
+
+def test_a_shim_that_stops_reading_ends_the_connection_after_the_send_wait(fake, monkeypatch):
+    """A send the shim takes nothing of fails after SEND_WAIT with a clear
+    error (it held the sending thread, and every other, for good)."""
+    path, shim = fake
+    shim.deaf = True
+    monkeypatch.setattr(sluice._core, "SEND_WAIT", 0.5)
+    c = sluice.Client(path, timeout=30)
+    started = time.monotonic()
+    with pytest.raises(sluice.Disconnected, match="took none of a frame for 0.5 s"):
+        c.head("data/" + "k" * 900_000)  # one frame far larger than the socket's buffer
+    assert time.monotonic() - started < 10
+    with pytest.raises(sluice.Disconnected):
+        c.head("data/next")

@@ -69,6 +69,11 @@ MAX_SIZE_GUESS = 64 << 20
 #: after the deadline, and that answer says more than a local Timeout.
 #: The shim's own grace is 2 s; the Rust client waits the same 5 s.
 ANSWER_GRACE = 5.0
+#: Seconds one frame's send may wait for the shim to take any of it (a shim
+#: that stopped reading): the connection then ends with a clear error
+#: instead of holding every thread that sends on it. The shim's own limit
+#: for a client that takes no answers is 60 s too.
+SEND_WAIT = 60.0
 
 #: Errors that may come before the agent has stopped writing into a
 #: request's region: the shim gave up on it (its deadline, the agent link

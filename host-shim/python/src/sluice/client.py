@@ -8,6 +8,7 @@ import dataclasses
 import os
 import socket as _socket
 import select
+import struct
 import threading
 import time
 from collections import deque
@@ -206,6 +207,11 @@ class Client(CoreClient):
             sock.settimeout(connect_timeout)
             sock.connect(self.socket_path)
             sock.settimeout(None)
+            # Sends only (reads wait for answers as long as calls say).
+            wait = _core.SEND_WAIT
+            sock.setsockopt(
+                _socket.SOL_SOCKET, _socket.SO_SNDTIMEO, struct.pack("@ll", int(wait), int((wait % 1) * 1_000_000))
+            )
         except OSError as e:
             sock.close()
             self.closed = True
@@ -376,6 +382,7 @@ class Client(CoreClient):
 
     def _send(self, frame: bytes, fd: Optional[int]) -> None:
         cut: Optional[BaseException] = None
+        failed: Optional[OSError] = None
         with self._wlock:
             view = memoryview(frame)
             try:
@@ -384,10 +391,18 @@ class Client(CoreClient):
                     view = view[n:]
                 if view:
                     self._sock.sendall(view)
-            except OSError:
-                raise  # the connection failed: the caller says so
+            except OSError as e:
+                failed = e
             except BaseException as e:  # noqa: BLE001 - Ctrl-C, a signal handler's exception
                 cut = e
+        if failed is not None:
+            # Part of the frame may have gone (a send that waited past
+            # SEND_WAIT, after some of it): nothing more is sent on it.
+            if isinstance(failed, BlockingIOError):
+                why = f"the shim took none of a frame for {_core.SEND_WAIT:g} s (it stopped reading)"
+                failed = BlockingIOError(failed.errno, why)
+            self._end(f"sending to the shim failed: {failed}")
+            raise failed
         if cut is not None:
             # Part of the frame may have gone: the next frame, from any
             # thread, would be read as its rest, and the shim would misread
