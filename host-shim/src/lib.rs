@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent_link;
+mod agent_session;
 pub mod batch;
 pub mod capabilities;
 pub mod coalesce;

@@ -21,14 +21,15 @@ use std::time::Duration;
 
 use sluice_proto::agent as apb;
 use sluice_proto::agent::agent_client::AgentClient;
-use sluice_proto::auth;
 use sluice_proto::common::{Capabilities, ErrorCode};
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::agent_link::AgentLink;
+use crate::agent_session::open_agent_session;
+pub(crate) use crate::agent_session::session_gone;
 use crate::config::{ShimConfig, ShimLimits};
-use crate::error::{agent_code, ShimError};
+use crate::error::ShimError;
 use crate::memory::{ExportGuard, MemoryBackend, RegionSource};
 
 /// What every session of this shim shares, and all the session layer uses:
@@ -192,6 +193,10 @@ impl ConnectionTag {
 /// Longest the shim waits for the agent to release a connection's regions
 /// (all of a joined connection's together, or a whole session's).
 const RELEASE_WAIT: Duration = Duration::from_secs(60);
+/// How long the exports of a session whose close the agent did not
+/// confirm are kept: its lease (15 s by default) and the wait for
+/// transfers at release (30 s) are long over by then.
+const UNCONFIRMED_HOLD: Duration = Duration::from_secs(600);
 /// Longest each step of re-opening a session (the open, each region's
 /// registration) may take.
 const REOPEN_STEP: Duration = Duration::from_secs(30);
@@ -249,109 +254,11 @@ fn random_id() -> String {
     hex::encode(b)
 }
 
-/// Whether an agent error means "that session is gone" (a restart, or an
-/// expired lease): re-opening it is the cure.
-pub(crate) fn session_gone(status: &tonic::Status) -> bool {
-    agent_code(status) == Some(ErrorCode::Unauthenticated)
-}
-
-/// An agent session as the agent opened it.
-struct AgentSession {
-    id: String,
-    namespaces: Vec<String>,
-    capabilities: Arc<Capabilities>,
-    item_contexts: bool,
-    get_stream: bool,
-}
-
-/// The agent's current epoch, which the session proof must name. Asked
-/// before every open: after an agent restart the epoch is new, and a proof
-/// for the old one is refused.
-async fn agent_epoch(ctx: &SessionContext) -> Result<Vec<u8>, ShimError> {
-    match ctx.grpc().get_epoch(apb::GetEpochRequest {}).await {
-        Ok(reply) => Ok(reply.into_inner().epoch),
-        Err(status) if status.code() == tonic::Code::Unimplemented => Err(ShimError::AgentUnavailable(
-            "the agent does not answer GetEpoch: it is older than this shim; upgrade sluice-agent".into(),
-        )),
-        Err(status) => Err(status.into()),
-    }
-}
-
-/// Opens an agent session for `tenant`, proving the tenant's secret and
-/// saying which region memory this shim registers.
-async fn open_agent_session(ctx: &SessionContext, tenant: &str) -> Result<AgentSession, ShimError> {
-    match try_open_agent_session(ctx, tenant).await {
-        // The agent restarted between GetEpoch and OpenSession (the old
-        // one answered the first): one more try, with the new epoch.
-        Err(OpenError::Agent(status)) if epoch_refused(&status) => {
-            tracing::info!(tenant, "the agent restarted while a session was opening; asking its new epoch");
-            try_open_agent_session(ctx, tenant).await.map_err(ShimError::from)
-        }
-        other => other.map_err(ShimError::from),
-    }
-}
-
-/// A refusal because the proof named another agent epoch (see the agent's
-/// identity.rs: the message is stable, the code is UNAUTHENTICATED).
-fn epoch_refused(status: &tonic::Status) -> bool {
-    session_gone(status) && status.message().contains("another agent epoch")
-}
-
-/// Why one attempt to open failed: the agent's answer kept whole, so the
-/// caller can tell an epoch refusal from the rest.
-enum OpenError {
-    Agent(tonic::Status),
-    Shim(ShimError),
-}
-
-impl From<OpenError> for ShimError {
-    fn from(e: OpenError) -> Self {
-        match e {
-            OpenError::Agent(s) => s.into(),
-            OpenError::Shim(e) => e,
-        }
-    }
-}
-
-async fn try_open_agent_session(ctx: &SessionContext, tenant: &str) -> Result<AgentSession, OpenError> {
-    let secret = ctx
-        .secrets
-        .get(tenant)
-        .ok_or_else(|| OpenError::Shim(ShimError::BadRequest(format!("no secret for {tenant}"))))?;
-    let epoch = agent_epoch(ctx).await.map_err(OpenError::Shim)?;
-    let (shim_id, timestamp_ms, nonce) = (ctx.shim_id.clone(), auth::now_ms(), auth::new_nonce());
-    let claim = auth::SessionClaim { tenant, shim_id: &shim_id, epoch: &epoch, timestamp_ms, nonce: &nonce };
-    let proof = auth::session_proof(secret, &claim);
-    let shim_memory = ctx.memory.kinds().into_iter().map(|k| k as i32).collect();
-    let req = apb::OpenSessionRequest {
-        tenant: tenant.to_owned(),
-        shim_id,
-        timestamp_ms,
-        nonce: nonce.to_vec(),
-        proof,
-        shim_memory,
-        epoch,
-    };
-    let reply = ctx.grpc().open_session(req).await.map_err(OpenError::Agent)?.into_inner();
-    if reply.lease_ms > 0 {
-        ctx.registry.lease_ms.store(u64::from(reply.lease_ms), Ordering::Relaxed);
-    }
-    let agent = crate::capabilities::from_agent(reply.capabilities, &ctx.memory, tenant);
-    let capabilities = Arc::new(crate::capabilities::for_clients(agent, &ctx.memory, &ctx.config));
-    Ok(AgentSession {
-        id: reply.session_id,
-        namespaces: reply.namespaces,
-        capabilities,
-        item_contexts: reply.item_contexts,
-        get_stream: reply.get_stream,
-    })
-}
-
 impl Session {
     /// Opens the agent session for a client that completed Hello; returns
     /// the tenant's namespaces and what the session can do.
     pub async fn open(ctx: &Arc<SessionContext>, tenant: &str, owner: Peer) -> Result<Bound, ShimError> {
-        let opened = open_agent_session(ctx, tenant).await?;
+        let opened = open_agent_session(&**ctx, tenant).await?;
         let s = Arc::new(Self {
             tenant: tenant.to_owned(),
             ctx: ctx.clone(),
@@ -656,7 +563,7 @@ impl Session {
         // Each step within a deadline: an agent that accepts calls and never
         // answers must not hold this (and every register waiting on it).
         let opened =
-            tokio::time::timeout(REOPEN_STEP, open_agent_session(&self.ctx, &self.tenant)).await.map_err(|_| {
+            tokio::time::timeout(REOPEN_STEP, open_agent_session(&*self.ctx, &self.tenant)).await.map_err(|_| {
                 ShimError::AgentUnavailable(format!("the agent did not open a session in {REOPEN_STEP:?}"))
             })??;
         let session_id = opened.id;
@@ -714,15 +621,30 @@ impl Session {
         self.ctx.registry.forget(&self.join_token);
         let req = apb::CloseSessionRequest { session_id };
         let mut agent = self.agent();
-        match tokio::time::timeout(RELEASE_WAIT, agent.close_session(req)).await {
-            Ok(Ok(_)) => {}
+        let closed = match tokio::time::timeout(RELEASE_WAIT, agent.close_session(req)).await {
+            Ok(Ok(_)) => true,
             // A session the agent already forgot (restart, expiry) is closed.
-            Ok(Err(status)) if session_gone(&status) => {}
-            Ok(Err(e)) => warn!(tenant = %self.tenant, error = %e, "closing the agent session failed; its lease will"),
-            Err(_) => warn!(tenant = %self.tenant, "closing the agent session timed out; its lease will"),
+            Ok(Err(status)) if session_gone(&status) => true,
+            Ok(Err(e)) => {
+                warn!(tenant = %self.tenant, error = %e, "closing the agent session failed; its lease will");
+                false
+            }
+            Err(_) => {
+                warn!(tenant = %self.tenant, "closing the agent session timed out; its lease will");
+                false
+            }
+        };
+        let regions = std::mem::take(&mut self.inner().regions);
+        info!(tenant = %self.tenant, released_regions = regions.len(), "client disconnected");
+        if !closed && !regions.is_empty() {
+            // The agent has not said it stopped using them: their exports
+            // (a DOCA mapping the DPU may still DMA into) are kept until
+            // its lease has surely released them, not torn down now.
+            tokio::spawn(async move {
+                tokio::time::sleep(UNCONFIRMED_HOLD).await;
+                drop(regions);
+            });
         }
-        let n = std::mem::take(&mut self.inner().regions).len();
-        info!(tenant = %self.tenant, released_regions = n, "client disconnected");
     }
 
     /// A joined connection ended: releases the regions it registered,
@@ -759,6 +681,29 @@ impl Session {
 }
 
 /// Every live session of this shim, renewed with the agent in one call.
+impl crate::agent_session::OpenWith for SessionContext {
+    fn grpc(&self) -> AgentClient<Channel> {
+        self.agent.grpc()
+    }
+    fn shim_id(&self) -> &str {
+        &self.shim_id
+    }
+    fn secret(&self, tenant: &str) -> Option<&[u8]> {
+        self.secrets.get(tenant).map(Vec::as_slice)
+    }
+    fn memory(&self) -> &MemoryBackend {
+        &self.memory
+    }
+    fn config(&self) -> &ShimConfig {
+        &self.config
+    }
+    fn learned_lease(&self, ms: u64) {
+        if ms > 0 {
+            self.registry.lease_ms.store(ms, Ordering::Relaxed);
+        }
+    }
+}
+
 struct Registry {
     sessions: Mutex<Vec<Weak<Session>>>,
     /// Open sessions by join token (a join is one lookup, whatever the
