@@ -107,6 +107,36 @@ def test_get_many_matches_the_python_path_item_by_item(stack, prefix):
         assert nat.get_many([]) == []
 
 
+def test_a_native_batch_that_fails_as_a_whole_fails_each_item(stack, prefix, monkeypatch):
+    """The native connection lost mid-batch: every item reports it, as the
+    Python path does (get_many raised); a closed client still raises."""
+    nat = sluice.Client(stack.socket, timeout=60, native=True)
+    with nat:
+        nat.put(f"{prefix}/w", b"whole")
+        assert nat.get_many([f"{prefix}/w"])[0].ok
+
+        class Lost:
+            closed = False
+
+            def get_many(self, paths, timeout):
+                raise _native_reads._native.NativeError("disconnected", 0, "the shim went away", "", 0)
+
+        monkeypatch.setattr(nat._native, "_get", lambda timeout: Lost())
+        got = nat.get_many([f"{prefix}/w", f"{prefix}/x"])
+        assert [(r.path, r.ok, type(r.error)) for r in got] == [
+            (f"{prefix}/w", False, sluice.Disconnected),
+            (f"{prefix}/x", False, sluice.Disconnected),
+        ]
+
+        class Closed(Lost):
+            def get_many(self, paths, timeout):
+                raise _native_reads._native.NativeError("closed", 0, "the client is closed", "", 0)
+
+        monkeypatch.setattr(nat._native, "_get", lambda timeout: Closed())
+        with pytest.raises(sluice.ShimConnectionError):
+            nat.get_many([f"{prefix}/w"])
+
+
 def test_many_threads_each_get_their_own_bytes(stack, prefix):
     with sluice.Client(stack.socket, timeout=60, native=True) as c:
         blobs = {f"{prefix}/t{i}": payload(1000 + 997 * i, ("t", i)) for i in range(64)}

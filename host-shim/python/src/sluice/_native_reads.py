@@ -74,6 +74,22 @@ def _error(kind: str, code: int, message: str, request_id: str, needed: int) -> 
     return ProtocolError(message)
 
 
+def _each_failed(paths: Sequence[str], e: Exception) -> List[ItemResult]:
+    """A batch the native reader failed as a whole (its connection lost, its
+    deadline passed) as the Python path reports it: every item failed with
+    that error (``get_many`` never raises for them); a client closed, or a
+    connection that cannot be made, is raised."""
+    err = _error(*e.args)
+    if e.args and e.args[0] in ("connect", "closed"):
+        raise err from None
+    results = []
+    for i, path in enumerate(paths):
+        res = ItemResult(path, i)
+        res.error = err
+        results.append(res)
+    return results
+
+
 def _transfer(t: Tuple[Any, ...]) -> Transfer:
     return Transfer(*t)
 
@@ -168,7 +184,7 @@ class NativeReads:
         try:
             outs = reader.get_many_into(items, timeout)
         except _native.NativeError as e:  # type: ignore[union-attr]
-            raise _error(*e.args) from None
+            return _each_failed(paths, e)
         results = []
         for i, (path, out) in enumerate(zip(paths, outs)):
             res = ItemResult(path, i)
@@ -209,7 +225,7 @@ class NativeReads:
         try:
             outs = reader.get_many(list(paths), timeout)
         except _native.NativeError as e:  # type: ignore[union-attr]
-            raise _error(*e.args) from None
+            return _each_failed(paths, e)
         results = []
         largest = 0
         for i, (path, out) in enumerate(zip(paths, outs)):
