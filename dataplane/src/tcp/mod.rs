@@ -55,6 +55,68 @@ mod tests {
         assert_eq!(back.concat(), data);
     }
 
+    /// Memory the owner does not map (as a DPU's import of host memory),
+    /// counting the bytes copied out of it.
+    #[derive(Debug)]
+    struct Unmapped(Arc<SharedRegion>, std::sync::atomic::AtomicU64);
+
+    impl RegionMemory for Unmapped {
+        fn len(&self) -> u64 {
+            self.0.len()
+        }
+        fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), crate::memory::MemError> {
+            self.0.write_at(offset, data)
+        }
+        fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), crate::memory::MemError> {
+            self.1.fetch_add(out.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.0.read_at(offset, out)
+        }
+    }
+
+    /// A remote reading an unmapped window slowly, a few KiB at a time:
+    /// every byte is copied out of the memory once (each write copied a
+    /// whole chunk again, and sent what the socket took).
+    #[tokio::test]
+    async fn a_slow_reader_of_unmapped_memory_costs_one_copy_of_each_byte() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let o = owner().await;
+        let len = 3u64 << 20;
+        let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        let shared = region(len);
+        shared.write_at(0, &data).unwrap();
+        let mem = Arc::new(Unmapped(shared, Default::default()));
+        let g = Grant {
+            memory: mem.clone(),
+            offset: 0,
+            len,
+            access: Access::RemoteRead,
+            tenant: "t".into(),
+            request_id: "r".into(),
+        };
+        let exp = o.expose(g).unwrap();
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(4096).unwrap();
+        let mut s = sock.connect(owner_addr(&exp.token).unwrap()).await.unwrap();
+        let key = crate::capability::Key { rkey: exp.token.rkey, dct: exp.token.dct };
+        let h = wire::Header { op: wire::Op::Read, key, addr: exp.token.addr, len, eager: false };
+        s.write_all(&h.encode()).await.unwrap();
+        let mut reply = [0u8; wire::REPLY_LEN];
+        s.read_exact(&mut reply).await.unwrap();
+        let mut got = Vec::with_capacity(len as usize);
+        let mut piece = [0u8; 8192];
+        while (got.len() as u64) < len {
+            let n = s.read(&mut piece).await.unwrap();
+            assert!(n > 0, "closed after {} bytes", got.len());
+            got.extend_from_slice(&piece[..n]);
+            if got.len() % (256 << 10) < 8192 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        }
+        assert!(got == data, "the bytes read are the window's");
+        let copied = mem.1.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(copied, len, "bytes copied out of the memory for {len} sent");
+    }
+
     #[tokio::test]
     async fn refusals_change_nothing() {
         let o = owner().await;

@@ -177,10 +177,22 @@ impl TcpOwner {
                 }
                 Op::Read => {
                     reply(&mut s, &wire::reply(Status::Ok, h.len), &moving).await?;
+                    // Memory this side does not map (host memory a DPU
+                    // reaches by DMA) is copied out a chunk at a time and
+                    // sent from that copy: written straight from the
+                    // memory, each write copied a whole chunk and sent what
+                    // the socket took, so a remote taking a few KiB at a
+                    // time made the owner DMA megabytes per few KiB sent.
+                    let mut staged = Staged::default();
                     while left > 0 {
                         let want = left.min(IO_CHUNK as u64) as usize;
                         let _copying = ready_to_copy(&s, Interest::WRITABLE, &moving).await?;
-                        let n = match s.try_io(Interest::WRITABLE, || mem.write_to_fd(off, want, s.as_fd())) {
+                        let sent = if mem.is_mapped() {
+                            s.try_io(Interest::WRITABLE, || mem.write_to_fd(off, want, s.as_fd()))
+                        } else {
+                            staged.send(&s, &*mem, off, left)
+                        };
+                        let n = match sent {
                             Ok(n) => n,
                             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                             Err(e) => return Err(e),
@@ -192,6 +204,38 @@ impl TcpOwner {
                 }
             }
         }
+    }
+}
+
+/// Most of an unmapped window copied out at once ([`Staged`]).
+const STAGED_CHUNK: usize = 256 << 10;
+
+/// Bytes of an unmapped window copied out and not yet all sent.
+#[derive(Default)]
+struct Staged {
+    buf: Vec<u8>,
+    sent: usize,
+}
+
+impl Staged {
+    /// Sends what the socket takes of the bytes at `off` (`left` of the
+    /// operation still to go), copying the next chunk out of `mem` only
+    /// when the last one is all sent.
+    fn send(
+        &mut self,
+        s: &TcpStream,
+        mem: &dyn crate::memory::RegionMemory,
+        off: u64,
+        left: u64,
+    ) -> std::io::Result<usize> {
+        if self.sent == self.buf.len() {
+            self.buf.resize(left.min(STAGED_CHUNK as u64) as usize, 0);
+            mem.read_at(off, &mut self.buf).map_err(std::io::Error::other)?;
+            self.sent = 0;
+        }
+        let n = s.try_write(&self.buf[self.sent..])?;
+        self.sent += n;
+        Ok(n)
     }
 }
 
