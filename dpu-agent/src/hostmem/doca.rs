@@ -85,12 +85,49 @@ impl Stager {
     }
 }
 
-/// The backend: one DPU device, one DMA engine shared by all regions.
+/// Most DMA engines (each with its staging buffer) the backend starts.
+const MAX_STAGERS: usize = 8;
+/// DPU memory their staging buffers take in all, at most (one engine
+/// whatever its buffer's size).
+const STAGING_TOTAL: usize = 64 << 20;
+
+/// DMA engines with their staging buffers, one per core the agent copies on
+/// (at most [`MAX_STAGERS`]): a staged copy takes a free one, and waits only
+/// when all are busy. With one engine, a copy on any core (a per-core
+/// runtime's, blocking it) waited behind every other tenant's copies.
+struct Stagers {
+    each: Vec<Mutex<Stager>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl Stagers {
+    fn new(dev: &Arc<Device>, staging_bytes: usize, n: usize) -> Result<Self, sluice_doca::Error> {
+        let each = (0..n.max(1)).map(|_| Stager::new(dev, staging_bytes).map(Mutex::new)).collect::<Result<_, _>>()?;
+        Ok(Self { each, next: Default::default() })
+    }
+
+    /// A free engine if there is one (starting from the next in turn), else
+    /// the next in turn once it is free.
+    fn take(&self) -> std::sync::MutexGuard<'_, Stager> {
+        let n = self.each.len();
+        let start = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n;
+        for i in 0..n {
+            match self.each[(start + i) % n].try_lock() {
+                Ok(g) => return g,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+        }
+        self.each[start].lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The backend: one DPU device, DMA engines shared by all regions.
 pub struct DocaMemory {
     lib: Lib,
     dev: Arc<Device>,
-    stager: Arc<Mutex<Stager>>,
-    /// The staging buffer's size (fixed; read without taking the stager,
+    stagers: Arc<Stagers>,
+    /// A staging buffer's size (fixed; read without taking a stager,
     /// which a staged copy holds for its whole length).
     staging_bytes: usize,
     allowed: Vec<String>,
@@ -112,12 +149,16 @@ impl DocaMemory {
                 dev.info()
             )));
         }
-        let stager = Stager::new(&dev, cfg.staging_bytes)?;
-        tracing::info!(device = ?dev.info(), staging = cfg.staging_bytes, "DOCA host-memory backend ready");
+        // As many as cores, at most MAX_STAGERS and (unless one alone is
+        // more) STAGING_TOTAL of DPU memory in all.
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let n = cores.min(MAX_STAGERS).min((STAGING_TOTAL / cfg.staging_bytes.max(1)).max(1));
+        let stagers = Stagers::new(&dev, cfg.staging_bytes, n)?;
+        tracing::info!(device = ?dev.info(), staging = cfg.staging_bytes, engines = n, "DOCA host-memory backend ready");
         Ok(Arc::new(Self {
             lib,
             dev,
-            stager: Arc::new(Mutex::new(stager)),
+            stagers: Arc::new(stagers),
             staging_bytes: cfg.staging_bytes,
             allowed: cfg.allowed_functions.iter().map(|s| s.to_ascii_lowercase()).collect(),
         }))
@@ -184,7 +225,7 @@ impl HostMemory for DocaMemory {
             env,
             mmap,
             len,
-            stager: self.stager.clone(),
+            stagers: self.stagers.clone(),
             bridge_devices: Mutex::new(HashMap::new()),
         }))
     }
@@ -206,7 +247,7 @@ pub struct DocaRegion {
     env: ExportEnvelope,
     mmap: Arc<Mmap>,
     len: u64,
-    stager: Arc<Mutex<Stager>>,
+    stagers: Arc<Stagers>,
     /// Per verbs PD (keyed by address): the DOCA device opened over it,
     /// made once (each window imports the region on it anew).
     bridge_devices: Mutex<HashMap<usize, Arc<Device>>>,
@@ -259,7 +300,7 @@ impl HostRegion for DocaRegion {
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<(), MemError> {
         self.check(offset, data.len() as u64)?;
         blocking(|| {
-            let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.stagers.take();
             let step = st.staging.len();
             for (i, piece) in data.chunks(step).enumerate() {
                 st.ready()?;
@@ -274,7 +315,7 @@ impl HostRegion for DocaRegion {
     fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<(), MemError> {
         self.check(offset, out.len() as u64)?;
         blocking(|| {
-            let mut st = self.stager.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.stagers.take();
             let step = st.staging.len();
             for (i, piece) in out.chunks_mut(step).enumerate() {
                 st.ready()?;
@@ -322,6 +363,21 @@ mod tests {
     fn backend(staging_bytes: usize) -> Arc<DocaMemory> {
         let cfg = DocaBackendConfig { device: "03:00.0".into(), staging_bytes, allowed_functions: vec![] };
         DocaMemory::open_with(sluice_doca::model::load(), &cfg).expect("backend on the DOCA model")
+    }
+
+    /// A staged copy takes an engine nobody holds: copies on other cores
+    /// wait for none of each other's (one engine served them all in turn).
+    #[test]
+    fn a_copy_takes_a_free_engine_and_waits_only_when_all_are_busy() {
+        let b = backend(1 << 16);
+        let stagers = Stagers::new(&b.dev, 4096, 3).expect("three engines on the model");
+        let (x, y, z) = (stagers.take(), stagers.take(), stagers.take());
+        let at = |g: &std::sync::MutexGuard<'_, Stager>| &**g as *const Stager;
+        assert!(at(&x) != at(&y) && at(&y) != at(&z) && at(&x) != at(&z), "three copies, three engines");
+        let first = at(&x);
+        drop(x);
+        let again = stagers.take();
+        assert_eq!(at(&again), first, "the one free engine");
     }
 
     /// What the shim's DOCA exporter does for a region.
