@@ -523,7 +523,16 @@ async fn download(setup: &Setup<'_>, key: &str, dest: &Path) -> anyhow::Result<R
     let remote = if args.recursive {
         let prefix = as_prefix(key);
         for (k, size, etag) in listing(client, ns, &prefix).await? {
-            match landing(&k[prefix.len()..], size) {
+            let landed = landing(&k[prefix.len()..], size).and_then(|l| match &l {
+                Landing::File(rel) | Landing::Dir(rel) => match plan::through_symlink(dest, rel) {
+                    Some(link) => {
+                        Err(format!("its destination goes through the symbolic link {} (not followed)", link.display()))
+                    }
+                    None => Ok(l),
+                },
+                _ => Ok(l),
+            });
+            match landed {
                 Ok(Landing::File(rel)) => items.push(DownloadItem { key: k, size, etag, dest: dest.join(rel) }),
                 Ok(Landing::Dir(rel)) => {
                     let d = dest.join(rel);

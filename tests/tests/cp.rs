@@ -335,3 +335,27 @@ fn dangerous_and_ambiguous_paths_are_refused_by_name() {
     let out = cp_in(&stack, &state, tmp.path(), &[file.to_str().unwrap(), "./data/x"]);
     assert!(!out.status.success() && stderr(&out).contains("neither"), "{}", stderr(&out));
 }
+
+/// A symbolic link already in the destination tree is not followed: the
+/// keys that would land through it are refused by name, nothing is written
+/// where it points, and the rest is copied.
+#[test]
+fn a_download_never_writes_through_a_link_in_the_destination() {
+    let stack = Stack::start();
+    let tmp = tempfile::Builder::new().prefix("cpl").tempdir_in("/tmp").unwrap();
+    let state = tmp.path().join("state");
+    let (src, dest, outside) = (tmp.path().join("src"), tmp.path().join("dest"), tmp.path().join("outside"));
+    write(&src, "a/x", b"through the link");
+    write(&src, "b/y", b"fine");
+    cp(&stack, &state, &["-r", src.to_str().unwrap(), "data/cpl/"]);
+    std::fs::create_dir_all(&dest).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, dest.join("a")).unwrap();
+    let out = cp_in(&stack, &state, tmp.path(), &["-r", "data/cpl/", dest.to_str().unwrap()]);
+    assert!(!out.status.success(), "a refused key fails the run");
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failures = summary["failures"].to_string();
+    assert!(failures.contains("cpl/a/x") && failures.contains("symbolic link"), "{summary}");
+    assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "nothing written through the link");
+    assert_eq!(std::fs::read(dest.join("b/y")).unwrap(), b"fine");
+}

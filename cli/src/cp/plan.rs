@@ -121,6 +121,24 @@ pub fn is_temp_name(name: &str) -> bool {
 /// checked: a hidden file in the same directory (so the rename is atomic),
 /// named after `dest` (so a later run finds and replaces what a killed run
 /// left).
+/// The first directory of `rel` under `root` (not `root` itself, which the
+/// user named) that is a symbolic link, if any: a download writes nothing
+/// through one (a link planted in the destination tree would send the
+/// files anywhere it points).
+pub fn through_symlink(root: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut at = root.to_path_buf();
+    let parents: Vec<_> = rel.components().collect();
+    for c in &parents[..parents.len().saturating_sub(1)] {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.file_type().is_symlink() => return Some(at),
+            Ok(_) => {}
+            Err(_) => return None, // not there yet: made as a directory
+        }
+    }
+    None
+}
+
 pub fn temp_path(dest: &Path) -> PathBuf {
     let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let digest = ring::digest::digest(&ring::digest::SHA256, name.as_bytes());

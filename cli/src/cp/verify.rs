@@ -202,7 +202,8 @@ pub fn crc_of_file(path: &std::path::Path) -> std::io::Result<u64> {
     use std::io::Read;
     let mut f = std::fs::File::open(path)?;
     let mut h = Hasher::new(None);
-    let mut buf = vec![0u8; 8 << 20];
+    // Small: every job of a resumed run may be checking a file at once.
+    let mut buf = vec![0u8; 1 << 20];
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
