@@ -128,7 +128,12 @@ pub async fn run(
     tokio::spawn(agent.failover().registry.clone().check_forever());
     start_upload_cleanup(&cfg, &agent, &metrics);
     // The NIC rules are in place (and guarded) before any listener opens.
-    let nic = NicSlot { guard: Arc::default(), metrics: metrics.nic.clone(), health: health.clone() };
+    let nic = NicSlot {
+        guard: Arc::default(),
+        metrics: metrics.nic.clone(),
+        health: health.clone(),
+        listeners: listener_ports(&cfg),
+    };
     nic.apply(&cfg).await?;
 
     // A reload whose NIC rules cannot be applied stops the agent (the rules
@@ -296,6 +301,15 @@ struct NicSlot {
     guard: Arc<std::sync::Mutex<Guarded>>,
     metrics: crate::nic::guard::GuardMetrics,
     health: Arc<crate::health::Health>,
+    /// The tenants and their listener ports as bound at start: rules for
+    /// others would send a tenant's functions to a listener that serves
+    /// another tenant, or to none.
+    listeners: std::collections::BTreeMap<String, Option<u16>>,
+}
+
+/// Each tenant's `[tenants.nic] listener_port` (none without a NIC part).
+fn listener_ports(cfg: &AgentConfig) -> std::collections::BTreeMap<String, Option<u16>> {
+    cfg.tenants.iter().map(|t| (t.name.clone(), t.nic.as_ref().map(|n| n.listener_port))).collect()
 }
 
 impl NicSlot {
@@ -322,6 +336,16 @@ impl NicSlot {
                     was.bridge
                 )));
             }
+        }
+        // A tenant removed loses its flows (its access ends at once); one
+        // added, or a listener port changed, needs the listeners bound at
+        // start to change too.
+        if let Some((name, port)) = listener_ports(cfg).into_iter().find(|(n, p)| self.listeners.get(n) != Some(p)) {
+            return Err(NicError::Config(format!(
+                "tenant {name:?} was added, or its [tenants.nic] listener_port changed (now {port:?}): the listeners \
+                 were bound at start, and rules for it would send its functions to another tenant's listener or to \
+                 none; restart the agent"
+            )));
         }
         let rules = match nic_rules(cfg) {
             Some(r) => r?,
@@ -395,7 +419,8 @@ async fn reload_on_sighup(
         }
         match nic.apply(&cfg).await {
             Ok(()) => {}
-            Err(e @ (NicError::Config(_) | NicError::AgentMac(_))) => {
+            // Refused before anything changed: the running rules stay.
+            Err(e @ (NicError::Config(_) | NicError::AgentMac(_) | NicError::UnknownPort { .. })) => {
                 failures += 1;
                 tracing::error!(config = %path.display(), error = %e, "SIGHUP: NIC rules not changed")
             }

@@ -36,8 +36,10 @@ use tracing::{info, warn};
 pub enum GatewayError {
     #[error("reading config {path}: {source}")]
     ReadConfig { path: PathBuf, source: std::io::Error },
-    #[error("parsing config {path}: {source}")]
-    ParseConfig { path: PathBuf, source: toml::de::Error },
+    /// toml's message and where, never its quote of the line (which may
+    /// hold an inline secret; this error is logged).
+    #[error("parsing config {path}: {message} (line {line}, column {column})")]
+    ParseConfig { path: PathBuf, message: String, line: usize, column: usize },
     #[error("invalid config: {0}")]
     Invalid(String),
     #[error("preparing data directory {path}: {source}")]
@@ -306,8 +308,10 @@ impl GatewayConfig {
     pub fn from_file(path: &Path) -> Result<Self, GatewayError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| GatewayError::ReadConfig { path: path.to_owned(), source })?;
-        let mut cfg: Self =
-            toml::from_str(&text).map_err(|source| GatewayError::ParseConfig { path: path.to_owned(), source })?;
+        let mut cfg: Self = toml::from_str(&text).map_err(|e: toml::de::Error| {
+            let (line, column) = sluice_telemetry::line_and_column(&text, e.span().map_or(0, |s| s.start));
+            GatewayError::ParseConfig { path: path.to_owned(), message: e.message().to_owned(), line, column }
+        })?;
         cfg.tls.resolve(path.parent().unwrap_or(Path::new(".")));
         cfg.validate()?;
         Ok(cfg)

@@ -8,6 +8,16 @@
 mod daemon;
 pub use daemon::{init_logging, shutdown_signal};
 
+/// Line and column (from 1) of byte `at` of a config file's `text`: where a
+/// parse error is, for an error that is logged and must not quote the line
+/// (it may hold an inline secret).
+pub fn line_and_column(text: &str, at: usize) -> (usize, usize) {
+    let before = &text.as_bytes()[..at.min(text.len())];
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let column = before.len() - before.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1) + 1;
+    (line, column)
+}
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;

@@ -46,7 +46,7 @@ async fn credentials_rotate_under_load_without_dropping_transfers() {
     let old = format!("[credentials.main]\naccess_key = \"{ACCESS_KEY}\"\nsecret_key = \"{SECRET_KEY}\"");
     assert!(config.contains(&old), "the harness's agent config changed shape");
     // The new secret from a file, as in production.
-    std::fs::write(stack.dir.path().join("main.secret"), format!("{NEW_SECRET}\n")).unwrap();
+    private(&stack.dir.path().join("main.secret"), format!("{NEW_SECRET}\n").as_bytes());
     let new = format!("[credentials.main]\naccess_key = \"{NEW_KEY}\"\nsecret_key_file = \"main.secret\"");
     std::fs::write(&path, config.replace(&old, &new)).unwrap();
     stack.signal("sluice-agent", "HUP");
@@ -100,6 +100,32 @@ async fn an_unreadable_new_secret_keeps_the_old_keys() {
     c.put("data/kept", &r, 0, 10).await.unwrap();
 }
 
+/// A reload that points a namespace at other credentials is reported as
+/// not done (its signer was made for the first ones, and is not switched):
+/// a revocation by renaming must not look done.
+#[tokio::test]
+async fn a_namespace_moved_to_other_credentials_is_reported_not_switched() {
+    let stack = Stack::start();
+    let c = stack.client().await;
+    let path = stack.dir.path().join("agent.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    assert!(config.contains("credentials = \"main\""), "{config}");
+    let moved = config.replace("credentials = \"main\"", "credentials = \"other\"")
+        + "\n[credentials.other]\naccess_key = \"other-key\"\nsecret_key = \"other-secret-0123456789\"\n";
+    std::fs::write(&path, moved).unwrap();
+    stack.signal("sluice-agent", "HUP");
+    let t0 = std::time::Instant::now();
+    while !stack.log("sluice-agent").contains("SIGHUP: reload done") {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{}", stack.log("sluice-agent"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = stack.log("sluice-agent");
+    assert!(log.contains("now names credentials \"other\"") && log.contains("needs a restart"), "{log}");
+    let r = c.register(10).await.unwrap();
+    r.write_at(0, b"still main").unwrap();
+    c.put("data/still-main", &r, 0, 10).await.expect("still signing with the first credentials");
+}
+
 /// Temporary credentials (STS): the agent signs with the session token
 /// (`x-amz-security-token`), reads keys and token again on SIGHUP, and a
 /// store that issued them (moto, signature checks on) accepts them. The
@@ -127,11 +153,11 @@ async fn temporary_credentials_with_a_session_token_rotate_on_sighup() {
         format!("[credentials.main]\naccess_key = \"{}\"\nsecret_key = \"{}\"", moto.access_key, moto.secret_key);
     assert!(config.contains(&long_term), "the harness's agent config changed shape");
     let use_keys = |keys: &sluice_tests::moto::TemporaryKeys, token_file: Option<&str>| {
-        std::fs::write(stack.dir.path().join("sts.secret"), &keys.secret_key).unwrap();
+        private(&stack.dir.path().join("sts.secret"), keys.secret_key.as_bytes());
         let mut table =
             format!("[credentials.main]\naccess_key = \"{}\"\nsecret_key_file = \"sts.secret\"", keys.access_key);
         if let Some(f) = token_file {
-            std::fs::write(stack.dir.path().join(f), format!("{}\n", keys.session_token)).unwrap();
+            private(&stack.dir.path().join(f), format!("{}\n", keys.session_token).as_bytes());
             table.push_str(&format!("\nsession_token_file = \"{f}\""));
         }
         std::fs::write(&path, config.replace(&long_term, &table)).unwrap();
@@ -172,4 +198,12 @@ async fn temporary_credentials_with_a_session_token_rotate_on_sighup() {
     wait(format!("as {} with a session token now", second.access_key)).await;
     c.get("data/sts.bin", &r, 0, None).await.unwrap();
     assert_eq!(sha256(r.as_slice()), sha256(&data));
+}
+
+/// A credentials file as an operator makes one: readable by its owner only
+/// (the agent refuses others).
+fn private(path: &std::path::Path, data: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, data).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }

@@ -28,6 +28,26 @@ pub enum SecretError {
     NoSecret,
     #[error("invalid config: the session token of access key {access_key} is empty or not printable ASCII")]
     BadSessionToken { access_key: String },
+    #[error("{path} has mode {mode:o}: a credentials file must not be readable by group or others (chmod 600)")]
+    Mode { path: PathBuf, mode: u32 },
+    #[error("{path} is empty")]
+    Empty { path: PathBuf },
+}
+
+/// A credentials file's contents, trimmed: only from a file no one but its
+/// owner may read (as the shims' secrets must be), and never empty.
+fn read_private(path: &std::path::Path) -> Result<String, SecretError> {
+    use std::os::unix::fs::PermissionsExt;
+    let read = |source| SecretError::Read { path: path.to_owned(), source };
+    let mode = std::fs::metadata(path).map_err(read)?.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(SecretError::Mode { path: path.to_owned(), mode });
+    }
+    let text = std::fs::read_to_string(path).map_err(read)?.trim().to_owned();
+    if text.is_empty() {
+        return Err(SecretError::Empty { path: path.to_owned() });
+    }
+    Ok(text)
 }
 
 /// An S3 access key; the secret comes inline or from a file (preferred).
@@ -64,9 +84,7 @@ impl CredentialConfig {
     pub fn load_secret(&self) -> Result<String, SecretError> {
         match (&self.secret_key, &self.secret_key_file) {
             (Some(s), _) => Ok(s.clone()),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map(|s| s.trim().to_owned())
-                .map_err(|source| SecretError::Read { path: path.clone(), source }),
+            (None, Some(path)) => read_private(path),
             (None, None) => Err(SecretError::NoSecret),
         }
     }
@@ -76,9 +94,7 @@ impl CredentialConfig {
     pub fn load_session_token(&self) -> Result<Option<String>, SecretError> {
         let token = match (&self.session_token, &self.session_token_file) {
             (Some(t), _) => t.trim().to_owned(),
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map(|t| t.trim().to_owned())
-                .map_err(|source| SecretError::Read { path: path.clone(), source })?,
+            (None, Some(path)) => read_private(path)?,
             (None, None) => return Ok(None),
         };
         // It travels as a header value: visible ASCII, as STS issues them.
@@ -114,6 +130,37 @@ impl CredentialConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Secret and token files are read only if no one but their owner may
+    /// read them, and never as an empty secret.
+    #[test]
+    fn credential_files_must_be_private_and_not_empty() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let file = |name: &str, data: &str, mode: u32| {
+            let p = d.path().join(name);
+            std::fs::write(&p, data).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        let c = |secret: std::path::PathBuf, token: Option<std::path::PathBuf>| CredentialConfig {
+            access_key: "AK".into(),
+            secret_key: None,
+            secret_key_file: Some(secret),
+            session_token: None,
+            session_token_file: token,
+        };
+        let good = file("good", "S3CR3T\n", 0o600);
+        assert_eq!(c(good.clone(), None).load_secret().unwrap(), "S3CR3T");
+        let shared = file("shared", "S3CR3T", 0o644);
+        let e = c(shared, None).load_secret().unwrap_err();
+        assert!(matches!(e, SecretError::Mode { mode: 0o644, .. }), "{e}");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        let empty = file("empty", " \n", 0o600);
+        assert!(matches!(c(empty, None).load_secret(), Err(SecretError::Empty { .. })));
+        let token = file("token", "TOKEN", 0o640);
+        assert!(matches!(c(good, Some(token)).load_session_token(), Err(SecretError::Mode { mode: 0o640, .. })));
+    }
 
     #[test]
     fn debug_redacts_secret() {

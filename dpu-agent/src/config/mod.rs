@@ -40,8 +40,11 @@ use crate::model::DataPathMode;
 pub enum ConfigError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("parsing {path}: {source}")]
-    Parse { path: PathBuf, source: toml::de::Error },
+    /// Only toml's message and where: its own Display quotes the line,
+    /// which may hold an inline secret (`secret_key = "..."` misspelt),
+    /// and this error is logged.
+    #[error("parsing {path}: {message} (line {line}, column {column})")]
+    Parse { path: PathBuf, message: String, line: usize, column: usize },
     #[error("invalid config: set grpc_listen, grpc_socket, or both")]
     NoListener,
     #[error("invalid config: no [[tenants]] configured")]
@@ -194,10 +197,16 @@ impl Default for QosSettings {
     }
 }
 
+/// [`ConfigError::Parse`] for `e`, found in `text`: where, never the text.
+fn parse_error(path: &Path, text: &str, e: &toml::de::Error) -> ConfigError {
+    let (line, column) = sluice_telemetry::line_and_column(text, e.span().map_or(0, |s| s.start));
+    ConfigError::Parse { path: path.into(), message: e.message().to_owned(), line, column }
+}
+
 impl AgentConfig {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        let mut cfg: Self = toml::from_str(&text).map_err(|source| ConfigError::Parse { path: path.into(), source })?;
+        let mut cfg: Self = toml::from_str(&text).map_err(|e| parse_error(path, &text, &e))?;
         // Relative secret files are relative to the config file.
         let base = path.parent().unwrap_or(Path::new("."));
         for c in cfg.credentials.values_mut() {
@@ -302,6 +311,23 @@ mod tests {
     use super::*;
 
     const EXAMPLE: &str = include_str!("../../../deploy/agent.example.toml");
+
+    /// A config that does not parse is reported by line and column, never
+    /// by quoting the line: it may hold a secret (a misspelt key beside an
+    /// inline `secret_key`, an unterminated quote), and the error is logged.
+    #[test]
+    fn a_parse_error_names_where_and_quotes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("agent.toml");
+        let secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+        std::fs::write(&path, format!("[credentials.main]\naccess_key = \"AK\"\nsecrte_key = \"{secret}\"\n")).unwrap();
+        let e = AgentConfig::from_file(&path).unwrap_err().to_string();
+        assert!(!e.contains(secret), "{e}");
+        assert!(e.contains("line 3") && e.contains("secrte_key"), "{e}");
+        std::fs::write(&path, format!("[credentials.main]\nsecret_key = \"{secret}\n")).unwrap();
+        let e = AgentConfig::from_file(&path).unwrap_err().to_string();
+        assert!(!e.contains(secret) && e.contains("line 2"), "{e}");
+    }
 
     #[test]
     fn example_config_parses() {

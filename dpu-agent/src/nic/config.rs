@@ -195,7 +195,7 @@ impl<'de> Deserialize<'de> for MacAddr {
 }
 
 /// An IPv4 network `a.b.c.d/len` (a plain address is a /32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ipv4Net {
     pub addr: Ipv4Addr,
     pub len: u8,

@@ -21,7 +21,7 @@ use std::time::Duration;
 use prometheus::{IntCounterVec, IntGauge};
 use tracing::{error, info, warn};
 
-use super::ovs::{check_fail_mode, reconcile, replace, Applied, Installed, Switch, FRAGMENTS};
+use super::ovs::{check_fail_mode, replace, Applied, Installed, Switch, FRAGMENTS};
 use super::policy::{RuleSet, COOKIE_PREFIX, OWNED_MASK};
 use super::NicError;
 
@@ -137,7 +137,10 @@ impl NicGuard {
         if sw.frags()? != FRAGMENTS {
             sw.set_frags(FRAGMENTS)?;
         }
-        let applied = reconcile(sw.as_ref(), &rules)?;
+        // Replaced, not reconciled: a flow of ours changed in place while
+        // the agent was down (same cookie, other actions) would pass a
+        // comparison of cookies and become the baseline read back below.
+        let applied = replace(sw.as_ref(), &rules)?;
         let mut inner = Inner { sw, rules, baseline: Vec::new(), foreign: Vec::new(), unreachable: false };
         inner.baseline = read_back(&inner)?;
         let guard = Arc::new(Self { inner: Mutex::new(inner), status: Arc::default(), metrics });
@@ -150,10 +153,12 @@ impl NicGuard {
         self.status.clone()
     }
 
-    /// Replaces the rule set (a reload): reconciled, read back, guarded.
+    /// Replaces the rule set (a reload): replaced whole in one bundle (as
+    /// at start: a flow changed in place since the last check is not
+    /// kept), read back, guarded.
     pub fn apply(&self, rules: RuleSet) -> Result<Applied, NicError> {
         let mut inner = self.lock();
-        let applied = reconcile(inner.sw.as_ref(), &rules)?;
+        let applied = replace(inner.sw.as_ref(), &rules)?;
         inner.rules = rules;
         inner.baseline = read_back(&inner)?;
         drop(inner);

@@ -120,7 +120,7 @@ fn apply(sw: &dyn Switch, rules: &RuleSet, force: bool) -> Result<Applied, NicEr
         rules.flows.iter().filter(|f| force || !have.contains(&f.cookie)).map(|f| format!("add {}", f.ofctl())),
     );
     applied.flows_added = lines.len() - usize::from(force);
-    applied.unchanged = want.len() - applied.flows_added;
+    applied.unchanged = want.len().saturating_sub(applied.flows_added);
     if !force {
         for c in have.difference(&want) {
             lines.push(format!("delete cookie={c:#018x}/-1"));

@@ -299,7 +299,16 @@ fn storage_routes(nic: &NicConfig) -> Result<Vec<(Ipv4Net, String)>, NicError> {
             let net: Ipv4Net = net.parse().map_err(|e| bad(format!("[nic] storage: {e}")))?;
             Ok((net, uplink.clone()))
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|routes| {
+            // A network twice makes identical flows with identical cookies
+            // (the bridge holds one of them, and the counts disagree).
+            let mut seen = std::collections::HashSet::new();
+            match routes.iter().find(|(net, _)| !seen.insert(*net)) {
+                Some((net, _)) => Err(bad(format!("[nic] storage: {net} is listed more than once"))),
+                None => Ok(routes),
+            }
+        })
 }
 
 impl RuleSet {

@@ -176,6 +176,12 @@ fn storage_networks_name_their_uplink_when_there_are_several() {
     let r = rules(&two_uplinks, AGENT_MAC, &[]).unwrap();
     assert!(r.flows.iter().any(|f| f.matches.contains("nw_dst=10.20.0.0/16") && f.actions == "output:p1"));
     assert!(r.flows.iter().any(|f| f.matches.contains("nw_dst=10.30.0.0/16") && f.actions == "output:p0"));
+    two_uplinks.storage = vec![
+        StorageNet::Routed { network: "10.20.0.0/16".into(), uplink: "p1".into() },
+        StorageNet::Routed { network: "10.20.0.0/16".into(), uplink: "p0".into() },
+    ];
+    let twice = rules(&two_uplinks, AGENT_MAC, &[]).unwrap_err().to_string();
+    assert!(twice.contains("10.20.0.0/16 is listed more than once"), "{twice}");
     two_uplinks.storage = vec![StorageNet::Routed { network: "10.20.0.0/16".into(), uplink: "p9".into() }];
     assert!(rules(&two_uplinks, AGENT_MAC, &[]).unwrap_err().to_string().contains("\"p9\" is not in uplinks"));
     let parsed: NicConfig = toml::from_str(
@@ -460,6 +466,32 @@ fn guarded() -> (RuleSet, Fake, GuardMetrics, Arc<NicGuard>, Applied) {
     let m = guard_metrics();
     let (guard, applied) = NicGuard::start(Box::new(sw.clone()), full.clone(), m.clone()).unwrap();
     (full, sw, m, guard, applied)
+}
+
+/// A flow of ours changed in place while the agent was down (same
+/// cookie, other actions: `ovs-ofctl mod-flows`) is put right at start and
+/// at a reload, not taken as the rules (a comparison of cookies passed it,
+/// and it became the baseline the guard checks against).
+#[test]
+fn a_flow_changed_in_place_before_start_or_reload_is_put_right() {
+    let (a, b) = two();
+    let full = set(&a, &b);
+    let sw = fake(&full);
+    let (guard, _) = NicGuard::start(Box::new(sw.clone()), full.clone(), guard_metrics()).unwrap();
+    let victim = *sw.cookies().iter().find(|c| **c & super::policy::OWNED_MASK == COOKIE_PREFIX).unwrap();
+    let original = sw.state().flows[&victim].clone();
+    let opened = |sw: &Fake| {
+        let changed = format!("{} actions=NORMAL", original.1.split(" actions=").next().unwrap());
+        sw.state().flows.insert(victim, (original.0, changed));
+    };
+    opened(&sw);
+    guard.apply(full.clone()).unwrap();
+    assert_eq!(sw.state().flows[&victim], original, "a reload puts it right");
+    drop(guard);
+    opened(&sw);
+    let (guard, _) = NicGuard::start(Box::new(sw.clone()), full.clone(), guard_metrics()).unwrap();
+    assert_eq!(sw.state().flows[&victim], original, "a start puts it right");
+    assert_eq!(guard.check().unwrap(), vec![], "and guards the rules, not the change");
 }
 
 #[test]

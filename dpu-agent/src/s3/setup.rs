@@ -245,6 +245,20 @@ impl Signers {
     pub fn rotate(&self, cfg: &AgentConfig) -> Vec<Result<String, String>> {
         let mut out = Vec::new();
         for (name, ns, client) in &self.0 {
+            // The namespace may name other credentials now: its signer was
+            // made for these, and is not switched (say so: a revocation by
+            // renaming would otherwise look done).
+            let named = cfg
+                .tenants
+                .iter()
+                .flat_map(|t| t.namespaces.iter().map(move |n| (t, n)))
+                .find_map(|(t, n)| (format!("{}/{}", t.name, n.name) == *ns).then_some(&n.credentials));
+            if let Some(now) = named.filter(|now| *now != name) {
+                out.push(Err(format!(
+                    "namespace {ns:?} now names credentials {now:?}: switching a namespace's credentials needs a \
+                     restart; it still signs with {name:?}"
+                )));
+            }
             let Some(cred) = cfg.credentials.get(name) else {
                 out.push(Err(format!("credentials {name:?} (namespace {ns:?}) are gone from the config; kept")));
                 continue;
