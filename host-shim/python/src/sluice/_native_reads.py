@@ -74,13 +74,16 @@ def _error(kind: str, code: int, message: str, request_id: str, needed: int) -> 
     return ProtocolError(message)
 
 
-def _each_failed(paths: Sequence[str], e: Exception) -> List[ItemResult]:
+def _each_failed(paths: Sequence[str], e: Exception, closed: bool) -> List[ItemResult]:
     """A batch the native reader failed as a whole (its connection lost, its
     deadline passed) as the Python path reports it: every item failed with
-    that error (``get_many`` never raises for them); a client closed, or a
-    connection that cannot be made, is raised."""
+    that error (``get_many`` never raises for them); a client closed
+    (``closed``: meanwhile too), or a connection that cannot be made, is
+    raised."""
     err = _error(*e.args)
-    if e.args and e.args[0] in ("connect", "closed"):
+    if closed or (e.args and e.args[0] in ("connect", "closed")):
+        if not isinstance(err, ShimConnectionError):
+            err = ShimConnectionError(f"the client is closed: {err}")
         raise err from None
     results = []
     for i, path in enumerate(paths):
@@ -184,7 +187,7 @@ class NativeReads:
         try:
             outs = reader.get_many_into(items, timeout)
         except _native.NativeError as e:  # type: ignore[union-attr]
-            return _each_failed(paths, e)
+            return _each_failed(paths, e, closed=self._reader is None)
         results = []
         for i, (path, out) in enumerate(zip(paths, outs)):
             res = ItemResult(path, i)
@@ -225,7 +228,7 @@ class NativeReads:
         try:
             outs = reader.get_many(list(paths), timeout)
         except _native.NativeError as e:  # type: ignore[union-attr]
-            return _each_failed(paths, e)
+            return _each_failed(paths, e, closed=self._reader is None)
         results = []
         largest = 0
         for i, (path, out) in enumerate(zip(paths, outs)):
